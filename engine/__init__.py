@@ -1,0 +1,1 @@
+"""specchat's speculative decoding engine. No UI imports live here."""

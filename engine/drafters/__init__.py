@@ -1,0 +1,1 @@
+"""Drafters: one class per method, one protocol (see base.py)."""

@@ -1,0 +1,114 @@
+"""From a model name to a ready Session: resolve, load weights, pick the forward, build drafters."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from engine.config import SpecConfig
+
+ProgressCallback = Callable[[str, int, int], None]
+
+DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
+          "float16": torch.float16, "fp16": torch.float16}
+
+
+class LoadError(RuntimeError):
+    """The model could not be loaded; the message is one line saying what to do."""
+
+
+@dataclass
+class LoadedModel:
+    model: object  # LlamaModel or HFModel
+    tokenizer: object  # engine.tokenizer.Tokenizer
+    name: str
+    path: str
+    backend: str  # "specchat" (our forward) or "hf"
+
+
+def pick_device(device: str) -> torch.device:
+    if device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        raise LoadError(f"device {device!r} asked for but no CUDA GPU is visible; use --device cpu")
+    return torch.device(device)
+
+
+def pick_dtype(dtype: str) -> torch.dtype:
+    try:
+        return DTYPES[dtype.lower()]
+    except KeyError:
+        raise LoadError(f"unknown dtype {dtype!r}; choose float32 or bfloat16") from None
+
+
+def configure_threads() -> None:
+    """Use every core for intra-op parallelism unless the user set OMP/torch threads."""
+    if "OMP_NUM_THREADS" not in os.environ:
+        torch.set_num_threads(max(1, os.cpu_count() or 1))
+
+
+def load_model(
+    model: str | None,
+    *,
+    dtype: str = "float32",
+    device: str = "auto",
+    backend: str = "auto",
+    allow_pickle: bool = False,
+    progress: ProgressCallback | None = None,
+) -> LoadedModel:
+    from engine.models.checkpoint import load_state_dict, read_config
+    from engine.models.llama import LlamaConfig, LlamaModel, UnsupportedModelError
+    from engine.models.resolve import resolve_model
+    from engine.tokenizer import Tokenizer
+
+    configure_threads()
+    torch_device, torch_dtype = pick_device(device), pick_dtype(dtype)
+    resolved = resolve_model(model, progress=progress)
+    raw_config = read_config(resolved.path)
+    tokenizer = Tokenizer.from_dir(resolved.path)
+    if backend in ("auto", "specchat"):
+        try:
+            config = LlamaConfig.from_dict(raw_config)
+        except UnsupportedModelError:
+            if backend == "specchat":
+                raise
+            backend = "hf"
+        else:
+            if progress:
+                progress("loading weights", 0, 1)
+            state = load_state_dict(resolved.path, allow_pickle=allow_pickle)
+            net = LlamaModel(config, state, dtype=torch_dtype, device=torch_device)
+            del state
+            if progress:
+                progress("loading weights", 1, 1)
+            return LoadedModel(net, tokenizer, resolved.name, str(resolved.path), "specchat")
+    from engine.models.hf import HFModel
+
+    net = HFModel.from_pretrained(resolved.path, dtype=torch_dtype, device=torch_device)
+    return LoadedModel(net, tokenizer, resolved.name, str(resolved.path), "hf")
+
+
+def load_session(
+    model: str | None,
+    config: SpecConfig,
+    *,
+    progress: ProgressCallback | None = None,
+    draft: str | None = None,
+    dtype: str = "float32",
+    device: str = "auto",
+    backend: str = "auto",
+    allow_pickle: bool = False,
+    system_prompt: str | None = None,
+):
+    """Load everything a chat needs; raises LoadError / ModelResolutionError / ConfigError."""
+    from engine.session import Session, default_drafters
+
+    if draft is not None:
+        raise LoadError("draft models (EAGLE heads, standalone drafts) are not supported yet; use --method ngram")
+    loaded = load_model(model, dtype=dtype, device=device, backend=backend, allow_pickle=allow_pickle,
+                        progress=progress)
+    return Session(loaded.model, loaded.tokenizer, config, model_name=loaded.name,
+                   drafters=default_drafters(), system_prompt=system_prompt)

@@ -1,0 +1,267 @@
+"""Our own forward for the Llama family: Llama 2/3, Mistral, Qwen2/2.5, Qwen3, SmolLM2.
+
+Why not transformers' modules: speculative decoding needs a forward over an arbitrary draft
+tree on top of a cached prefix (positions = prefix length + depth, an ancestor mask), the
+hidden states EAGLE heads read, and as little per-call overhead as possible, since on a CPU the
+cost of verifying a tree decides whether speculation pays at all. The layer weights are fused
+(q|k|v, gate|up) so each layer is three matrix products and a handful of elementwise ops.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import torch
+import torch.nn.functional as F
+
+from engine.kernels.linear import Linear
+from engine.models.kv_cache import KVCache
+from engine.models.rope import RotaryTable, apply_rotary, rope_inv_freq
+
+SUPPORTED_TYPES = ("llama", "mistral", "qwen2", "qwen3")
+
+
+class UnsupportedModelError(ValueError):
+    """The checkpoint is not a Llama-family model our forward runs."""
+
+
+@dataclass(frozen=True)
+class LlamaConfig:
+    model_type: str
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    rms_norm_eps: float
+    rope_theta: float
+    max_position_embeddings: int
+    tie_word_embeddings: bool
+    rope_scaling: dict[str, Any] | None = None
+    sliding_window: int | None = None
+    qk_norm: bool = False
+    eos_token_ids: tuple[int, ...] = ()
+    bos_token_id: int | None = None
+    extra: dict[str, Any] = field(default_factory=dict, compare=False)
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> LlamaConfig:
+        model_type = str(d.get("model_type", "")).lower()
+        if model_type not in SUPPORTED_TYPES:
+            archs = ", ".join(d.get("architectures") or []) or model_type or "unknown"
+            raise UnsupportedModelError(
+                f"model type {archs!r} is not one of the Llama family ({', '.join(SUPPORTED_TYPES)}); "
+                "use --backend hf to run it through transformers"
+            )
+        heads = int(d["num_attention_heads"])
+        hidden = int(d["hidden_size"])
+        rope = d.get("rope_parameters") or {}
+        scaling = d.get("rope_scaling") or (rope if rope.get("rope_type", "default") != "default" else None)
+        theta = d.get("rope_theta") or rope.get("rope_theta") or 10000.0
+        eos = d.get("eos_token_id")
+        eos_ids = tuple(eos) if isinstance(eos, list) else ((eos,) if isinstance(eos, int) else ())
+        sliding = d.get("sliding_window") if d.get("use_sliding_window", model_type == "mistral") else None
+        return cls(
+            model_type=model_type,
+            vocab_size=int(d["vocab_size"]),
+            hidden_size=hidden,
+            intermediate_size=int(d["intermediate_size"]),
+            num_layers=int(d["num_hidden_layers"]),
+            num_heads=heads,
+            num_kv_heads=int(d.get("num_key_value_heads") or heads),
+            head_dim=int(d.get("head_dim") or hidden // heads),
+            rms_norm_eps=float(d.get("rms_norm_eps", 1e-6)),
+            rope_theta=float(theta),
+            max_position_embeddings=int(d.get("max_position_embeddings", 4096)),
+            tie_word_embeddings=bool(d.get("tie_word_embeddings", False)),
+            rope_scaling=dict(scaling) if scaling else None,
+            sliding_window=int(sliding) if sliding else None,
+            qk_norm=model_type == "qwen3",
+            eos_token_ids=eos_ids,
+            bos_token_id=d.get("bos_token_id"),
+        )
+
+
+@dataclass
+class ForwardOutput:
+    logits: torch.Tensor | None  # [T, V] float32, or [1, V] when only the last row was asked for
+    hidden: torch.Tensor | None = None  # [T, H] last layer after the final norm (EAGLE-1/2 feature)
+    aux: list[torch.Tensor] = field(default_factory=list)  # residual entering each captured layer
+
+
+class _Layer:
+    __slots__ = ("down", "gate_up", "k_norm", "ln_attn", "ln_mlp", "o", "q_norm", "qkv")
+
+    def __init__(self, sd: Mapping[str, torch.Tensor], prefix: str, dtype: torch.dtype, device: torch.device
+                 ) -> None:
+        def w(name: str) -> torch.Tensor:
+            return sd[prefix + name].to(device=device, dtype=dtype)
+
+        def maybe(name: str) -> torch.Tensor | None:
+            return w(name) if prefix + name in sd else None
+
+        att = "self_attn."
+        qkv_w = torch.cat([w(att + "q_proj.weight"), w(att + "k_proj.weight"), w(att + "v_proj.weight")])
+        biases = [maybe(att + f"{p}_proj.bias") for p in "qkv"]
+        qkv_b = None
+        if any(b is not None for b in biases):
+            rows = [w(att + f"{p}_proj.weight").shape[0] for p in "qkv"]
+            qkv_b = torch.cat([b if b is not None else torch.zeros(r, dtype=dtype, device=device)
+                               for b, r in zip(biases, rows, strict=True)])
+        self.qkv = Linear(qkv_w, qkv_b)
+        self.o = Linear(w(att + "o_proj.weight"), maybe(att + "o_proj.bias"))
+        self.q_norm = maybe(att + "q_norm.weight")
+        self.k_norm = maybe(att + "k_norm.weight")
+        gate_up_b = maybe("mlp.gate_proj.bias")
+        if gate_up_b is not None:
+            gate_up_b = torch.cat([gate_up_b, w("mlp.up_proj.bias")])
+        self.gate_up = Linear(torch.cat([w("mlp.gate_proj.weight"), w("mlp.up_proj.weight")]), gate_up_b)
+        self.down = Linear(w("mlp.down_proj.weight"), maybe("mlp.down_proj.bias"))
+        self.ln_attn = w("input_layernorm.weight")
+        self.ln_mlp = w("post_attention_layernorm.weight")
+
+
+class LlamaModel:
+    """A Llama-family causal LM for batch size 1, driven by the session with a KVCache."""
+
+    def __init__(self, config: LlamaConfig, state_dict: Mapping[str, torch.Tensor], *,
+                 dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu") -> None:
+        self.config = config
+        self.dtype = dtype
+        self.device = torch.device(device)
+        sd = _strip_prefixes(state_dict)
+        missing = [k for k in ("model.embed_tokens.weight", "model.norm.weight") if k not in sd]
+        if not config.tie_word_embeddings and "lm_head.weight" not in sd:
+            missing.append("lm_head.weight")
+        if missing:
+            raise UnsupportedModelError(f"checkpoint is missing {', '.join(missing)}")
+        self.embed = sd["model.embed_tokens.weight"].to(device=self.device, dtype=dtype)
+        self.layers = [
+            _Layer(sd, f"model.layers.{i}.", dtype, self.device) for i in range(config.num_layers)
+        ]
+        self.norm = sd["model.norm.weight"].to(device=self.device, dtype=dtype)
+        head = self.embed if config.tie_word_embeddings else sd["lm_head.weight"].to(self.device, dtype)
+        self.lm_head = Linear(head)
+        inv_freq, att_factor = rope_inv_freq(
+            config.head_dim, config.rope_theta, config.rope_scaling, config.max_position_embeddings
+        )
+        self.rotary = RotaryTable(inv_freq, att_factor, dtype, self.device)
+        self.scale = config.head_dim**-0.5
+
+    # -------------------------------------------------------------------------------------
+    @property
+    def vocab_size(self) -> int:
+        return self.config.vocab_size
+
+    @property
+    def num_layers(self) -> int:
+        return self.config.num_layers
+
+    def new_cache(self, capacity: int) -> KVCache:
+        c = self.config
+        return KVCache(c.num_layers, c.num_kv_heads, c.head_dim, capacity, dtype=self.dtype, device=self.device)
+
+    def embed_tokens(self, tokens: torch.Tensor) -> torch.Tensor:
+        return F.embedding(tokens, self.embed)
+
+    def logits_from_hidden(self, hidden: torch.Tensor) -> torch.Tensor:
+        """Apply the LM head to post-norm hidden states (what EAGLE-1/2 heads feed)."""
+        return self.lm_head(hidden).float()
+
+    @torch.inference_mode()
+    def forward(
+        self,
+        tokens: torch.Tensor,
+        cache: KVCache,
+        *,
+        positions: torch.Tensor | None = None,
+        tree_mask: torch.Tensor | None = None,
+        logits: Literal["all", "last", "none"] = "all",
+        return_hidden: bool = False,
+        capture_layers: Sequence[int] = (),
+    ) -> ForwardOutput:
+        """Run T new tokens on top of the cache's committed prefix.
+
+        tokens: [T] int64. positions: [T] (default: prefix length + 0..T-1). tree_mask: [T, T] bool,
+        row i true at the nodes token i may attend to among the new ones (default: causal).
+        K/V of the new tokens land in the cache's scratch slots; the caller commits the kept ones.
+        """
+        c = self.config
+        T = tokens.shape[0]
+        L = cache.length
+        if cache.capacity < L + T:
+            raise RuntimeError(f"KV cache full ({L} + {T} > {cache.capacity})")
+        if positions is None:
+            positions = torch.arange(L, L + T, device=self.device)
+        self.rotary.ensure(int(positions.max()) + 1)
+        cos, sin = self.rotary.lookup(positions)
+        mask, causal = self._attention_mask(T, L, positions, tree_mask)
+
+        x = F.embedding(tokens, self.embed)  # [T, H]
+        nh, nkv, hd = c.num_heads, c.num_kv_heads, c.head_dim
+        q_end, k_end = nh * hd, (nh + nkv) * hd
+        eps = c.rms_norm_eps
+        aux: list[torch.Tensor] = []
+        capture = set(capture_layers)
+        for li, layer in enumerate(self.layers):
+            if li in capture:
+                aux.append(x)
+            h = F.rms_norm(x, (c.hidden_size,), layer.ln_attn, eps)
+            qkv = layer.qkv(h)
+            q = qkv[:, :q_end].view(T, nh, hd).transpose(0, 1)
+            k = qkv[:, q_end:k_end].view(T, nkv, hd).transpose(0, 1)
+            v = qkv[:, k_end:].view(T, nkv, hd).transpose(0, 1)
+            if layer.q_norm is not None:
+                q = F.rms_norm(q, (hd,), layer.q_norm, eps)
+                k = F.rms_norm(k, (hd,), layer.k_norm, eps)
+            q = apply_rotary(q, cos, sin)
+            k = apply_rotary(k, cos, sin)
+            cache.k[li, :, L : L + T] = k
+            cache.v[li, :, L : L + T] = v
+            keys = cache.k[li, :, : L + T]
+            values = cache.v[li, :, : L + T]
+            att = F.scaled_dot_product_attention(
+                q.unsqueeze(0), keys.unsqueeze(0), values.unsqueeze(0),
+                attn_mask=mask, is_causal=causal, scale=self.scale, enable_gqa=nkv != nh,
+            )  # [1, nh, T, hd]
+            x = x + layer.o(att[0].transpose(0, 1).reshape(T, nh * hd))
+            h = F.rms_norm(x, (c.hidden_size,), layer.ln_mlp, eps)
+            gate, up = layer.gate_up(h).chunk(2, dim=-1)
+            x = x + layer.down(F.silu(gate) * up)
+        if c.num_layers in capture:
+            aux.append(x)
+        hidden = F.rms_norm(x, (c.hidden_size,), self.norm, eps)
+        out_logits = None
+        if logits == "all":
+            out_logits = self.lm_head(hidden).float()
+        elif logits == "last":
+            out_logits = self.lm_head(hidden[-1:]).float()
+        return ForwardOutput(out_logits, hidden if return_hidden else None, aux)
+
+    def _attention_mask(self, T: int, L: int, positions: torch.Tensor, tree_mask: torch.Tensor | None
+                        ) -> tuple[torch.Tensor | None, bool]:
+        """Bool mask [T, L+T] (True = attend), or None with is_causal for the cheap cases."""
+        window = self.config.sliding_window
+        windowed = window is not None and int(positions.max()) >= window
+        if not windowed and tree_mask is None:
+            if T == 1:
+                return None, False
+            if L == 0:
+                return None, True
+        block = tree_mask if tree_mask is not None else torch.ones(T, T, dtype=torch.bool).tril_()
+        mask = torch.cat([torch.ones(T, L, dtype=torch.bool), block.cpu()], dim=1)
+        if windowed:
+            key_pos = torch.cat([torch.arange(L), positions.cpu()])
+            mask &= (positions.cpu()[:, None] - key_pos[None, :]) < window
+        return mask.to(self.device), False
+
+
+def _strip_prefixes(sd: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Accept checkpoints saved with or without the ``model.`` prefix on the body."""
+    if any(k.startswith("model.") for k in sd):
+        return dict(sd)
+    return {(k if k.startswith("lm_head") else "model." + k): v for k, v in sd.items()}

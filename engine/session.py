@@ -1,0 +1,349 @@
+"""The decoding loop: prefill, then draft -> one verify forward -> accept -> commit, as events.
+
+One Session holds one conversation: its messages, the target KV cache of everything said so far
+(reused by the next turn: only the new suffix is prefilled), and the drafters. The baseline is
+the same loop with the ``none`` drafter, so baseline and speculative runs share every line that
+could make their outputs differ.
+"""
+
+from __future__ import annotations
+
+import random
+import threading
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+
+import torch
+
+from engine.config import ConfigError, SpecConfig
+from engine.drafters.base import Drafter, NoDrafter
+from engine.events import (
+    CommittedToken,
+    ConfigApplied,
+    Event,
+    Finished,
+    RunningStats,
+    Started,
+    Step,
+    StepTiming,
+)
+from engine.tree import DraftTree
+from engine.verify import Verdict, sample_from, target_probs, verify_greedy, verify_sampling
+
+Message = dict[str, str]
+DrafterFactory = Callable[[], Drafter]
+
+# Extra KV slots allocated beyond the immediate need, so a conversation grows the cache rarely.
+_CACHE_SLACK = 256
+
+
+def default_drafters() -> dict[str, DrafterFactory]:
+    from engine.drafters.ngram import NgramDrafter
+
+    return {"none": NoDrafter, "ngram": NgramDrafter}
+
+
+@dataclass
+class _Tally:
+    """Running statistics of one answer."""
+
+    started: float = field(default_factory=time.perf_counter)
+    tokens: int = 0
+    steps: int = 0
+    draft_ms: float = 0.0
+    verify_ms: float = 0.0
+    attempts: list[int] = field(default_factory=list)  # per depth: steps that could accept there
+    accepts: list[int] = field(default_factory=list)
+
+    def add_step(self, tree: DraftTree, verdict: Verdict, new_tokens: int, timing: StepTiming) -> None:
+        self.steps += 1
+        self.tokens += new_tokens
+        self.draft_ms += timing.draft_ms
+        self.verify_ms += timing.verify_ms
+        # depth d+1 was attempted if the path reached depth d and the node there has children
+        path = (0, *verdict.accepted)
+        has_children = set(tree.parents[1:])
+        for d, node in enumerate(path):
+            if node not in has_children:
+                break
+            while len(self.attempts) <= d:
+                self.attempts.append(0)
+                self.accepts.append(0)
+            self.attempts[d] += 1
+            if d < len(verdict.accepted):
+                self.accepts[d] += 1
+
+    def snapshot(self) -> RunningStats:
+        elapsed = time.perf_counter() - self.started
+        return RunningStats(
+            tokens=self.tokens,
+            steps=self.steps,
+            elapsed_s=elapsed,
+            tokens_per_s=self.tokens / elapsed if elapsed > 0 else 0.0,
+            tau=self.tokens / self.steps if self.steps else 0.0,
+            accept_per_depth=tuple(a / t for a, t in zip(self.accepts, self.attempts, strict=True) if t),
+            draft_ms=self.draft_ms,
+            verify_ms=self.verify_ms,
+        )
+
+
+class Session:
+    """A conversation with one target model; see engine.api.SessionAPI for the contract."""
+
+    def __init__(
+        self,
+        model,  # LlamaModel or HFModel: new_cache(), forward()
+        tokenizer,  # engine.tokenizer.Tokenizer
+        config: SpecConfig | None = None,
+        *,
+        model_name: str = "model",
+        drafters: dict[str, DrafterFactory] | None = None,
+        system_prompt: str | None = None,
+    ) -> None:
+        self.model = model
+        self.tokenizer = tokenizer
+        self.model_name = model_name
+        self._factories = drafters if drafters is not None else default_drafters()
+        self._drafters: dict[str, Drafter] = {}
+        self._config = config or SpecConfig()
+        self._check_available(self._config)
+        self._pending: SpecConfig | None = None
+        self._config_version = 0
+        self._lock = threading.Lock()
+        self._cancel = threading.Event()
+        self._busy = False
+        self._system_prompt = system_prompt
+        self._messages: list[Message] = []
+        self._cache = None
+        self._cached: list[int] = []  # tokens whose K/V sit in the cache, in order
+        self._generator = torch.Generator(device="cpu")
+        self._reseed(self._config)
+
+    # -- the SessionAPI -----------------------------------------------------------------------
+    @property
+    def config(self) -> SpecConfig:
+        return self._config
+
+    @property
+    def pending_config(self) -> SpecConfig | None:
+        return self._pending
+
+    @property
+    def messages(self) -> list[Message]:
+        return [dict(m) for m in self._messages]
+
+    @property
+    def methods(self) -> tuple[str, ...]:
+        return tuple(self._factories)
+
+    def update_config(self, config: SpecConfig) -> None:
+        config.validate()
+        self._check_available(config)
+        with self._lock:
+            if self._busy:
+                self._pending = config
+            else:
+                self._apply(config)
+
+    def cancel(self) -> None:
+        self._cancel.set()
+
+    def reset(self) -> None:
+        self._messages.clear()
+        self._cached.clear()
+        if self._cache is not None:
+            self._cache.truncate(0)
+        self._drafters.clear()
+
+    def chat(self, user_text: str) -> Iterator[Event]:
+        self._messages.append({"role": "user", "content": user_text})
+        answer: list[str] = []
+        for event in self.generate(self._conversation()):
+            if isinstance(event, Step):
+                answer.append(event.text)
+            elif isinstance(event, Finished):
+                answer = [event.text]
+            yield event
+        self._messages.append({"role": "assistant", "content": "".join(answer)})
+
+    def generate(self, messages: list[Message], config: SpecConfig | None = None) -> Iterator[Event]:
+        if config is not None:
+            config.validate()
+            self._check_available(config)
+        prompt = self.tokenizer.encode_chat(messages)
+        return self.generate_ids(prompt, config)
+
+    def generate_ids(self, prompt: Sequence[int], config: SpecConfig | None = None) -> Iterator[Event]:
+        """Answer a raw token prompt (benchmarks with a ``prompt`` field, tests)."""
+        if not prompt:
+            raise ValueError("the prompt is empty")
+        with self._lock:
+            if self._busy:
+                raise RuntimeError("this session is already generating")
+            self._busy = True
+            self._cancel.clear()
+        try:
+            yield from self._run(list(prompt), config)
+        finally:
+            with self._lock:
+                self._busy = False
+                if self._pending is not None:
+                    self._apply(self._pending)
+
+    # -- internals ------------------------------------------------------------------------------
+    def _conversation(self) -> list[Message]:
+        if self._system_prompt:
+            return [{"role": "system", "content": self._system_prompt}, *self._messages]
+        return list(self._messages)
+
+    def _check_available(self, config: SpecConfig) -> None:
+        if config.method not in self._factories:
+            have = ", ".join(self._factories)
+            hint = " (load a draft with --draft)" if config.method in ("eagle", "eagle3", "standalone") else ""
+            raise ConfigError(f"method {config.method!r} is not available in this session{hint}; have: {have}")
+
+    def _apply(self, config: SpecConfig) -> None:
+        if config.seed != self._config.seed:
+            self._reseed(config)
+        self._config = config
+        self._pending = None
+        self._config_version += 1
+
+    def _reseed(self, config: SpecConfig) -> None:
+        self._generator.manual_seed(config.seed if config.seed is not None else random.getrandbits(63))
+
+    def _drafter(self, method: str) -> Drafter:
+        if method not in self._drafters:
+            self._drafters[method] = self._factories[method]()
+        return self._drafters[method]
+
+    def _ensure_capacity(self, needed: int) -> None:
+        if self._cache is None:
+            self._cache = self.model.new_cache(needed + _CACHE_SLACK)
+        elif needed > self._cache.capacity:
+            self._cache.grow(needed + _CACHE_SLACK)
+
+    def _first_token(self, logits: torch.Tensor, config: SpecConfig) -> int:
+        if config.greedy:
+            return int(logits.argmax())
+        return sample_from(target_probs(logits, config.temperature, config.top_p), self._generator)
+
+    def _run(self, prompt: list[int], override: SpecConfig | None) -> Iterator[Event]:
+        t0 = time.perf_counter()
+        config = override or self._config
+        # Reuse the cached prefix; at least one prompt token is run to get the next-token logits.
+        reuse = _common_prefix(self._cached, prompt, limit=len(prompt) - 1)
+        self._cached = self._cached[:reuse]
+        budget = len(prompt) + config.max_new_tokens + config.max_tree_tokens
+        self._ensure_capacity(budget)
+        cache = self._cache
+        cache.truncate(reuse)
+        device = self.model.device
+        out = self.model.forward(torch.tensor(prompt[reuse:], device=device), cache, logits="last")
+        cache.commit(len(prompt) - reuse)
+        self._cached.extend(prompt[reuse:])
+        root = self._first_token(out.logits[-1], config)
+        prefill_ms = (time.perf_counter() - t0) * 1e3
+        yield Started(prompt_tokens=len(prompt), reused_tokens=reuse, prefill_ms=prefill_ms,
+                      config=config.to_dict(), model=self.model_name, drafter=config.method)
+
+        tally = _Tally(started=t0)
+        decoder = self.tokenizer.incremental_decoder(prompt[-8:])
+        stops = self.tokenizer.stop_token_ids
+        text: list[str] = []
+        step_index = 0
+        finished: str | None = None
+        # The prefill produced the first token: report it as step 0 (root = last prompt token).
+        pending_tokens = [(root, "target")]
+        tree, verdict = DraftTree.root_only(prompt[-1]), Verdict((), root)
+        timing = StepTiming(verify_ms=prefill_ms)
+        drafter = None
+        while True:
+            # ---- emit what the last forward produced, honouring stops exactly like the baseline
+            committed: list[CommittedToken] = []
+            for token, origin in pending_tokens:
+                if token in stops:
+                    finished = "stop"
+                    break
+                piece = decoder.push(token)
+                committed.append(CommittedToken(token, origin, piece))
+                if tally.tokens + len(committed) >= config.max_new_tokens:
+                    finished = "length"
+                    break
+            tally.add_step(tree, verdict, len(committed), timing)
+            step_text = "".join(c.text for c in committed)
+            text.append(step_text)
+            yield Step(
+                index=step_index, tree=tree, tree_text=tuple(self.tokenizer.piece(t) for t in tree.tokens),
+                accepted=verdict.accepted, bonus=verdict.bonus, committed=tuple(committed), text=step_text,
+                timing=timing, stats=tally.snapshot(), config_version=self._config_version,
+            )
+            step_index += 1
+            if finished is None and self._cancel.is_set():
+                finished = "cancelled"
+            if finished is not None:
+                break
+            # ---- step boundary: hot-swapped settings take effect here
+            if override is None and self._pending is not None:
+                with self._lock:
+                    if self._pending is not None:
+                        self._apply(self._pending)
+                        config = self._config
+                        yield ConfigApplied(version=self._config_version, config=config.to_dict())
+            if drafter is None or drafter.name != config.method:
+                drafter = self._drafter(config.method)
+                drafter.reset(self._cached)
+            self._ensure_capacity(len(self._cached) + 1 + config.max_tree_tokens)
+            cache = self._cache
+
+            # ---- draft
+            t_draft = time.perf_counter()
+            tree = drafter.propose(self._cached, root, config)
+            if len(tree) > config.max_tree_tokens:
+                raise RuntimeError(f"drafter {drafter.name} proposed {len(tree)} nodes (> {config.max_tree_tokens})")
+            t_verify = time.perf_counter()
+
+            # ---- verify: one target forward over the whole tree
+            L = cache.length
+            tokens = torch.tensor(tree.tokens, device=device)
+            if tree.is_chain:
+                out = self.model.forward(tokens, cache)
+            else:
+                positions = torch.tensor(tree.depths, device=device) + L
+                out = self.model.forward(tokens, cache, positions=positions, tree_mask=tree.ancestor_mask())
+            if config.greedy:
+                verdict = verify_greedy(tree, out.logits)
+            else:
+                verdict = verify_sampling(tree, out.logits, config.temperature, config.top_p, self._generator)
+            t_commit = time.perf_counter()
+
+            # ---- commit: root + accepted path into the cache; the bonus is the next root
+            cache.commit([0, *verdict.accepted])
+            kept = [root, *(tree.tokens[i] for i in verdict.accepted)]
+            self._cached.extend(kept)
+            drafter.observe(kept)
+            pending_tokens = [(tree.tokens[i], "draft") for i in verdict.accepted] + [(verdict.bonus, "target")]
+            root = verdict.bonus
+            if len(self._cached) + 1 >= self._cache_limit():
+                finished = "context"
+            timing = StepTiming(
+                draft_ms=(t_verify - t_draft) * 1e3,
+                verify_ms=(t_commit - t_verify) * 1e3,
+                other_ms=(time.perf_counter() - t_commit) * 1e3,
+            )
+        tail = decoder.flush()
+        if tail:
+            text.append(tail)
+        yield Finished(reason=finished, text="".join(text), tokens=tally.tokens, stats=tally.snapshot())
+
+    def _cache_limit(self) -> int:
+        return getattr(self.model.config, "max_position_embeddings", 1 << 30)
+
+
+def _common_prefix(a: Sequence[int], b: Sequence[int], limit: int) -> int:
+    n = min(len(a), len(b), limit)
+    i = 0
+    while i < n and a[i] == b[i]:
+        i += 1
+    return i

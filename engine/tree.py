@@ -1,0 +1,109 @@
+"""The draft tree: the one data structure drafters produce and the verifier consumes.
+
+Node 0 is the root: the last token the target produced, whose K/V is not yet cached.
+Nodes are stored in topological order (every parent index is smaller than its child's),
+which lets the verifier and the KV compaction walk the tree front to back without sorting.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import torch
+
+
+@dataclass(frozen=True)
+class DraftTree:
+    """Tokens and shape of one step's proposal.
+
+    ``draft_probs[i]`` is the drafter's probability of node i given its parent (1.0 for the
+    root and for drafters, like n-gram lookup, that have no distribution).
+    """
+
+    tokens: tuple[int, ...]
+    parents: tuple[int, ...]
+    draft_probs: tuple[float, ...]
+    depths: tuple[int, ...] = field(default=())
+
+    def __post_init__(self) -> None:
+        n = len(self.tokens)
+        if n == 0:
+            raise ValueError("a draft tree needs at least the root")
+        if len(self.parents) != n or len(self.draft_probs) != n:
+            raise ValueError("tokens, parents and draft_probs must have the same length")
+        if self.parents[0] != -1:
+            raise ValueError("node 0 must be the root (parent -1)")
+        for i in range(1, n):
+            if not 0 <= self.parents[i] < i:
+                raise ValueError(f"node {i} has parent {self.parents[i]}; parents must precede children")
+        if not self.depths:
+            depths = [0] * n
+            for i in range(1, n):
+                depths[i] = depths[self.parents[i]] + 1
+            object.__setattr__(self, "depths", tuple(depths))
+
+    # construction -------------------------------------------------------------------------
+    @classmethod
+    def root_only(cls, root: int) -> DraftTree:
+        return cls((root,), (-1,), (1.0,))
+
+    @classmethod
+    def chain(cls, root: int, drafts: Sequence[int], probs: Sequence[float] | None = None) -> DraftTree:
+        """A single path root -> drafts[0] -> drafts[1] ... (prompt lookup, k=1 drafters)."""
+        n = len(drafts)
+        p = tuple(probs) if probs is not None else (1.0,) * n
+        return cls((root, *drafts), tuple(range(-1, n)), (1.0, *p))
+
+    # shape queries ------------------------------------------------------------------------
+    def __len__(self) -> int:
+        return len(self.tokens)
+
+    @property
+    def num_drafts(self) -> int:
+        return len(self.tokens) - 1
+
+    @property
+    def max_depth(self) -> int:
+        return max(self.depths)
+
+    @property
+    def is_chain(self) -> bool:
+        return all(p == i - 1 for i, p in enumerate(self.parents))
+
+    def children(self) -> list[list[int]]:
+        """children()[i] lists node i's children in node order (= draft rank for our drafters)."""
+        out: list[list[int]] = [[] for _ in self.tokens]
+        for i in range(1, len(self.tokens)):
+            out[self.parents[i]].append(i)
+        return out
+
+    def path_to(self, node: int) -> list[int]:
+        """Node indices from the root's first child down to ``node`` (root excluded)."""
+        path = []
+        while node > 0:
+            path.append(node)
+            node = self.parents[node]
+        return path[::-1]
+
+    def ancestor_mask(self, device: torch.device | str = "cpu") -> torch.Tensor:
+        """[T, T] bool: row i sees node j iff j is i or an ancestor of i."""
+        n = len(self.tokens)
+        mask = torch.eye(n, dtype=torch.bool)
+        for i in range(1, n):
+            mask[i] |= mask[self.parents[i]]
+        return mask.to(device)
+
+    def to_dict(self) -> dict[str, list]:
+        return {
+            "tokens": list(self.tokens),
+            "parents": list(self.parents),
+            "depths": list(self.depths),
+            "draft_probs": [round(p, 6) for p in self.draft_probs],
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict[str, list]) -> DraftTree:
+        return cls(
+            tuple(data["tokens"]), tuple(data["parents"]), tuple(data["draft_probs"]), tuple(data["depths"])
+        )

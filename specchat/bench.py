@@ -1,0 +1,317 @@
+"""``specchat bench``: every method on every prompt, one process, one model load, same run.
+
+Speedups are ratios of tokens/s measured in this run against the ``none`` baseline, never
+against a number from elsewhere. Runs are interleaved prompt by prompt (baseline, then each
+method, then the peers) so background noise on the machine lands on every row alike, and each
+run is timed alone. Tokens/s counts new tokens (a final stop token excluded) over wall time
+from the request to the last token, prefill included, for every row.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from specchat.cli import UsageError, make_config
+
+
+class PromptFileError(ValueError):
+    """A prompt file line that is not a usable prompt; names the file and line."""
+
+
+@dataclass
+class Prompt:
+    id: str
+    messages: list[dict[str, str]] | None = None
+    text: str | None = None  # raw text, no chat template
+
+
+def load_prompts(path: str | Path, limit: int | None = None) -> list[Prompt]:
+    path = Path(path)
+    if not path.is_file():
+        raise PromptFileError(f"prompt file {path} does not exist")
+    prompts: list[Prompt] = []
+    for lineno, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+        if not line.strip():
+            continue
+        where = f"{path}:{lineno}"
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise PromptFileError(f"{where}: not valid JSON ({exc.msg}); each line must be one JSON object") from None
+        if not isinstance(row, dict):
+            raise PromptFileError(f"{where}: expected a JSON object with 'messages', 'turns' or 'prompt'")
+        pid = str(row.get("id", row.get("question_id", lineno)))
+        if "messages" in row:
+            msgs = row["messages"]
+            if not (isinstance(msgs, list) and msgs and all(
+                    isinstance(m, dict) and isinstance(m.get("content"), str) and m.get("role") for m in msgs)):
+                raise PromptFileError(f"{where}: 'messages' must be a list of {{role, content}} objects")
+            prompts.append(Prompt(pid, messages=[{"role": m["role"], "content": m["content"]} for m in msgs]))
+        elif "turns" in row:
+            turns = row["turns"]
+            if not (isinstance(turns, list) and turns and isinstance(turns[0], str)):
+                raise PromptFileError(f"{where}: 'turns' must be a non-empty list of strings")
+            prompts.append(Prompt(pid, messages=[{"role": "user", "content": turns[0]}]))
+        elif "prompt" in row and isinstance(row["prompt"], str):
+            prompts.append(Prompt(pid, text=row["prompt"]))
+        else:
+            raise PromptFileError(f"{where}: no 'messages', 'turns' or 'prompt' field")
+        if limit is not None and len(prompts) >= limit:
+            break
+    if not prompts:
+        raise PromptFileError(f"{path} holds no prompts")
+    return prompts
+
+
+def machine_info() -> dict[str, Any]:
+    import torch
+
+    cpu = platform.processor() or ""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    info = {"cpu": cpu, "cores": os.cpu_count(), "torch": torch.__version__, "threads": torch.get_num_threads(),
+            "python": platform.python_version(), "platform": platform.platform()}
+    if torch.cuda.is_available():
+        info["gpu"] = torch.cuda.get_device_name(0)
+    return info
+
+
+@dataclass
+class Row:
+    name: str
+    tokens: int = 0
+    seconds: float = 0.0
+    steps: int = 0
+    identical: int = 0
+    prompts: int = 0
+    outputs: list[list[int]] = field(default_factory=list)
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.tokens / self.seconds if self.seconds else 0.0
+
+    @property
+    def tau(self) -> float | None:
+        return self.tokens / self.steps if self.steps else None
+
+
+def _run_ours(session, prompt: Prompt, config) -> tuple[list[int], int, float]:
+    from engine.events import Finished, Step
+
+    session.reset()
+    t0 = time.perf_counter()
+    if prompt.text is not None:
+        events = session.generate_ids(session.tokenizer.encode(prompt.text), config)
+    else:
+        events = session.generate(prompt.messages, config)
+    tokens: list[int] = []
+    steps = 0
+    for event in events:
+        if isinstance(event, Step):
+            tokens.extend(c.id for c in event.committed)
+            steps += 1
+        elif isinstance(event, Finished):
+            seconds = time.perf_counter() - t0
+    return tokens, steps, seconds
+
+
+class HFPeer:
+    """transformers' own generate(): greedy, and its prompt-lookup decoding."""
+
+    def __init__(self, path: str, session, max_new_tokens: int) -> None:
+        import torch
+        from transformers import AutoModelForCausalLM
+
+        self.torch = torch
+        self.model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+        self.session = session
+        self.stops = sorted(session.tokenizer.stop_token_ids)
+        self.max_new_tokens = max_new_tokens
+
+    def run(self, prompt: Prompt, lookup: bool) -> tuple[list[int], int, float]:
+        torch = self.torch
+        tok = self.session.tokenizer
+        ids = tok.encode(prompt.text) if prompt.text is not None else tok.encode_chat(prompt.messages)
+        inputs = torch.tensor([ids])
+        kwargs: dict[str, Any] = {"max_new_tokens": self.max_new_tokens, "do_sample": False,
+                                  "eos_token_id": self.stops, "pad_token_id": self.stops[0],
+                                  "attention_mask": torch.ones_like(inputs)}
+        if lookup:
+            kwargs["prompt_lookup_num_tokens"] = 10
+        t0 = time.perf_counter()
+        with torch.inference_mode():
+            out = self.model.generate(inputs, **kwargs)
+        seconds = time.perf_counter() - t0
+        new = out[0, len(ids):].tolist()
+        if new and new[-1] in self.stops:
+            new = new[:-1]
+        return new, 0, seconds
+
+
+def run_bench(args: argparse.Namespace) -> int:
+    from engine.loader import load_session
+    from engine.models.progress import rich_progress
+
+    base_config = make_config(args, method="none", max_new_tokens=256)
+    if args.cost_curve:
+        with rich_progress() as progress:
+            session = load_session(args.model, base_config, dtype=args.dtype, device=args.device,
+                                   backend=args.backend, allow_pickle=args.allow_pickle, progress=progress)
+        return run_cost_curve(session, args)
+    if not args.prompts:
+        raise UsageError("bench needs --prompts FILE.jsonl (or --cost-curve)")
+    prompts = load_prompts(args.prompts, args.limit)
+    methods = [m.strip() for m in args.methods.split(",") if m.strip()]
+    methods = ["none"] + [m for m in methods if m != "none"]
+    configs = {m: base_config.replace(method=m) for m in methods}
+    peers = [p.strip() for p in args.peers.split(",") if p.strip()]
+    for peer in peers:
+        if peer != "hf":
+            raise UsageError(f"unknown peer {peer!r}; available: hf")
+    if not base_config.greedy:
+        print("bench: temperature > 0, outputs are not compared with the baseline")
+
+    with rich_progress() as progress:
+        session = load_session(args.model, base_config, dtype=args.dtype, device=args.device,
+                               backend=args.backend, allow_pickle=args.allow_pickle, progress=progress)
+        hf = HFPeer(session_path(session, args), session, base_config.max_new_tokens) if peers else None
+    for m in methods:  # fail fast on an unavailable method, before any timing
+        session._check_available(configs[m])
+
+    rows = {m: Row(m) for m in methods}
+    if hf:
+        rows["hf-generate"] = Row("hf-generate")
+        rows["hf-prompt-lookup"] = Row("hf-prompt-lookup")
+    # warm-up: one short answer per runner, untimed
+    warm = configs["none"].replace(max_new_tokens=8)
+    for m in methods:
+        _run_ours(session, prompts[0], warm.replace(method=m))
+    if hf:
+        saved, hf.max_new_tokens = hf.max_new_tokens, 8
+        hf.run(prompts[0], False)
+        hf.run(prompts[0], True)
+        hf.max_new_tokens = saved
+
+    from rich.progress import Progress
+
+    total = len(prompts) * len(rows)
+    with Progress(transient=True) as bar:
+        task = bar.add_task("benchmarking", total=total)
+        for prompt in prompts:
+            baseline: list[int] | None = None
+            for name, row in rows.items():
+                bar.update(task, description=f"{prompt.id}: {name}")
+                if name in configs:
+                    tokens, steps, seconds = _run_ours(session, prompt, configs[name])
+                else:
+                    tokens, steps, seconds = hf.run(prompt, lookup=name == "hf-prompt-lookup")
+                if name == "none":
+                    baseline = tokens
+                row.tokens += len(tokens)
+                row.seconds += seconds
+                row.steps += steps
+                row.prompts += 1
+                row.identical += int(tokens == baseline)
+                row.outputs.append(tokens)
+                bar.advance(task)
+
+    base_tps = rows["none"].tokens_per_s
+    results = []
+    for row in rows.values():
+        results.append({
+            "method": row.name,
+            "tokens_per_s": round(row.tokens_per_s, 2),
+            "tau": round(row.tau, 3) if row.tau is not None else None,
+            "speedup": round(row.tokens_per_s / base_tps, 3) if base_tps else None,
+            "identical_to_baseline": row.identical == row.prompts,
+            "identical_prompts": row.identical,
+            "prompts": row.prompts,
+            "tokens": row.tokens,
+            "seconds": round(row.seconds, 3),
+        })
+    report = {"machine": machine_info(), "model": session.model_name, "prompts_file": str(args.prompts),
+              "dtype": args.dtype, "max_new_tokens": base_config.max_new_tokens,
+              "config": {k: v for k, v in base_config.to_dict().items() if k != "method"}, "results": results}
+    print_table(report)
+    if args.json_out:
+        Path(args.json_out).write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
+    return 0
+
+
+def session_path(session, args: argparse.Namespace) -> str:
+    from engine.models.resolve import resolve_model
+
+    return str(resolve_model(args.model).path)
+
+
+def print_table(report: dict[str, Any]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=f"{report['model']} on {report['machine']['cpu']} ({report['machine']['threads']} threads)")
+    for col in ("method", "tokens/s", "tau", "speedup", "identical", "tokens", "seconds"):
+        table.add_column(col, justify="left" if col == "method" else "right")
+    for r in report["results"]:
+        table.add_row(
+            r["method"], f"{r['tokens_per_s']:.2f}", "-" if r["tau"] is None else f"{r['tau']:.2f}",
+            f"{r['speedup']:.2f}x" if r["speedup"] else "-",
+            f"{r['identical_prompts']}/{r['prompts']}", str(r["tokens"]), f"{r['seconds']:.1f}",
+        )
+    Console().print(table)
+
+
+def run_cost_curve(session, args: argparse.Namespace) -> int:
+    """Time one target forward over n new tokens (a tree mask) on top of ~context cached tokens."""
+    import torch
+
+    from engine.tree import DraftTree
+
+    model = session.model
+    ctx = args.context
+    cache = model.new_cache(ctx + 128)
+    gen = torch.Generator().manual_seed(0)
+    prefix = torch.randint(0, model.vocab_size, (ctx,), generator=gen)
+    model.forward(prefix, cache, logits="last")
+    cache.commit(ctx)
+    results = []
+    base_ms = None
+    for n in (1, 2, 4, 8, 16, 32, 64):
+        # a binary-ish tree: node i's parent is (i-1)//2, the shape a top-2 drafter makes
+        tree = DraftTree(tuple(range(n)), tuple([-1] + [(i - 1) // 2 for i in range(1, n)]), (1.0,) * n)
+        tokens = torch.randint(0, model.vocab_size, (n,), generator=gen)
+        positions = torch.tensor(tree.depths) + ctx
+        mask = tree.ancestor_mask() if n > 1 else None
+        for _ in range(2):
+            model.forward(tokens, cache, positions=positions, tree_mask=mask)
+        reps = max(3, int(20 / n))
+        t0 = time.perf_counter()
+        for _ in range(reps):
+            model.forward(tokens, cache, positions=positions, tree_mask=mask)
+        ms = (time.perf_counter() - t0) / reps * 1e3
+        base_ms = base_ms or ms
+        results.append({"n": n, "ms": round(ms, 2), "relative": round(ms / base_ms, 3)})
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=f"one target forward over n tree tokens, {ctx} cached ({session.model_name})")
+    for col in ("n", "ms", "x n=1"):
+        table.add_column(col, justify="right")
+    for r in results:
+        table.add_row(str(r["n"]), f"{r['ms']:.1f}", f"{r['relative']:.2f}")
+    Console().print(table)
+    if args.json_out:
+        Path(args.json_out).write_text(json.dumps({"machine": machine_info(), "model": session.model_name,
+                                                   "context": ctx, "cost_curve": results}, indent=2) + "\n")
+    return 0

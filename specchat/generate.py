@@ -1,0 +1,80 @@
+"""``specchat generate``: one answer in the terminal, each token coloured by where it came from."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from specchat.cli import UsageError, make_config
+
+# Accepted draft tokens vs tokens the target produced itself (bonus / correction).
+DRAFT_STYLE = "bold green"
+TARGET_STYLE = "bright_white"
+
+
+def read_prompt(args: argparse.Namespace) -> str:
+    if args.prompt is not None:
+        text = args.prompt
+    else:
+        path = Path(args.prompt_file)
+        if not path.is_file():
+            raise UsageError(f"prompt file {path} does not exist")
+        text = path.read_text(encoding="utf-8")
+    if not text.strip():
+        raise UsageError("the prompt is empty; pass some text with --prompt or --prompt-file")
+    return text
+
+
+def run_generate(args: argparse.Namespace) -> int:
+    from rich.console import Console
+    from rich.text import Text
+
+    from engine.events import Finished, Started, Step
+    from engine.loader import load_session
+    from engine.models.progress import rich_progress
+
+    config = make_config(args, method="ngram", max_new_tokens=256)
+    prompt = read_prompt(args)
+    out = Console(highlight=False, soft_wrap=True)
+    err = Console(stderr=True, highlight=False)
+    with rich_progress() as progress:
+        session = load_session(args.model, config, draft=args.draft, dtype=args.dtype, device=args.device,
+                               backend=args.backend, allow_pickle=args.allow_pickle, progress=progress)
+    if args.raw:
+        events = session.generate_ids(session.tokenizer.encode(prompt))
+    else:
+        events = session.generate([{"role": "user", "content": prompt}])
+
+    tokens: list[int] = []
+    started: Started | None = None
+    finished: Finished | None = None
+    for event in events:
+        if isinstance(event, Started):
+            started = event
+        elif isinstance(event, Step):
+            tokens.extend(c.id for c in event.committed)
+            if not args.json:
+                piece = Text()
+                for c in event.committed:
+                    piece.append(c.text, style=DRAFT_STYLE if c.origin == "draft" else TARGET_STYLE)
+                out.print(piece, end="")
+        elif isinstance(event, Finished):
+            finished = event
+    assert finished is not None and started is not None
+    stats = finished.stats
+    if args.json:
+        print(json.dumps({
+            "text": finished.text, "tokens": tokens, "steps": stats.steps, "tau": round(stats.tau, 4),
+            "tokens_per_s": round(stats.tokens_per_s, 3), "finish_reason": finished.reason,
+            "method": config.method, "model": session.model_name,
+        }))
+        return 0
+    out.print()
+    legend = "" if not sys.stdout.isatty() else f"  [{DRAFT_STYLE}]accepted draft[/] [{TARGET_STYLE}]target[/]"
+    err.print(
+        f"[dim]{stats.tokens} tokens, {stats.steps} steps, tau {stats.tau:.2f}, "
+        f"{stats.tokens_per_s:.1f} tok/s, {config.method}, stop: {finished.reason}[/]{legend}"
+    )
+    return 0

@@ -1,0 +1,96 @@
+"""Our Llama-family forward against transformers, and tree forwards against path-by-path decoding."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from engine.models.llama import LlamaConfig, UnsupportedModelError
+from engine.tree import DraftTree
+from tests.tiny import FAMILIES, family_config, our_model
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_prefill_logits_match_transformers(family: str) -> None:
+    ours, hf = our_model(family)
+    ids = torch.randint(0, 97, (40,), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        ref = hf(ids[None]).logits[0]
+    out = ours.forward(ids, ours.new_cache(64))
+    assert out.logits.shape == ref.shape
+    torch.testing.assert_close(out.logits, ref, atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_incremental_decoding_matches_one_shot(family: str) -> None:
+    ours, _ = our_model(family)
+    ids = torch.randint(0, 97, (30,), generator=torch.Generator().manual_seed(2))
+    full = ours.forward(ids, ours.new_cache(64)).logits
+    cache = ours.new_cache(64)
+    ours.forward(ids[:20], cache, logits="none")
+    cache.commit(20)
+    rows = []
+    for t in range(20, 30):
+        rows.append(ours.forward(ids[t : t + 1], cache).logits[0])
+        cache.commit(1)
+    torch.testing.assert_close(torch.stack(rows), full[20:], atol=1e-4, rtol=1e-4)
+
+
+def _random_tree(n: int, seed: int) -> DraftTree:
+    g = torch.Generator().manual_seed(seed)
+    parents = [-1] + [int(torch.randint(0, i, (1,), generator=g)) for i in range(1, n)]
+    tokens = [int(t) for t in torch.randint(3, 97, (n,), generator=g)]
+    return DraftTree(tuple(tokens), tuple(parents), (1.0,) * n)
+
+
+@pytest.mark.parametrize("family", ["llama", "mistral", "qwen3"])
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_tree_forward_equals_each_path_decoded_alone(family: str, seed: int) -> None:
+    ours, _ = our_model(family)
+    prefix = torch.randint(3, 97, (27,), generator=torch.Generator().manual_seed(seed))
+    tree = _random_tree(12, seed)
+    cache = ours.new_cache(64)
+    ours.forward(prefix, cache, logits="none")
+    cache.commit(len(prefix))
+    positions = torch.tensor(tree.depths) + len(prefix)
+    tree_logits = ours.forward(torch.tensor(tree.tokens), cache, positions=positions,
+                               tree_mask=tree.ancestor_mask()).logits
+    for node in range(len(tree)):
+        path = [0, *tree.path_to(node)]
+        seq = torch.cat([prefix, torch.tensor([tree.tokens[i] for i in path])])
+        ref = ours.forward(seq, ours.new_cache(64)).logits[-1]
+        torch.testing.assert_close(tree_logits[node], ref, atol=1e-4, rtol=1e-4)
+
+
+def test_commit_moves_an_accepted_tree_path_into_place() -> None:
+    ours, _ = our_model("llama")
+    prefix = torch.randint(3, 97, (10,), generator=torch.Generator().manual_seed(5))
+    tree = DraftTree((50, 51, 52, 53, 54), (-1, 0, 0, 2, 3), (1.0,) * 5)
+    cache = ours.new_cache(64)
+    ours.forward(prefix, cache, logits="none")
+    cache.commit(10)
+    ours.forward(torch.tensor(tree.tokens), cache, positions=torch.tensor(tree.depths) + 10,
+                 tree_mask=tree.ancestor_mask())
+    cache.commit([0, 2, 3])  # root -> node 2 -> node 3
+    after = ours.forward(torch.tensor([54]), cache).logits[0]
+    ref = ours.forward(torch.cat([prefix, torch.tensor([50, 52, 53, 54])]), ours.new_cache(64)).logits[-1]
+    torch.testing.assert_close(after, ref, atol=1e-4, rtol=1e-4)
+
+
+def test_hidden_states_and_captures() -> None:
+    ours, hf = our_model("llama")
+    ids = torch.randint(0, 97, (9,), generator=torch.Generator().manual_seed(3))
+    out = ours.forward(ids, ours.new_cache(16), return_hidden=True, capture_layers=(0, 1, 2))
+    with torch.no_grad():
+        ref = hf(ids[None], output_hidden_states=True).hidden_states
+    # hidden_states[i] is the residual entering layer i; the last one is after the final norm
+    torch.testing.assert_close(out.aux[0], ref[0][0], atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(out.aux[1], ref[1][0], atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(out.hidden, ref[-1][0], atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(ours.logits_from_hidden(out.hidden), out.logits)
+
+
+def test_unsupported_architecture_is_refused_with_a_hint() -> None:
+    cfg = family_config("llama") | {"model_type": "gpt2", "architectures": ["GPT2LMHeadModel"]}
+    with pytest.raises(UnsupportedModelError, match="backend hf"):
+        LlamaConfig.from_dict(cfg)

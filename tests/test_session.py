@@ -1,0 +1,234 @@
+"""The session loop: lossless greedy output, stops, cancel, hot-swap, multi-turn cache reuse."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from engine.config import ConfigError, SpecConfig
+from engine.drafters.base import NoDrafter
+from engine.events import ConfigApplied, Finished, Started, Step
+from engine.session import Session
+from tests.drafters import RandomTreeDrafter
+from tests.tiny import TinyTokenizer, our_model
+
+_MODELS: dict[tuple[str, int], object] = {}
+
+
+def model(family: str = "llama", seed: int = 0):
+    key = (family, seed)
+    if key not in _MODELS:
+        _MODELS[key] = our_model(family, seed)[0]
+    return _MODELS[key]
+
+
+def tokens_of(events) -> list[int]:
+    return [c.id for e in events if isinstance(e, Step) for c in e.committed]
+
+
+def baseline(m, prompt, max_new=40, stops=frozenset({2})) -> list[int]:
+    s = Session(m, TinyTokenizer(stop_ids=stops), SpecConfig(max_new_tokens=max_new), drafters={"none": NoDrafter})
+    return tokens_of(s.generate_ids(prompt))
+
+
+def oracle_for(prompt, answer) -> dict[tuple[int, ...], int]:
+    full = list(prompt) + list(answer)
+    return {tuple(full[:i]): full[i] for i in range(1, len(full))}
+
+
+def spec_session(m, drafter, config, stops=frozenset({2})) -> Session:
+    return Session(m, TinyTokenizer(stop_ids=stops), config,
+                   drafters={"none": NoDrafter, "standalone": lambda: drafter})
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    family=st.sampled_from(["llama", "qwen2", "qwen3"]),
+    seed=st.integers(0, 2),
+    prompt=st.lists(st.integers(3, 96), min_size=1, max_size=30),
+    draft_tokens=st.integers(2, 24),
+    hit_rate=st.floats(0.0, 1.0),
+    max_new=st.integers(1, 50),
+    drafter_seed=st.integers(0, 1000),
+)
+def test_greedy_speculation_is_lossless_for_any_tree(family, seed, prompt, draft_tokens, hit_rate, max_new,
+                                                      drafter_seed) -> None:
+    m = model(family, seed)
+    prompt = [1, *prompt]
+    want = baseline(m, prompt, max_new)
+    drafter = RandomTreeDrafter(drafter_seed, oracle_for(prompt, want), hit_rate)
+    config = SpecConfig(method="standalone", num_draft_tokens=draft_tokens, max_new_tokens=max_new)
+    got = tokens_of(spec_session(m, drafter, config).generate_ids(prompt))
+    assert got == want
+
+
+def test_oracle_drafts_are_accepted_and_tau_counts_the_bonus() -> None:
+    m = model()
+    prompt = [1, 10, 11, 12]
+    want = baseline(m, prompt, 40)
+    drafter = RandomTreeDrafter(0, oracle_for(prompt, want), hit_rate=1.0)
+    events = list(spec_session(m, drafter, SpecConfig(method="standalone", num_draft_tokens=8,
+                                                     max_new_tokens=40)).generate_ids(prompt))
+    steps = [e for e in events if isinstance(e, Step)]
+    assert tokens_of(events) == want
+    assert any(len(s.accepted) >= 2 for s in steps)
+    for s in steps[1:]:
+        origins = [c.origin for c in s.committed]
+        # accepted drafts come first, the target's bonus token closes the step
+        assert origins[: len(s.accepted)] == ["draft"] * min(len(s.accepted), len(origins))
+    final = events[-1]
+    assert isinstance(final, Finished)
+    assert final.stats.tau == pytest.approx(final.tokens / final.stats.steps)
+    assert final.stats.tau > 1.5
+
+
+@pytest.mark.parametrize("max_new", [1, 2, 3, 7])
+def test_max_new_tokens_is_exact_even_when_a_step_accepts_more(max_new: int) -> None:
+    m = model()
+    prompt = [1, 20, 21, 22, 23]
+    want = baseline(m, prompt, max_new, stops=frozenset())
+    assert len(want) == max_new
+    drafter = RandomTreeDrafter(1, oracle_for(prompt, baseline(m, prompt, 60, frozenset())), hit_rate=1.0)
+    events = list(spec_session(m, drafter, SpecConfig(method="standalone", num_draft_tokens=10,
+                                                     max_new_tokens=max_new), stops=frozenset()).generate_ids(prompt))
+    assert tokens_of(events) == want
+    assert events[-1].reason == "length"
+
+
+def test_stop_token_inside_an_accepted_path_ends_the_answer_there() -> None:
+    m = model()
+    prompt = [1, 30, 31, 32]
+    free = baseline(m, prompt, 30, stops=frozenset())
+    stop = free[5]  # pretend the 6th token is a stop token
+    want = baseline(m, prompt, 30, stops=frozenset({stop}))
+    assert want == free[: free.index(stop)]
+    drafter = RandomTreeDrafter(2, oracle_for(prompt, free), hit_rate=1.0)
+    events = list(spec_session(m, drafter, SpecConfig(method="standalone", num_draft_tokens=12, max_new_tokens=30),
+                               stops=frozenset({stop})).generate_ids(prompt))
+    assert tokens_of(events) == want
+    assert events[-1].reason == "stop"
+
+
+def test_events_have_the_contract_shape() -> None:
+    m = model()
+    s = Session(m, TinyTokenizer(), SpecConfig(max_new_tokens=5), drafters={"none": NoDrafter})
+    events = list(s.generate_ids([1, 5, 6]))
+    assert isinstance(events[0], Started) and events[0].prompt_tokens == 3
+    assert isinstance(events[-1], Finished)
+    steps = [e for e in events if isinstance(e, Step)]
+    assert [s.index for s in steps] == list(range(len(steps)))
+    assert all(len(s.tree_text) == len(s.tree) for s in steps)
+    assert all(s.committed[-1].origin == "target" for s in steps if s.committed)
+
+
+def test_cancel_stops_at_a_step_boundary_and_the_session_stays_usable() -> None:
+    m = model()
+    s = Session(m, TinyTokenizer(stop_ids=frozenset()), SpecConfig(max_new_tokens=100), drafters={"none": NoDrafter})
+    list(s.chat("ABCDE"))
+    events = []
+    for e in s.chat("FGH"):
+        events.append(e)
+        if isinstance(e, Step) and e.index == 3:
+            s.cancel()
+    assert events[-1].reason == "cancelled"
+    assert len([e for e in events if isinstance(e, Step)]) == 4
+    assert [m_["role"] for m_ in s.messages] == ["user", "assistant", "user", "assistant"]
+    after = list(s.chat("IJ"))
+    assert after[-1].reason == "length"
+
+
+def test_cancel_from_another_thread() -> None:
+    m = model()
+    s = Session(m, TinyTokenizer(stop_ids=frozenset()), SpecConfig(max_new_tokens=10_000),
+                drafters={"none": NoDrafter})
+    seen = threading.Event()
+    result: list = []
+
+    def worker() -> None:
+        for e in s.generate_ids([1, 4, 5]):
+            if isinstance(e, Step):
+                seen.set()
+            result.append(e)
+
+    t = threading.Thread(target=worker)
+    t.start()
+    assert seen.wait(10)
+    s.cancel()
+    t.join(10)
+    assert not t.is_alive()
+    assert result[-1].reason == "cancelled"
+
+
+def test_hot_swap_applies_at_the_next_step_and_stays_lossless() -> None:
+    m = model()
+    prompt = [1, 40, 41, 42]
+    want = baseline(m, prompt, 40, stops=frozenset())
+    drafter = RandomTreeDrafter(3, oracle_for(prompt, want), hit_rate=0.9)
+    s = spec_session(m, drafter, SpecConfig(method="standalone", num_draft_tokens=4, max_new_tokens=40),
+                     stops=frozenset())
+    events = []
+    for e in s.generate_ids(prompt):
+        events.append(e)
+        if isinstance(e, Step) and e.index == 2:
+            s.update_config(s.config.replace(num_draft_tokens=16))
+            assert s.pending_config is not None and s.config.num_draft_tokens == 4
+        if isinstance(e, Step) and e.index == 6:
+            s.update_config(s.config.replace(method="none"))
+    assert tokens_of(events) == want
+    applied = [e for e in events if isinstance(e, ConfigApplied)]
+    assert [a.config["num_draft_tokens"] for a in applied][:1] == [16]
+    assert applied[-1].config["method"] == "none"
+    steps = [e for e in events if isinstance(e, Step)]
+    assert max(len(st_.tree) for st_ in steps[3:7]) > 4  # the bigger trees were used
+    assert all(len(st_.tree) == 1 for st_ in steps[8:])  # then the baseline
+    assert s.pending_config is None
+
+
+def test_invalid_hot_swap_is_refused_and_old_settings_stay() -> None:
+    s = Session(model(), TinyTokenizer(), SpecConfig(method="none"), drafters={"none": NoDrafter})
+    with pytest.raises(ConfigError, match="num_draft_tokens"):
+        s.update_config(s.config.replace(num_draft_tokens=1))
+    with pytest.raises(ConfigError, match="not available"):
+        s.update_config(s.config.replace(method="eagle3"))
+    assert s.config == SpecConfig(method="none")
+    assert s.pending_config is None
+
+
+def test_second_turn_reuses_the_cache_and_matches_a_fresh_session() -> None:
+    m = model()
+    s = Session(m, TinyTokenizer(), SpecConfig(max_new_tokens=12), drafters={"none": NoDrafter})
+    list(s.chat("ABCD"))
+    second = list(s.chat("EFG"))
+    started = second[0]
+    assert isinstance(started, Started) and started.reused_tokens > 5
+    fresh = Session(m, TinyTokenizer(), SpecConfig(max_new_tokens=12), drafters={"none": NoDrafter})
+    ref = list(fresh.generate(s.messages[:-1]))
+    assert tokens_of(second) == tokens_of(ref)
+
+
+def test_cache_is_sized_from_the_request_not_the_model_maximum() -> None:
+    m = model()
+    s = Session(m, TinyTokenizer(), SpecConfig(max_new_tokens=20), drafters={"none": NoDrafter})
+    list(s.generate_ids([1, 5, 6, 7]))
+    assert s._cache.capacity < 4 + 20 + 1 + 300
+    list(s.generate_ids([1, 5, 6, 7], SpecConfig(max_new_tokens=400)))
+    assert s._cache.capacity >= 400
+
+
+def test_sampling_session_is_reproducible_with_a_seed() -> None:
+    m = model()
+    cfg = SpecConfig(temperature=0.8, seed=7, max_new_tokens=20)
+    a = tokens_of(Session(m, TinyTokenizer(), cfg, drafters={"none": NoDrafter}).generate_ids([1, 5]))
+    b = tokens_of(Session(m, TinyTokenizer(), cfg, drafters={"none": NoDrafter}).generate_ids([1, 5]))
+    assert a == b
+
+
+def test_generate_does_not_touch_the_conversation() -> None:
+    s = Session(model(), TinyTokenizer(), SpecConfig(max_new_tokens=4), drafters={"none": NoDrafter})
+    list(s.generate([{"role": "user", "content": "ABC"}]))
+    assert s.messages == []
+    assert torch.is_tensor(s._cache.k)

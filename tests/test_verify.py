@@ -1,0 +1,59 @@
+"""Acceptance rules: greedy equals argmax decoding; sampling keeps the target distribution."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import pytest
+import torch
+
+from engine.tree import DraftTree
+from engine.verify import target_probs, verify_greedy, verify_sampling
+
+
+def test_greedy_walks_the_matching_children_and_returns_the_bonus() -> None:
+    tree = DraftTree((9, 4, 5, 6, 7), (-1, 0, 0, 2, 2), (1.0,) * 5)
+    logits = torch.full((5, 10), -5.0)
+    logits[0, 5] = 1  # root predicts 5 -> node 2
+    logits[2, 7] = 1  # node 2 predicts 7 -> node 4
+    logits[4, 3] = 1  # node 4 predicts 3: no child, bonus
+    v = verify_greedy(tree, logits)
+    assert v.accepted == (2, 4) and v.bonus == 3
+
+
+def test_greedy_with_a_lone_root_is_plain_decoding() -> None:
+    logits = torch.zeros(1, 10)
+    logits[0, 8] = 2
+    assert verify_greedy(DraftTree.root_only(1), logits).bonus == 8
+
+
+def test_top_p_keeps_the_smallest_set_reaching_p() -> None:
+    probs = target_probs(torch.log(torch.tensor([0.5, 0.3, 0.15, 0.05])), 1.0, 0.75)
+    torch.testing.assert_close(probs, torch.tensor([0.5, 0.3, 0.0, 0.0]) / 0.8)
+
+
+@pytest.mark.parametrize("temperature,top_p", [(1.0, 1.0), (0.7, 0.9)])
+def test_sampling_verification_keeps_the_target_distribution(temperature: float, top_p: float) -> None:
+    """First emitted token ~ p(root); second token given an accepted child c ~ p(c)."""
+    g = torch.Generator().manual_seed(0)
+    vocab = 6
+    # root children: tokens 1, 3, 0 (draft order); node 1 (token 1) has children 2, 4
+    tree = DraftTree((5, 1, 3, 0, 2, 4), (-1, 0, 0, 0, 1, 1), (1.0,) * 6)
+    logits = torch.randn(6, vocab, generator=g)
+    logits[0, 1] = logits[0].max() + 0.5  # make the branch with children likely enough to test
+    p_root = target_probs(logits[0], temperature, top_p)
+    p_node1 = target_probs(logits[1], temperature, top_p)
+    n = 12_000
+    first: Counter[int] = Counter()
+    second_after_1: Counter[int] = Counter()
+    for _ in range(n):
+        v = verify_sampling(tree, logits, temperature, top_p, g)
+        emitted = [tree.tokens[i] for i in v.accepted] + [v.bonus]
+        first[emitted[0]] += 1
+        if v.accepted and v.accepted[0] == 1:
+            second_after_1[emitted[1]] += 1
+    emp_first = torch.tensor([first[t] / n for t in range(vocab)])
+    assert (emp_first - p_root).abs().max() < 0.02
+    m = sum(second_after_1.values())
+    emp_second = torch.tensor([second_after_1[t] / m for t in range(vocab)])
+    assert (emp_second - p_node1).abs().max() < 0.035

@@ -18,7 +18,7 @@ import torch.nn.functional as F
 
 from engine.kernels.linear import Linear
 from engine.models.kv_cache import KVCache
-from engine.models.rope import RotaryTable, apply_rotary, rope_inv_freq
+from engine.models.rope import RotaryTable, apply_rotary_interleaved, interleave_halves, rope_inv_freq
 
 SUPPORTED_TYPES = ("llama", "mistral", "qwen2", "qwen3")
 
@@ -96,10 +96,20 @@ class ForwardOutput:
 class _Layer:
     __slots__ = ("down", "gate_up", "k_norm", "ln_attn", "ln_mlp", "o", "q_norm", "qkv")
 
-    def __init__(self, sd: Mapping[str, torch.Tensor], prefix: str, dtype: torch.dtype, device: torch.device
-                 ) -> None:
+    def __init__(self, sd: Mapping[str, torch.Tensor], prefix: str, config: LlamaConfig, dtype: torch.dtype,
+                 device: torch.device) -> None:
+        hd = config.head_dim
+        heads = {"q": config.num_heads, "k": config.num_kv_heads}
+
         def w(name: str) -> torch.Tensor:
-            return sd[prefix + name].to(device=device, dtype=dtype)
+            t = sd[prefix + name].to(device=device, dtype=dtype)
+            # q/k rows (and biases, and q/k norm weights) go into the rotation-friendly order
+            proj = name.split(".")[1][0] if name.startswith("self_attn.") else ""
+            if proj in heads and (name.endswith("_proj.weight") or name.endswith("_proj.bias")):
+                return interleave_halves(t, heads[proj], hd)
+            if proj in heads and name.endswith("_norm.weight"):
+                return interleave_halves(t, 1, hd)
+            return t
 
         def maybe(name: str) -> torch.Tensor | None:
             return w(name) if prefix + name in sd else None
@@ -141,7 +151,7 @@ class LlamaModel:
             raise UnsupportedModelError(f"checkpoint is missing {', '.join(missing)}")
         self.embed = sd["model.embed_tokens.weight"].to(device=self.device, dtype=dtype)
         self.layers = [
-            _Layer(sd, f"model.layers.{i}.", dtype, self.device) for i in range(config.num_layers)
+            _Layer(sd, f"model.layers.{i}.", config, dtype, self.device) for i in range(config.num_layers)
         ]
         self.norm = sd["model.norm.weight"].to(device=self.device, dtype=dtype)
         head = self.embed if config.tie_word_embeddings else sd["lm_head.weight"].to(self.device, dtype)
@@ -149,7 +159,7 @@ class LlamaModel:
         inv_freq, att_factor = rope_inv_freq(
             config.head_dim, config.rope_theta, config.rope_scaling, config.max_position_embeddings
         )
-        self.rotary = RotaryTable(inv_freq, att_factor, dtype, self.device)
+        self.rotary = RotaryTable(inv_freq, att_factor, self.device)
         self.scale = config.head_dim**-0.5
 
     # -------------------------------------------------------------------------------------
@@ -198,12 +208,12 @@ class LlamaModel:
         if positions is None:
             positions = torch.arange(L, L + T, device=self.device)
         self.rotary.ensure(int(positions.max()) + 1)
-        cos, sin = self.rotary.lookup(positions)
+        rot = self.rotary.lookup(positions)
         mask, causal = self._attention_mask(T, L, positions, tree_mask)
 
         x = F.embedding(tokens, self.embed)  # [T, H]
         nh, nkv, hd = c.num_heads, c.num_kv_heads, c.head_dim
-        q_end, k_end = nh * hd, (nh + nkv) * hd
+        k_end = (nh + nkv) * hd
         eps = c.rms_norm_eps
         aux: list[torch.Tensor] = []
         capture = set(capture_layers)
@@ -212,14 +222,13 @@ class LlamaModel:
                 aux.append(x)
             h = F.rms_norm(x, (c.hidden_size,), layer.ln_attn, eps)
             qkv = layer.qkv(h)
-            q = qkv[:, :q_end].view(T, nh, hd).transpose(0, 1)
-            k = qkv[:, q_end:k_end].view(T, nkv, hd).transpose(0, 1)
-            v = qkv[:, k_end:].view(T, nkv, hd).transpose(0, 1)
+            qk = qkv[:, :k_end].view(T, nh + nkv, hd)
             if layer.q_norm is not None:
-                q = F.rms_norm(q, (hd,), layer.q_norm, eps)
-                k = F.rms_norm(k, (hd,), layer.k_norm, eps)
-            q = apply_rotary(q, cos, sin)
-            k = apply_rotary(k, cos, sin)
+                qk = torch.cat([F.rms_norm(qk[:, :nh], (hd,), layer.q_norm, eps),
+                                F.rms_norm(qk[:, nh:], (hd,), layer.k_norm, eps)], dim=1)
+            qk = apply_rotary_interleaved(qk, rot).transpose(0, 1)  # [nh + nkv, T, hd]
+            q, k = qk[:nh], qk[nh:]
+            v = qkv[:, k_end:].view(T, nkv, hd).transpose(0, 1)
             cache.k[li, :, L : L + T] = k
             cache.v[li, :, L : L + T] = v
             keys = cache.k[li, :, : L + T]

@@ -79,33 +79,44 @@ def _yarn(head_dim: int, theta: float, s: dict[str, Any], max_positions: int) ->
 
 
 class RotaryTable:
-    """cos/sin rows by position, grown on demand, in the model's dtype."""
+    """Rotation factors by position as complex numbers, grown on demand.
 
-    def __init__(self, inv_freq: torch.Tensor, attention_factor: float, dtype: torch.dtype,
-                 device: torch.device) -> None:
-        self.inv_freq = inv_freq.to(torch.float32)
+    The model stores q/k weights with each head's two halves interleaved (see
+    :func:`interleave_halves`), so rotating a head is one complex multiply over adjacent pairs
+    instead of the slice-negate-concatenate of the rotate-half form: one op for q and k together.
+    """
+
+    def __init__(self, inv_freq: torch.Tensor, attention_factor: float, device: torch.device) -> None:
+        self.inv_freq = inv_freq.to(torch.float64)
         self.attention_factor = attention_factor
-        self.dtype, self.device = dtype, device
-        self.cos = torch.empty(0, device=device)
-        self.sin = torch.empty(0, device=device)
+        self.device = device
+        self.table = torch.empty(0, dtype=torch.complex64, device=device)
 
     def ensure(self, length: int) -> None:
-        if length <= self.cos.shape[0]:
+        if length <= self.table.shape[0]:
             return
-        length = max(length, 2 * self.cos.shape[0], 256)
-        t = torch.arange(length, dtype=torch.float32)
-        freqs = torch.outer(t, self.inv_freq)
-        emb = torch.cat([freqs, freqs], dim=-1)
-        self.cos = (emb.cos() * self.attention_factor).to(self.dtype).to(self.device)
-        self.sin = (emb.sin() * self.attention_factor).to(self.dtype).to(self.device)
+        length = max(length, 2 * self.table.shape[0], 256)
+        angles = torch.outer(torch.arange(length, dtype=torch.float64), self.inv_freq)
+        table = torch.polar(torch.full_like(angles, self.attention_factor), angles)
+        self.table = table.to(torch.complex64).to(self.device)
 
-    def lookup(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """cos, sin of shape [T, head_dim] for the given positions."""
-        return self.cos[positions], self.sin[positions]
+    def lookup(self, positions: torch.Tensor) -> torch.Tensor:
+        """[T, 1, head_dim/2] complex factors for the given positions (broadcast over heads)."""
+        return self.table[positions].unsqueeze(1)
 
 
-def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """x: [heads, T, head_dim]; cos/sin: [T, head_dim] (rotate-half convention, as in HF Llama)."""
-    half = x.shape[-1] // 2
-    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
-    return x * cos + rotated * sin
+def apply_rotary_interleaved(x: torch.Tensor, factors: torch.Tensor) -> torch.Tensor:
+    """x: [T, heads, head_dim] with interleaved halves; returns the rotated copy (same layout)."""
+    pairs = torch.view_as_complex(x.float().unflatten(-1, (-1, 2)))
+    return torch.view_as_real(pairs * factors).flatten(-2).to(x.dtype)
+
+
+def interleave_halves(weight: torch.Tensor, num_heads: int, head_dim: int) -> torch.Tensor:
+    """Reorder each head's rows (or entries) from [a0..a_{d/2-1}, b0..] to [a0, b0, a1, b1, ...].
+
+    Attention scores are dot products over the head dimension, so applying the same reordering to
+    q and k changes nothing but lets the rotation pair adjacent entries.
+    """
+    rest = weight.shape[1:]
+    w = weight.reshape(num_heads, 2, head_dim // 2, *rest)
+    return w.transpose(1, 2).reshape(num_heads * head_dim, *rest)

@@ -1,0 +1,344 @@
+"""Convert a llama-architecture GGUF file into a plain Hugging Face folder.
+
+Why convert at all: our engine runs its own PyTorch model code on float32 weights, and a folder
+with ``config.json`` + ``model.safetensors`` + tokenizer files is the one format every other part
+of the project (checkpoint loader, tokenizer, reference tests against transformers) understands.
+The GGUF is dequantized once, so a Q4_1 file becomes exact float32 copies of the quantized
+values: the converted model computes what the GGUF computes, not what the original fp16 model did.
+
+Two details matter for correctness:
+
+* llama.cpp's converter reorders the rows of ``attn_q``/``attn_k`` so that its RoPE can rotate
+  adjacent pairs (x[2i], x[2i+1]); Hugging Face Llama rotates the two halves of each head
+  (x[i], x[i + d/2]). :func:`unpermute_rope_rows` undoes that reordering.
+* GGUF stores no ``output.weight`` when the LM head is tied to the embedding, so its absence sets
+  ``tie_word_embeddings``.
+
+The tokenizer is rebuilt with transformers (imported lazily: it is slow to import and only this
+one-off step needs it).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from engine.models.progress import ProgressCallback, report
+from engine.tokenizer import CHAT_END_TOKENS
+
+# Bumped whenever the output of the converter changes, so cached conversions are redone.
+CONVERTER_VERSION = 1
+
+SUPPORTED_ARCHITECTURES = ("llama",)
+
+_GLOBAL_NAMES = {
+    "token_embd.weight": "model.embed_tokens.weight",
+    "output_norm.weight": "model.norm.weight",
+    "output.weight": "lm_head.weight",
+}
+_BLOCK_NAMES = {
+    "attn_q": "self_attn.q_proj",
+    "attn_k": "self_attn.k_proj",
+    "attn_v": "self_attn.v_proj",
+    "attn_output": "self_attn.o_proj",
+    "ffn_gate": "mlp.gate_proj",
+    "ffn_up": "mlp.up_proj",
+    "ffn_down": "mlp.down_proj",
+    "attn_norm": "input_layernorm",
+    "ffn_norm": "post_attention_layernorm",
+}
+_BLOCK_RE = re.compile(r"blk\.(\d+)\.([a-z_]+)\.(weight|bias)")
+
+
+class GGUFConversionError(ValueError):
+    """The GGUF cannot be converted; the message says why and what to use instead."""
+
+
+def hf_tensor_name(gguf_name: str) -> str | None:
+    """The Hugging Face Llama name of a GGUF tensor, or None when it has no counterpart."""
+    if gguf_name in _GLOBAL_NAMES:
+        return _GLOBAL_NAMES[gguf_name]
+    m = _BLOCK_RE.fullmatch(gguf_name)
+    if m is None or m.group(2) not in _BLOCK_NAMES:
+        return None
+    return f"model.layers.{m.group(1)}.{_BLOCK_NAMES[m.group(2)]}.{m.group(3)}"
+
+
+def permute_rope_rows(w: np.ndarray, n_heads: int) -> np.ndarray:
+    """HF -> llama.cpp row order: within each head, interleave the two rotary halves.
+
+    Only the tests and fixture writers need this direction; it is the exact inverse of
+    :func:`unpermute_rope_rows`.
+    """
+    half = w.shape[0] // n_heads // 2
+    return w.reshape(n_heads, 2, half, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+
+
+def unpermute_rope_rows(w: np.ndarray, n_heads: int) -> np.ndarray:
+    """llama.cpp -> HF row order for ``attn_q``/``attn_k`` (weights or biases).
+
+    In GGUF, head h's rows are pairs (r0 of half A, r0 of half B, r1 of A, r1 of B, ...); HF wants
+    all of half A then all of half B. ``n_heads`` is the number of heads this projection has
+    (query heads for q, key/value heads for k).
+    """
+    if w.shape[0] % (2 * n_heads):
+        raise GGUFConversionError(f"cannot un-permute {w.shape[0]} rows into {n_heads} rotary heads")
+    half = w.shape[0] // n_heads // 2
+    return w.reshape(n_heads, half, 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+
+
+# metadata ---------------------------------------------------------------------------------
+def field_value(field: Any) -> Any:
+    """Decode one ``GGUFReader`` field into str / int / float / bool / list.
+
+    Written against the reader's stable ``types``/``parts``/``data`` layout rather than
+    ``ReaderField.contents()``, which older gguf releases (we allow >= 0.10) lack.
+    """
+    from gguf import GGUFValueType
+
+    if not field.types:
+        return None
+    kind = field.types[0]
+    if kind == GGUFValueType.ARRAY:
+        sub = field.types[-1]
+        if sub == GGUFValueType.STRING:
+            return [bytes(field.parts[i]).decode("utf-8", errors="replace") for i in field.data]
+        return [v for i in field.data for v in field.parts[i].tolist()]
+    if kind == GGUFValueType.STRING:
+        return bytes(field.parts[field.data[0]]).decode("utf-8", errors="replace")
+    value = field.parts[field.data[0]].tolist()[0]
+    if kind == GGUFValueType.BOOL:
+        return bool(value)
+    if kind in (GGUFValueType.FLOAT32, GGUFValueType.FLOAT64):
+        # GGUF stores float32: 1e-5 comes back as 9.999999747378752e-06. The shortest decimal that
+        # rounds to the same float32 keeps config.json readable and computes identically.
+        return float(str(np.float32(value))) if kind == GGUFValueType.FLOAT32 else float(value)
+    return value
+
+
+def read_metadata(reader: Any, *, with_vocab: bool = False) -> dict[str, Any]:
+    """All key/value metadata; the big vocabulary arrays only when ``with_vocab``."""
+    big = (
+        "tokenizer.ggml.tokens",
+        "tokenizer.ggml.merges",
+        "tokenizer.ggml.token_type",
+        "tokenizer.ggml.scores",
+    )
+    out: dict[str, Any] = {}
+    for key, field in reader.fields.items():
+        if key.startswith("GGUF.") or (key in big and not with_vocab):
+            continue
+        out[key] = field_value(field)
+    return out
+
+
+def hf_config(meta: dict[str, Any], tensor_shapes: dict[str, tuple[int, ...]]) -> dict[str, Any]:
+    """A transformers ``LlamaConfig`` dict built from GGUF metadata and tensor shapes."""
+    arch = meta.get("general.architecture")
+    if arch not in SUPPORTED_ARCHITECTURES:
+        raise GGUFConversionError(
+            f"GGUF architecture {arch!r} is not supported (only {', '.join(SUPPORTED_ARCHITECTURES)}); "
+            "use a Hugging Face folder or hub id for this model instead"
+        )
+
+    def need(key: str) -> Any:
+        value = meta.get(f"{arch}.{key}")
+        if value is None:
+            raise GGUFConversionError(f"GGUF metadata lacks {arch}.{key}; the file is incomplete or not a llama model")
+        return value
+
+    hidden = int(need("embedding_length"))
+    n_heads = int(need("attention.head_count"))
+    n_kv = int(meta.get(f"{arch}.attention.head_count_kv") or n_heads)
+    head_dim = int(meta.get(f"{arch}.attention.key_length") or hidden // n_heads)
+    rope_dim = int(meta.get(f"{arch}.rope.dimension_count") or head_dim)
+    if rope_dim != head_dim:
+        raise GGUFConversionError(
+            f"partial rotary embeddings (rope dim {rope_dim} < head dim {head_dim}) are not supported"
+        )
+    if "model.embed_tokens.weight" not in tensor_shapes:
+        raise GGUFConversionError("GGUF has no token_embd.weight tensor")
+    vocab = tensor_shapes["model.embed_tokens.weight"][0]
+
+    config: dict[str, Any] = {
+        "architectures": ["LlamaForCausalLM"],
+        "model_type": "llama",
+        "hidden_size": hidden,
+        "intermediate_size": int(need("feed_forward_length")),
+        "num_hidden_layers": int(need("block_count")),
+        "num_attention_heads": n_heads,
+        "num_key_value_heads": n_kv,
+        "head_dim": head_dim,
+        "hidden_act": "silu",
+        "rms_norm_eps": float(meta.get(f"{arch}.attention.layer_norm_rms_epsilon", 1e-5)),
+        "rope_theta": float(meta.get(f"{arch}.rope.freq_base", 10000.0)),
+        "rope_scaling": _rope_scaling(meta, arch),
+        "max_position_embeddings": int(meta.get(f"{arch}.context_length", 2048)),
+        "vocab_size": vocab,
+        "tie_word_embeddings": "lm_head.weight" not in tensor_shapes,
+        "attention_bias": "model.layers.0.self_attn.q_proj.bias" in tensor_shapes,
+        "mlp_bias": "model.layers.0.mlp.up_proj.bias" in tensor_shapes,
+        "torch_dtype": "float32",
+        "use_cache": True,
+    }
+    for ours, key in (
+        ("bos_token_id", "bos_token_id"),
+        ("eos_token_id", "eos_token_id"),
+        ("pad_token_id", "padding_token_id"),
+    ):
+        if meta.get(f"tokenizer.ggml.{key}") is not None:
+            config[ours] = int(meta[f"tokenizer.ggml.{key}"])
+    return config
+
+
+def _rope_scaling(meta: dict[str, Any], arch: str) -> dict[str, Any] | None:
+    kind = meta.get(f"{arch}.rope.scaling.type")
+    if kind in (None, "none"):
+        return None
+    factor = meta.get(f"{arch}.rope.scaling.factor")
+    if kind == "linear" and factor:
+        return {"rope_type": "linear", "factor": float(factor)}
+    raise GGUFConversionError(f"rope scaling {kind!r} is not supported by the GGUF converter")
+
+
+def generation_config(meta: dict[str, Any], tokens: list[str]) -> dict[str, Any]:
+    """eos ids the chat loop must stop on: the GGUF eos plus chat end-of-turn tokens it has."""
+    eos: list[int] = []
+    for key in ("eos_token_id", "eot_token_id", "eom_token_id"):
+        if meta.get(f"tokenizer.ggml.{key}") is not None:
+            eos.append(int(meta[f"tokenizer.ggml.{key}"]))
+    index = {tok: i for i, tok in enumerate(tokens) if tok in CHAT_END_TOKENS}
+    eos += [index[t] for t in CHAT_END_TOKENS if t in index]
+    eos = list(dict.fromkeys(eos))
+    out: dict[str, Any] = {}
+    if meta.get("tokenizer.ggml.bos_token_id") is not None:
+        out["bos_token_id"] = int(meta["tokenizer.ggml.bos_token_id"])
+    if eos:
+        out["eos_token_id"] = eos[0] if len(eos) == 1 else eos
+    if meta.get("tokenizer.ggml.padding_token_id") is not None:
+        out["pad_token_id"] = int(meta["tokenizer.ggml.padding_token_id"])
+    return out
+
+
+# conversion -------------------------------------------------------------------------------
+def convert_gguf(
+    gguf_path: Path,
+    out_dir: Path,
+    *,
+    progress: ProgressCallback | None = None,
+    tokenizer: bool = True,
+    description: str = "converting GGUF",
+) -> Path:
+    """Write ``model.safetensors`` (fp32), ``config.json``, ``generation_config.json`` and (when
+    ``tokenizer``) the tokenizer files for ``gguf_path`` into ``out_dir``; returns ``out_dir``.
+
+    ``out_dir`` is written in place: callers that need atomicity convert into a temporary folder
+    and rename it (see engine.models.resolve). Progress ticks once per tensor.
+    """
+    from gguf import GGUFReader
+    from gguf.quants import dequantize
+    from safetensors.torch import save_file
+
+    gguf_path = Path(gguf_path)
+    out_dir = Path(out_dir)
+    try:
+        reader = GGUFReader(gguf_path)
+    except (OSError, ValueError) as e:
+        raise GGUFConversionError(f"{gguf_path} is not a readable GGUF file ({e})") from e
+    meta = read_metadata(reader)
+
+    names: dict[str, str] = {}
+    unknown: list[str] = []
+    for t in reader.tensors:
+        hf = hf_tensor_name(t.name)
+        if hf is None:
+            unknown.append(t.name)
+        else:
+            names[t.name] = hf
+    if unknown:
+        raise GGUFConversionError(
+            f"{gguf_path.name} has tensors a Llama model does not use ({', '.join(unknown[:4])}); "
+            "only plain llama-architecture GGUFs can be converted"
+        )
+    shapes = {names[t.name]: tuple(int(d) for d in reversed(t.shape.tolist())) for t in reader.tensors}
+    config = hf_config(meta, shapes)
+
+    tensors: dict[str, torch.Tensor] = {}
+    total = len(reader.tensors)
+    report(progress, description, 0, total)
+    for done, t in enumerate(reader.tensors, 1):
+        try:
+            w = dequantize(t.data, t.tensor_type)
+        except NotImplementedError as e:
+            raise GGUFConversionError(f"cannot dequantize {t.name} ({t.tensor_type.name}): {e}") from e
+        w = np.asarray(w, dtype=np.float32).reshape(shapes[names[t.name]])
+        kind = t.name.split(".")[-2]
+        if kind == "attn_q":
+            w = unpermute_rope_rows(w, config["num_attention_heads"])
+        elif kind == "attn_k":
+            w = unpermute_rope_rows(w, config["num_key_value_heads"])
+        # copy: the reader's arrays are views into a read-only memory map of the file
+        tensors[names[t.name]] = torch.from_numpy(np.array(w, dtype=np.float32, copy=True))
+        report(progress, description, done, total)
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    save_file(tensors, str(out_dir / "model.safetensors"), metadata={"format": "pt"})
+    del tensors
+    _write_json(out_dir / "config.json", config)
+
+    vocab_field = reader.fields.get("tokenizer.ggml.tokens")
+    vocab: list[str] = field_value(vocab_field) if vocab_field is not None else []
+    _write_json(out_dir / "generation_config.json", generation_config(meta, vocab))
+    if tokenizer:
+        if not vocab:
+            raise GGUFConversionError(f"{gguf_path.name} has no tokenizer metadata; pass tokenizer=False")
+        report(progress, "building the tokenizer", 0, 1)
+        write_tokenizer(gguf_path, out_dir, meta, vocab)
+        report(progress, "building the tokenizer", 1, 1)
+    return out_dir
+
+
+def write_tokenizer(gguf_path: Path, out_dir: Path, meta: dict[str, Any], vocab: list[str]) -> None:
+    """Rebuild the tokenizer with transformers, then make tokenizer_config.json self-contained.
+
+    transformers >= 5 moves the chat template into chat_template.jinja and names its own backend
+    class; we also keep the template (and bos/eos) in tokenizer_config.json and name the class
+    ``PreTrainedTokenizerFast`` so that older transformers and other tools read the folder too.
+    """
+    import transformers
+
+    verbosity = transformers.logging.get_verbosity()
+    transformers.logging.set_verbosity_error()  # it logs every GGUF key it does not map
+    try:
+        tok = transformers.AutoTokenizer.from_pretrained(str(gguf_path.parent), gguf_file=gguf_path.name)
+        tok.save_pretrained(str(out_dir))
+    finally:
+        transformers.logging.set_verbosity(verbosity)
+
+    path = out_dir / "tokenizer_config.json"
+    cfg = json.loads(path.read_text(encoding="utf-8"))
+    for junk in ("is_local", "local_files_only", "name_or_path", "backend"):
+        cfg.pop(junk, None)
+    cfg["tokenizer_class"] = "PreTrainedTokenizerFast"
+    for ours, key in (
+        ("bos_token", "bos_token_id"),
+        ("eos_token", "eos_token_id"),
+        ("pad_token", "padding_token_id"),
+    ):
+        token_id = meta.get(f"tokenizer.ggml.{key}")
+        if token_id is not None and 0 <= int(token_id) < len(vocab):
+            cfg[ours] = vocab[int(token_id)]
+    template = meta.get("tokenizer.chat_template")
+    if template:
+        cfg["chat_template"] = template
+        (out_dir / "chat_template.jinja").write_text(template, encoding="utf-8")
+    _write_json(path, cfg)
+
+
+def _write_json(path: Path, obj: Any) -> None:
+    path.write_text(json.dumps(obj, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")

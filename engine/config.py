@@ -39,8 +39,10 @@ class SpecConfig:
     ngram_max_bfs_breadth: int = 10
     ngram_match_type: NgramMatchType = "BFS"
     ngram_max_trie_depth: int = 18
-    ngram_capacity: int = 1_000_000
+    ngram_capacity: int = 200_000  # trie nodes; ~370 B each in the Python trie
     ngram_mode: NgramMode = "tree"
+    # Verify only the part of each tree expected to pay for its cost (engine/adaptive.py).
+    adaptive_draft: bool = True
     # sampling; temperature 0 means greedy
     temperature: float = 0.0
     top_p: float = 1.0

@@ -79,6 +79,7 @@ class Step:
     timing: StepTiming = field(default_factory=StepTiming)
     stats: RunningStats = field(default_factory=RunningStats)
     config_version: int = 0  # bumps when update_config() took effect at this step
+    proposed: int = 0  # nodes the drafter proposed, before the adaptive budget pruned the tree
 
     @property
     def accepted_len(self) -> int:

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from engine.adaptive import DraftBudget
 from engine.config import ConfigError, SpecConfig
 from engine.drafters.base import Drafter, NoDrafter
 from engine.events import (
@@ -50,15 +51,18 @@ class _Tally:
 
     started: float = field(default_factory=time.perf_counter)
     tokens: int = 0
+    produced: int = 0  # tokens the forwards produced, a final stop token included (for tau)
     steps: int = 0
     draft_ms: float = 0.0
     verify_ms: float = 0.0
     attempts: list[int] = field(default_factory=list)  # per depth: steps that could accept there
     accepts: list[int] = field(default_factory=list)
 
-    def add_step(self, tree: DraftTree, verdict: Verdict, new_tokens: int, timing: StepTiming) -> None:
+    def add_step(self, tree: DraftTree, verdict: Verdict, new_tokens: int, produced: int, timing: StepTiming
+                 ) -> None:
         self.steps += 1
         self.tokens += new_tokens
+        self.produced += produced
         self.draft_ms += timing.draft_ms
         self.verify_ms += timing.verify_ms
         # depth d+1 was attempted if the path reached depth d and the node there has children
@@ -81,7 +85,7 @@ class _Tally:
             steps=self.steps,
             elapsed_s=elapsed,
             tokens_per_s=self.tokens / elapsed if elapsed > 0 else 0.0,
-            tau=self.tokens / self.steps if self.steps else 0.0,
+            tau=self.produced / self.steps if self.steps else 0.0,
             accept_per_depth=tuple(a / t for a, t in zip(self.accepts, self.attempts, strict=True) if t),
             draft_ms=self.draft_ms,
             verify_ms=self.verify_ms,
@@ -119,6 +123,7 @@ class Session:
         self._cached: list[int] = []  # tokens whose K/V sit in the cache, in order
         self._generator = torch.Generator(device="cpu")
         self._reseed(self._config)
+        self._budget = DraftBudget()
 
     # -- the SessionAPI -----------------------------------------------------------------------
     @property
@@ -258,11 +263,14 @@ class Session:
         pending_tokens = [(root, "target")]
         tree, verdict = DraftTree.root_only(prompt[-1]), Verdict((), root)
         timing = StepTiming(verify_ms=prefill_ms)
+        proposed = 1
         drafter = None
         while True:
             # ---- emit what the last forward produced, honouring stops exactly like the baseline
             committed: list[CommittedToken] = []
+            produced = 0
             for token, origin in pending_tokens:
+                produced += 1
                 if token in stops:
                     finished = "stop"
                     break
@@ -271,13 +279,13 @@ class Session:
                 if tally.tokens + len(committed) >= config.max_new_tokens:
                     finished = "length"
                     break
-            tally.add_step(tree, verdict, len(committed), timing)
+            tally.add_step(tree, verdict, len(committed), produced, timing)
             step_text = "".join(c.text for c in committed)
             text.append(step_text)
             yield Step(
                 index=step_index, tree=tree, tree_text=tuple(self.tokenizer.piece(t) for t in tree.tokens),
                 accepted=verdict.accepted, bonus=verdict.bonus, committed=tuple(committed), text=step_text,
-                timing=timing, stats=tally.snapshot(), config_version=self._config_version,
+                timing=timing, stats=tally.snapshot(), config_version=self._config_version, proposed=proposed,
             )
             step_index += 1
             if finished is None and self._cancel.is_set():
@@ -300,8 +308,11 @@ class Session:
             # ---- draft
             t_draft = time.perf_counter()
             tree = drafter.propose(self._cached, root, config)
-            if len(tree) > config.max_tree_tokens:
-                raise RuntimeError(f"drafter {drafter.name} proposed {len(tree)} nodes (> {config.max_tree_tokens})")
+            proposed = len(tree)
+            if proposed > config.max_tree_tokens:
+                raise RuntimeError(f"drafter {drafter.name} proposed {proposed} nodes (> {config.max_tree_tokens})")
+            if config.adaptive_draft:
+                tree = self._budget.prune(tree)
             t_verify = time.perf_counter()
 
             # ---- verify: one target forward over the whole tree
@@ -317,6 +328,7 @@ class Session:
             else:
                 verdict = verify_sampling(tree, out.logits, config.temperature, config.top_p, self._generator)
             t_commit = time.perf_counter()
+            self._budget.observe(tree, verdict.accepted, (t_commit - t_verify) * 1e3)
 
             # ---- commit: root + accepted path into the cache; the bonus is the next root
             cache.commit([0, *verdict.accepted])

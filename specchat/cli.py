@@ -52,6 +52,8 @@ def _add_spec_args(p: argparse.ArgumentParser, default_method: str | None = "ngr
     p.add_argument("--draft", default=None, help="draft model or EAGLE head (for eagle/eagle3/standalone)")
     for flag, dest, typ, help_ in SPEC_FLAGS:
         p.add_argument(flag, dest=dest, type=typ, default=None, help=help_)
+    p.add_argument("--adaptive-draft", dest="adaptive_draft", action=argparse.BooleanOptionalAction, default=None,
+                   help="verify only the part of each draft tree expected to pay (default: on)")
     p.add_argument("--temperature", type=float, default=None, help="0 = greedy (default)")
     p.add_argument("--top-p", dest="top_p", type=float, default=None)
     p.add_argument("--seed", type=int, default=None)
@@ -109,7 +111,8 @@ def spec_overrides(args: argparse.Namespace) -> dict[str, Any]:
         if key not in ALGORITHMS:
             raise UsageError(f"unknown method {method!r}; choose none, ngram, eagle, eagle3 or standalone")
         out["method"] = ALGORITHMS[key]
-    fields = [dest for _, dest, _, _ in SPEC_FLAGS] + ["temperature", "top_p", "seed", "max_new_tokens"]
+    fields = [dest for _, dest, _, _ in SPEC_FLAGS] + ["temperature", "top_p", "seed", "max_new_tokens",
+                                                      "adaptive_draft"]
     for dest in fields:
         value = getattr(args, dest, None)
         if value is not None:
@@ -160,7 +163,8 @@ def _dispatch(args: argparse.Namespace) -> int:
 
 def _is_user_error(exc: Exception) -> bool:
     names = {"UsageError", "ConfigError", "ModelResolutionError", "CheckpointError", "LoadError",
-             "UnsupportedModelError", "PromptFileError", "TraceError", "FileNotFoundError"}
+             "UnsupportedModelError", "PromptFileError", "TraceError", "FileNotFoundError", "TokenizerError",
+             "GGUFConversionError"}
     return any(cls.__name__ in names for cls in type(exc).__mro__)
 
 

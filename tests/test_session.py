@@ -54,14 +54,16 @@ def spec_session(m, drafter, config, stops=frozenset({2})) -> Session:
     hit_rate=st.floats(0.0, 1.0),
     max_new=st.integers(1, 50),
     drafter_seed=st.integers(0, 1000),
+    adaptive=st.booleans(),
 )
 def test_greedy_speculation_is_lossless_for_any_tree(family, seed, prompt, draft_tokens, hit_rate, max_new,
-                                                      drafter_seed) -> None:
+                                                      drafter_seed, adaptive) -> None:
     m = model(family, seed)
     prompt = [1, *prompt]
     want = baseline(m, prompt, max_new)
     drafter = RandomTreeDrafter(drafter_seed, oracle_for(prompt, want), hit_rate)
-    config = SpecConfig(method="standalone", num_draft_tokens=draft_tokens, max_new_tokens=max_new)
+    config = SpecConfig(method="standalone", num_draft_tokens=draft_tokens, max_new_tokens=max_new,
+                        adaptive_draft=adaptive)
     got = tokens_of(spec_session(m, drafter, config).generate_ids(prompt))
     assert got == want
 
@@ -82,7 +84,7 @@ def test_oracle_drafts_are_accepted_and_tau_counts_the_bonus() -> None:
         assert origins[: len(s.accepted)] == ["draft"] * min(len(s.accepted), len(origins))
     final = events[-1]
     assert isinstance(final, Finished)
-    assert final.stats.tau == pytest.approx(final.tokens / final.stats.steps)
+    assert final.stats.tau == pytest.approx((final.tokens + (final.reason == 'stop')) / final.stats.steps)
     assert final.stats.tau > 1.5
 
 
@@ -168,8 +170,8 @@ def test_hot_swap_applies_at_the_next_step_and_stays_lossless() -> None:
     prompt = [1, 40, 41, 42]
     want = baseline(m, prompt, 40, stops=frozenset())
     drafter = RandomTreeDrafter(3, oracle_for(prompt, want), hit_rate=0.9)
-    s = spec_session(m, drafter, SpecConfig(method="standalone", num_draft_tokens=4, max_new_tokens=40),
-                     stops=frozenset())
+    s = spec_session(m, drafter, SpecConfig(method="standalone", num_draft_tokens=4, max_new_tokens=40,
+                                            adaptive_draft=False), stops=frozenset())
     events = []
     for e in s.generate_ids(prompt):
         events.append(e)
@@ -232,3 +234,58 @@ def test_generate_does_not_touch_the_conversation() -> None:
     list(s.generate([{"role": "user", "content": "ABC"}]))
     assert s.messages == []
     assert torch.is_tensor(s._cache.k)
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    family=st.sampled_from(["llama", "qwen3"]),
+    unit=st.lists(st.integers(3, 96), min_size=1, max_size=6),
+    repeats=st.integers(1, 6),
+    noise=st.lists(st.integers(3, 96), max_size=8),
+    draft_tokens=st.integers(2, 16),
+    min_window=st.integers(1, 3),
+    extra_window=st.integers(0, 6),
+    breadth=st.tuples(st.integers(1, 4), st.integers(0, 6)),
+    match_type=st.sampled_from(["BFS", "PROB"]),
+    mode=st.sampled_from(["tree", "chain"]),
+    max_new=st.integers(1, 40),
+    adaptive=st.booleans(),
+)
+def test_ngram_speculation_is_lossless(family, unit, repeats, noise, draft_tokens, min_window, extra_window,
+                                       breadth, match_type, mode, max_new, adaptive) -> None:
+    """Repetitive prompts make the n-gram drafts fire; the output must still be the baseline's."""
+    from engine.drafters.ngram import NgramDrafter
+
+    m = model(family, 0)
+    prompt = [1, *(unit * repeats), *noise, *unit]
+    want = baseline(m, prompt, max_new)
+    config = SpecConfig(
+        method="ngram", num_draft_tokens=draft_tokens, max_new_tokens=max_new,
+        ngram_min_match_window_size=min_window, ngram_max_match_window_size=min_window + extra_window,
+        ngram_max_trie_depth=min_window + extra_window + 4,
+        ngram_min_bfs_breadth=breadth[0], ngram_max_bfs_breadth=breadth[0] + breadth[1],
+        ngram_match_type=match_type, ngram_mode=mode, adaptive_draft=adaptive,
+    )
+    s = Session(m, TinyTokenizer(), config, drafters={"none": NoDrafter, "ngram": NgramDrafter})
+    assert tokens_of(s.generate_ids(prompt)) == want
+
+
+def test_ngram_multi_turn_with_hot_swaps_matches_the_baseline_conversation() -> None:
+    from engine.drafters.ngram import NgramDrafter
+
+    m = model()
+    turns = ["ABCABCABC", "DEFDEF", "ABCDEF"]
+    base = Session(m, TinyTokenizer(), SpecConfig(max_new_tokens=25), drafters={"none": NoDrafter})
+    spec = Session(m, TinyTokenizer(), SpecConfig(method="ngram", num_draft_tokens=6, max_new_tokens=25),
+                   drafters={"none": NoDrafter, "ngram": NgramDrafter})
+    for i, turn in enumerate(turns):
+        want = tokens_of(base.chat(turn))
+        got = []
+        for e in spec.chat(turn):
+            if isinstance(e, Step) and e.index == 2:
+                spec.update_config(spec.config.replace(ngram_mode="chain" if i % 2 else "tree",
+                                                       num_draft_tokens=4 + 3 * i))
+            if isinstance(e, Step):
+                got.extend(c.id for c in e.committed)
+        assert got == want
+    assert spec.messages == base.messages

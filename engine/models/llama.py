@@ -50,6 +50,17 @@ class LlamaConfig:
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> LlamaConfig:
+        try:
+            return cls._from_dict(d)
+        except KeyError as exc:
+            raise UnsupportedModelError(f"config.json lacks {exc.args[0]!r}; is it a complete model config?") from None
+        except (TypeError, ValueError) as exc:
+            if isinstance(exc, UnsupportedModelError):
+                raise
+            raise UnsupportedModelError(f"config.json has an invalid value ({exc})") from None
+
+    @classmethod
+    def _from_dict(cls, d: Mapping[str, Any]) -> LlamaConfig:
         model_type = str(d.get("model_type", "")).lower()
         if model_type not in SUPPORTED_TYPES:
             archs = ", ".join(d.get("architectures") or []) or model_type or "unknown"

@@ -1,0 +1,140 @@
+"""Cost-aware draft budgets: verify only as much of the tree as is expected to pay.
+
+Why: on a GPU, verifying 16 tokens costs about what verifying 1 does, so a drafter may propose
+freely. On a CPU it does not (measured on a 2-core EPYC: 16 tokens cost ~2x one token), and a
+drafter that fires on weak evidence — an n-gram match of one token in free-form text — makes
+decoding slower than no speculation at all. Each step we therefore keep the prefix of the
+proposed tree (nodes ranked by estimated probability of being accepted) that maximises expected
+tokens per unit of verify time, which may be the root alone: a plain decoding step.
+
+Both estimates are learned online, per session:
+- acceptance: the conditional probability that a tested node is accepted, by depth and by whether
+  it is its parent's first child; estimates drift back towards an optimistic prior while unused,
+  so a budget that shrank to nothing re-tests the drafter now and then;
+- cost: the verify time of an n-node tree, an average per n, filled in by a line fit where unseen.
+
+Pruning a tree to a subtree that contains the root never changes what greedy verification
+outputs, and keeps the target distribution under sampling: this is a speed choice only.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from engine.tree import DraftTree
+
+_PRIOR = 0.5  # optimistic acceptance before any evidence
+_RECOVER = 0.02  # per step, how far an untested estimate drifts back to the prior
+_LEARN = 0.1  # weight of a new observation in the acceptance average
+_COST_LEARN = 0.2  # weight of a new timing in the per-size cost average
+_MAX_DEPTH = 64
+
+
+@dataclass
+class CostModel:
+    """Verify milliseconds as a function of tree size n (root included)."""
+
+    ms: dict[int, float] = field(default_factory=dict)
+
+    def observe(self, n: int, ms: float) -> None:
+        old = self.ms.get(n)
+        self.ms[n] = ms if old is None else old + _COST_LEARN * (ms - old)
+
+    def estimate(self, n: int) -> float | None:
+        if n in self.ms:
+            return max(1e-3, self.ms[n])
+        if not self.ms:
+            return None
+        # least-squares line through the sizes seen; with one size, assume the CPU-typical slope
+        xs, ys = zip(*sorted(self.ms.items()), strict=True)
+        if len(xs) == 1:
+            return max(1e-3, ys[0] * (1.0 + 0.05 * (n - 1)) / (1.0 + 0.05 * (xs[0] - 1)))
+        mx, my = sum(xs) / len(xs), sum(ys) / len(ys)
+        sxx = sum((x - mx) ** 2 for x in xs)
+        slope = max(0.0, sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True)) / sxx)
+        return max(1e-3, my + slope * (n - mx))
+
+
+@dataclass
+class AcceptanceModel:
+    """P(node accepted | parent accepted), by depth and first-child-or-not."""
+
+    rate: dict[tuple[int, bool], float] = field(default_factory=dict)
+
+    def get(self, depth: int, first: bool) -> float:
+        """Unseen depths borrow the nearest shallower estimate: deep nodes only get tested if
+        they are kept, so a fixed pessimistic prior for them would never be corrected."""
+        depth = min(depth, _MAX_DEPTH)
+        for d in range(depth, 0, -1):
+            rate = self.rate.get((d, first))
+            if rate is not None:
+                return rate
+        return _PRIOR
+
+    def observe(self, tree: DraftTree, accepted: tuple[int, ...]) -> None:
+        """Record, for every node whose parent was on the accepted path, whether it was kept."""
+        on_path = {0, *accepted}
+        seen: set[tuple[int, bool]] = set()
+        first_child: dict[int, int] = {}
+        for i in range(1, len(tree)):
+            parent = tree.parents[i]
+            first_child.setdefault(parent, i)
+            if parent not in on_path:
+                continue
+            key = (min(tree.depths[i], _MAX_DEPTH), first_child[parent] == i)
+            old = self.rate.get(key, _PRIOR)
+            self.rate[key] = old + _LEARN * ((i in on_path) - old)
+            seen.add(key)
+        for key, value in self.rate.items():
+            if key not in seen and value < _PRIOR:  # only pessimism fades: confidence waits for evidence
+                self.rate[key] = value + _RECOVER * (_PRIOR - value)
+
+
+class DraftBudget:
+    """Chooses how much of each proposed tree to verify."""
+
+    def __init__(self) -> None:
+        self.cost = CostModel()
+        self.acceptance = AcceptanceModel()
+
+    def prune(self, tree: DraftTree) -> DraftTree:
+        if len(tree) == 1:
+            return tree
+        # path probability of each node = product of conditional acceptances along its path
+        prob = [1.0] * len(tree)
+        seen_parent: set[int] = set()
+        for i in range(1, len(tree)):
+            parent = tree.parents[i]
+            first = parent not in seen_parent
+            seen_parent.add(parent)
+            prob[i] = prob[parent] * self.acceptance.get(tree.depths[i], first)
+        # nodes by probability; ties keep tree order, so parents (never less likely) come first
+        order = sorted(range(1, len(tree)), key=lambda i: (-prob[i], i))
+        best_n, best_rate, expected = 1, None, 1.0
+        base = self.cost.estimate(1)
+        if base is None:
+            return tree  # nothing measured yet: verify the whole proposal once
+        best_rate = 1.0 / base
+        for k, node in enumerate(order, start=2):
+            expected += prob[node]
+            cost = self.cost.estimate(k)
+            if cost is not None and expected / cost > best_rate:
+                best_n, best_rate = k, expected / cost
+        if best_n == len(tree):
+            return tree
+        keep = sorted([0, *order[: best_n - 1]])
+        return subtree(tree, keep)
+
+    def observe(self, tree: DraftTree, accepted: tuple[int, ...], verify_ms: float) -> None:
+        self.cost.observe(len(tree), verify_ms)
+        self.acceptance.observe(tree, accepted)
+
+
+def subtree(tree: DraftTree, keep: list[int]) -> DraftTree:
+    """The nodes ``keep`` (sorted, root first, closed under parents) as a tree of their own."""
+    index = {old: new for new, old in enumerate(keep)}
+    return DraftTree(
+        tuple(tree.tokens[i] for i in keep),
+        tuple(-1 if i == 0 else index[tree.parents[i]] for i in keep),
+        tuple(tree.draft_probs[i] for i in keep),
+    )

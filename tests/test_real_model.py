@@ -1,0 +1,48 @@
+"""The embedded model end to end (slow: converts SmolLM2 once, then decodes on the CPU)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from engine.config import SpecConfig
+from engine.events import Step
+
+pytestmark = pytest.mark.slow
+
+PROMPTS = [
+    "Rewrite the following text in the third person, about a man called Tom.\n\n"
+    "I wake up at six every morning and I make a pot of coffee. Then I walk my dog around the park.",
+    "Write a short poem about the sea.",
+]
+
+
+@pytest.fixture(scope="module")
+def session():
+    from engine.loader import load_session
+
+    return load_session(None, SpecConfig(max_new_tokens=64))
+
+
+def _tokens(events) -> list[int]:
+    return [c.id for e in events if isinstance(e, Step) for c in e.committed]
+
+
+@pytest.mark.parametrize("prompt", PROMPTS)
+@pytest.mark.parametrize("mode", ["tree", "chain"])
+def test_ngram_equals_baseline_on_the_embedded_model(session, prompt: str, mode: str) -> None:
+    messages = [{"role": "user", "content": prompt}]
+    base = _tokens(session.generate(messages, session.config.replace(method="none")))
+    spec = _tokens(session.generate(messages, session.config.replace(method="ngram", ngram_mode=mode)))
+    assert len(base) > 10
+    assert spec == base
+
+
+def test_generate_cli_json(capsys) -> None:
+    from specchat.cli import main
+
+    assert main(["generate", "--prompt", PROMPTS[0], "--max-new-tokens", "24", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert set(out) >= {"text", "tokens", "steps", "tau", "tokens_per_s"}
+    assert out["tokens"] and out["steps"] <= len(out["tokens"]) + 1

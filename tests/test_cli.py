@@ -74,7 +74,7 @@ def test_invalid_flag_values(flags: list[str], needle: str, capsys) -> None:
 def test_prompt_file_with_a_bad_line(tmp_path: Path, capsys) -> None:
     f = tmp_path / "p.jsonl"
     f.write_text('{"prompt": "ok"}\n{not json}\n')
-    with pytest.raises(PromptFileError, match="p.jsonl:2"):
+    with pytest.raises(PromptFileError, match=r"p\.jsonl:2"):
         load_prompts(f)
     assert main(["bench", "--prompts", str(f)]) == 2
     err = capsys.readouterr().err.strip().splitlines()

@@ -44,18 +44,19 @@ def pick_dtype(dtype: str) -> torch.dtype:
         raise LoadError(f"unknown dtype {dtype!r}; choose float32 or bfloat16") from None
 
 
-def configure_threads(threads: int | None = None) -> int:
-    """Intra-op threads for the CPU path: all cores but one, unless the user says otherwise.
+def configure_threads(threads: int | None = None, *, reserve: int = 0) -> int:
+    """Set torch's intra-op threads: ``threads``, else $SPECCHAT_THREADS / $OMP_NUM_THREADS, else
+    all cores minus ``reserve``.
 
-    Why leave one: a forward is ~120 matrix products, each ending in a barrier of all OpenMP
-    threads. If any other runnable thread (the TUI, a progress bar, the OS) takes one of those
-    cores, every barrier waits a scheduler slice. Measured on a 2-core VM with a TUI running
-    beside it: 2 threads gave 46-480 ms per token and 120-1150 ms per 8-token verify; 1 thread a
-    steady 54 ms and 112 ms. ``SPECCHAT_THREADS`` or ``OMP_NUM_THREADS`` override.
+    Why reserve: a forward is ~120 matrix products, each ending in a barrier of all OpenMP
+    threads. If another runnable thread (the TUI's event loop, a progress bar) takes one of those
+    cores, every barrier waits a scheduler slice. Measured on a 2-core VM with other work running
+    beside it: 2 threads gave 46-480 ms per token, 1 thread a steady 54 ms. On a quiet machine 2
+    threads are faster (40 ms), so headless commands use every core and the TUI keeps one free.
     """
     if threads is None:
         env = os.environ.get("SPECCHAT_THREADS") or os.environ.get("OMP_NUM_THREADS")
-        threads = int(env) if env and env.isdigit() else max(1, (os.cpu_count() or 1) - 1)
+        threads = int(env) if env and env.isdigit() else (os.cpu_count() or 1) - reserve
     torch.set_num_threads(max(1, threads))
     return torch.get_num_threads()
 
@@ -68,13 +69,15 @@ def load_model(
     backend: str = "auto",
     allow_pickle: bool = False,
     progress: ProgressCallback | None = None,
+    threads: int | None = None,
+    reserve_cores: int = 0,
 ) -> LoadedModel:
     from engine.models.checkpoint import load_state_dict, read_config
     from engine.models.llama import LlamaConfig, LlamaModel, UnsupportedModelError
     from engine.models.resolve import resolve_model
     from engine.tokenizer import Tokenizer
 
-    configure_threads()
+    configure_threads(threads, reserve=reserve_cores)
     torch_device, torch_dtype = pick_device(device), pick_dtype(dtype)
     resolved = resolve_model(model, progress=progress)
     raw_config = read_config(resolved.path)
@@ -112,6 +115,8 @@ def load_session(
     backend: str = "auto",
     allow_pickle: bool = False,
     system_prompt: str | None = None,
+    threads: int | None = None,
+    reserve_cores: int = 0,
 ):
     """Load everything a chat needs; raises LoadError / ModelResolutionError / ConfigError."""
     from engine.session import Session, default_drafters
@@ -119,6 +124,6 @@ def load_session(
     if draft is not None:
         raise LoadError("draft models (EAGLE heads, standalone drafts) are not supported yet; use --method ngram")
     loaded = load_model(model, dtype=dtype, device=device, backend=backend, allow_pickle=allow_pickle,
-                        progress=progress)
+                        progress=progress, threads=threads, reserve_cores=reserve_cores)
     return Session(loaded.model, loaded.tokenizer, config, model_name=loaded.name,
                    drafters=default_drafters(), system_prompt=system_prompt)

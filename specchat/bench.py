@@ -94,6 +94,7 @@ class Row:
     tokens: int = 0
     seconds: float = 0.0
     steps: int = 0
+    produced: int = 0
     identical: int = 0
     prompts: int = 0
     outputs: list[list[int]] = field(default_factory=list)
@@ -104,7 +105,7 @@ class Row:
 
     @property
     def tau(self) -> float | None:
-        return self.tokens / self.steps if self.steps else None
+        return self.produced / self.steps if self.steps else None
 
 
 def _run_ours(session, prompt: Prompt, config) -> tuple[list[int], int, float]:
@@ -117,14 +118,15 @@ def _run_ours(session, prompt: Prompt, config) -> tuple[list[int], int, float]:
     else:
         events = session.generate(prompt.messages, config)
     tokens: list[int] = []
-    steps = 0
+    steps = produced = 0
     for event in events:
         if isinstance(event, Step):
             tokens.extend(c.id for c in event.committed)
             steps += 1
         elif isinstance(event, Finished):
             seconds = time.perf_counter() - t0
-    return tokens, steps, seconds
+            produced = event.tokens + (event.reason == "stop")  # tau counts a final stop token
+    return tokens, steps, produced, seconds
 
 
 class HFPeer:
@@ -140,7 +142,7 @@ class HFPeer:
         self.stops = sorted(session.tokenizer.stop_token_ids)
         self.max_new_tokens = max_new_tokens
 
-    def run(self, prompt: Prompt, lookup: bool) -> tuple[list[int], int, float]:
+    def run(self, prompt: Prompt, lookup: bool) -> tuple[list[int], int, int, float]:
         torch = self.torch
         tok = self.session.tokenizer
         ids = tok.encode(prompt.text) if prompt.text is not None else tok.encode_chat(prompt.messages)
@@ -155,9 +157,10 @@ class HFPeer:
             out = self.model.generate(inputs, **kwargs)
         seconds = time.perf_counter() - t0
         new = out[0, len(ids):].tolist()
+        produced = len(new)
         if new and new[-1] in self.stops:
             new = new[:-1]
-        return new, 0, seconds
+        return new, 0, produced, seconds
 
 
 def run_bench(args: argparse.Namespace) -> int:
@@ -168,7 +171,8 @@ def run_bench(args: argparse.Namespace) -> int:
     if args.cost_curve:
         with rich_progress() as progress:
             session = load_session(args.model, base_config, dtype=args.dtype, device=args.device,
-                                   backend=args.backend, allow_pickle=args.allow_pickle, progress=progress)
+                                   backend=args.backend, allow_pickle=args.allow_pickle, progress=progress,
+                                   threads=args.threads)
         return run_cost_curve(session, args)
     if not args.prompts:
         raise UsageError("bench needs --prompts FILE.jsonl (or --cost-curve)")
@@ -185,7 +189,8 @@ def run_bench(args: argparse.Namespace) -> int:
 
     with rich_progress() as progress:
         session = load_session(args.model, base_config, dtype=args.dtype, device=args.device,
-                               backend=args.backend, allow_pickle=args.allow_pickle, progress=progress)
+                               backend=args.backend, allow_pickle=args.allow_pickle, progress=progress,
+                                   threads=args.threads)
         hf = HFPeer(session_path(session, args), session, base_config.max_new_tokens) if peers else None
     for m in methods:  # fail fast on an unavailable method, before any timing
         session._check_available(configs[m])
@@ -207,25 +212,28 @@ def run_bench(args: argparse.Namespace) -> int:
     from rich.progress import Progress
 
     total = len(prompts) * len(rows)
-    with Progress(transient=True) as bar:
+    # no auto-refresh thread: a thread waking 10 times a second steals a core from the model
+    with Progress(transient=True, auto_refresh=False) as bar:
         task = bar.add_task("benchmarking", total=total)
         for prompt in prompts:
             baseline: list[int] | None = None
             for name, row in rows.items():
                 bar.update(task, description=f"{prompt.id}: {name}")
                 if name in configs:
-                    tokens, steps, seconds = _run_ours(session, prompt, configs[name])
+                    tokens, steps, produced, seconds = _run_ours(session, prompt, configs[name])
                 else:
-                    tokens, steps, seconds = hf.run(prompt, lookup=name == "hf-prompt-lookup")
+                    tokens, steps, produced, seconds = hf.run(prompt, lookup=name == "hf-prompt-lookup")
                 if name == "none":
                     baseline = tokens
                 row.tokens += len(tokens)
                 row.seconds += seconds
                 row.steps += steps
+                row.produced += produced
                 row.prompts += 1
                 row.identical += int(tokens == baseline)
                 row.outputs.append(tokens)
                 bar.advance(task)
+                bar.refresh()
 
     base_tps = rows["none"].tokens_per_s
     results = []

@@ -42,6 +42,8 @@ def _add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--device", default="auto", help="auto, cpu or cuda[:N]")
     p.add_argument("--backend", default="auto", choices=["auto", "specchat", "hf"],
                    help="specchat: our Llama-family forward; hf: any transformers causal LM")
+    p.add_argument("--threads", type=int, default=None,
+                   help="CPU threads for the model (default: all cores; the TUI leaves one for the UI)")
     p.add_argument("--allow-pickle", action="store_true",
                    help="allow loading .bin/.pt checkpoints (weights_only=True); safetensors otherwise")
 

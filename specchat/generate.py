@@ -41,7 +41,8 @@ def run_generate(args: argparse.Namespace) -> int:
     err = Console(stderr=True, highlight=False)
     with rich_progress() as progress:
         session = load_session(args.model, config, draft=args.draft, dtype=args.dtype, device=args.device,
-                               backend=args.backend, allow_pickle=args.allow_pickle, progress=progress)
+                               backend=args.backend, allow_pickle=args.allow_pickle, progress=progress,
+                               threads=args.threads)
     if args.raw:
         events = session.generate_ids(session.tokenizer.encode(prompt))
     else:

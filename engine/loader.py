@@ -93,7 +93,7 @@ def load_model(
             if progress:
                 progress("loading weights", 0, 1)
             state = load_state_dict(resolved.path, allow_pickle=allow_pickle)
-            net = LlamaModel(config, state, dtype=torch_dtype, device=torch_device)
+            net = LlamaModel(config, state, dtype=torch_dtype, device=torch_device, consume=True)
             del state
             if progress:
                 progress("loading weights", 1, 1)

@@ -9,7 +9,7 @@ cost of verifying a tree decides whether speculation pays at all. The layer weig
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping, MutableMapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -149,21 +149,30 @@ class _Layer:
 class LlamaModel:
     """A Llama-family causal LM for batch size 1, driven by the session with a KVCache."""
 
-    def __init__(self, config: LlamaConfig, state_dict: Mapping[str, torch.Tensor], *,
-                 dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu") -> None:
+    def __init__(self, config: LlamaConfig, state_dict: MutableMapping[str, torch.Tensor], *,
+                 dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu",
+                 consume: bool = False) -> None:
+        """Build from an HF-named state dict. ``consume=True`` empties ``state_dict`` layer by layer
+        as the fused copies are made, so peak memory stays near one copy of the weights."""
         self.config = config
         self.dtype = dtype
         self.device = torch.device(device)
         sd = _strip_prefixes(state_dict)
+        if consume:
+            state_dict.clear()
         missing = [k for k in ("model.embed_tokens.weight", "model.norm.weight") if k not in sd]
         if not config.tie_word_embeddings and "lm_head.weight" not in sd:
             missing.append("lm_head.weight")
         if missing:
             raise UnsupportedModelError(f"checkpoint is missing {', '.join(missing)}")
         self.embed = sd["model.embed_tokens.weight"].to(device=self.device, dtype=dtype)
-        self.layers = [
-            _Layer(sd, f"model.layers.{i}.", config, dtype, self.device) for i in range(config.num_layers)
-        ]
+        self.layers = []
+        for i in range(config.num_layers):
+            prefix = f"model.layers.{i}."
+            self.layers.append(_Layer(sd, prefix, config, dtype, self.device))
+            if consume:
+                for key in [k for k in sd if k.startswith(prefix)]:
+                    del sd[key]
         self.norm = sd["model.norm.weight"].to(device=self.device, dtype=dtype)
         head = self.embed if config.tie_word_embeddings else sd["lm_head.weight"].to(self.device, dtype)
         self.lm_head = Linear(head)

@@ -1,0 +1,195 @@
+"""Traces: a session's events saved as JSON lines, and read back for replay.
+
+Line 1 is a header::
+
+    {"kind": "header", "format": "specchat-trace", "format_version": 1, "specchat_version": "0.1.0",
+     "model": "smollm2-135m", "drafter": "ngram", "config": {...SpecConfig.to_dict()...}}
+
+Every following line is one record: an engine event (``event_to_dict``: Started, Step, ConfigApplied,
+Finished) or a :class:`UserTurn`, which marks the prompt that the following answer(s) reply to. A
+``"compare"`` turn is followed by two answers, the baseline first, then the speculative run.
+
+The replay needs nothing else: events carry decoded text for every token and tree node, and each
+step's timing, so the original pacing can be reproduced without a model or a tokenizer.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import IO, Any, Literal
+
+from engine.events import Event, Started, event_from_dict, event_to_dict
+
+FORMAT = "specchat-trace"
+FORMAT_VERSION = 1
+
+TurnMode = Literal["chat", "compare"]
+
+
+class TraceError(ValueError):
+    """A trace file that cannot be read; the message is one line naming the file (and line)."""
+
+
+@dataclass(frozen=True)
+class UserTurn:
+    """The user's prompt, recorded before the answer(s) it produced."""
+
+    kind: Literal["user"] = field(default="user", init=False)
+    text: str = ""
+    mode: TurnMode = "chat"
+
+
+Record = Event | UserTurn
+
+
+def _specchat_version() -> str:
+    try:
+        from specchat import __version__
+    except ImportError:  # the engine may be used without the app
+        return "unknown"
+    return __version__
+
+
+def make_header(model: str = "", drafter: str = "", config: dict[str, Any] | None = None) -> dict[str, Any]:
+    return {
+        "kind": "header",
+        "format": FORMAT,
+        "format_version": FORMAT_VERSION,
+        "specchat_version": _specchat_version(),
+        "model": model,
+        "drafter": drafter,
+        "config": dict(config or {}),
+    }
+
+
+def record_to_dict(record: Record) -> dict[str, Any]:
+    if isinstance(record, UserTurn):
+        return asdict(record)
+    return event_to_dict(record)
+
+
+def record_from_dict(data: dict[str, Any]) -> Record:
+    if data.get("kind") == "user":
+        return UserTurn(text=str(data.get("text", "")), mode=data.get("mode", "chat"))
+    return event_from_dict(data)
+
+
+class TraceWriter:
+    """Writes records as JSON lines, flushing after each so a crash loses at most one line.
+
+    When the model or drafter name is not given, the header waits for the first ``Started`` event
+    (records before it, such as the user's turn, are held until then) and takes the names from it.
+    """
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        *,
+        model: str = "",
+        drafter: str = "",
+        config: dict[str, Any] | None = None,
+    ) -> None:
+        self.path = Path(path)
+        self._header = make_header(model, drafter, config)
+        self._file: IO[str] | None = None
+        self._header_written = False
+        self._held: list[Record] = []
+        self.records = 0
+
+    def __enter__(self) -> TraceWriter:
+        self.open()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def open(self) -> None:
+        if self._file is None:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            self._file = self.path.open("w", encoding="utf-8")
+
+    def write(self, record: Record) -> None:
+        if self._file is None:
+            self.open()
+        if not self._header_written:
+            missing = not (self._header["model"] and self._header["drafter"])
+            if missing and not isinstance(record, Started):
+                # hold records that precede the first answer (the user's turn) until the
+                # Started event can name the model and drafter for the header
+                self._held.append(record)
+                return
+            if isinstance(record, Started):
+                self._header["model"] = self._header["model"] or record.model
+                self._header["drafter"] = self._header["drafter"] or record.drafter
+                self._header["config"] = self._header["config"] or dict(record.config)
+            self._write_header()
+        self._write_line(record_to_dict(record))
+        self.records += 1
+
+    def close(self) -> None:
+        if self._file is None:
+            return
+        if not self._header_written:
+            self._write_header()
+        self._file.close()
+        self._file = None
+
+    def _write_header(self) -> None:
+        self._write_line(self._header)
+        self._header_written = True
+        held, self._held = self._held, []
+        for record in held:
+            self._write_line(record_to_dict(record))
+            self.records += 1
+
+    def _write_line(self, data: dict[str, Any]) -> None:
+        assert self._file is not None
+        self._file.write(json.dumps(data, ensure_ascii=False, separators=(",", ":")) + "\n")
+        self._file.flush()
+
+
+def read_trace(path: str | os.PathLike[str]) -> tuple[dict[str, Any], list[Record]]:
+    """Read a trace: ``(header, records)``. Raises :class:`TraceError` with a one-line message."""
+    p = Path(path)
+    try:
+        text = p.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise TraceError(f"{p}: no such file") from None
+    except UnicodeDecodeError as exc:
+        raise TraceError(f"{p}: not a text file ({exc.reason})") from None
+    except OSError as exc:
+        raise TraceError(f"{p}: cannot read ({exc.strerror})") from None
+
+    header: dict[str, Any] | None = None
+    records: list[Record] = []
+    for lineno, line in enumerate(text.splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            data = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise TraceError(f"{p}: line {lineno} is not JSON ({exc.msg})") from None
+        if not isinstance(data, dict):
+            raise TraceError(f"{p}: line {lineno} is not a JSON object")
+        if header is None:
+            if data.get("kind") != "header" or data.get("format") != FORMAT:
+                raise TraceError(f"{p}: not a specchat trace (line 1 is not a {FORMAT} header)")
+            version = data.get("format_version")
+            if version != FORMAT_VERSION:
+                raise TraceError(
+                    f"{p}: trace format version {version!r}; this specchat reads version {FORMAT_VERSION}"
+                )
+            header = data
+            continue
+        try:
+            records.append(record_from_dict(data))
+        except (TypeError, ValueError, KeyError) as exc:
+            kind = data.get("kind", "?")
+            reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+            raise TraceError(f"{p}: line {lineno}: bad {kind!r} record ({reason})") from None
+    if header is None:
+        raise TraceError(f"{p}: empty file, not a specchat trace")
+    return header, records

@@ -1,0 +1,518 @@
+"""The specchat Textual app.
+
+Structure:
+
+* :class:`EngineHost` (host.py) runs on one thread worker for the app's lifetime and owns the
+  session. The app submits jobs to it and never touches the session's generators.
+* Items come back through the host's mailbox; a single :class:`EngineWake` message tells the app
+  to drain it. ``_process`` routes records by lane: "chat" to the chat screen, "baseline"/"spec"
+  to the compare screen (the speculative side also feeds the tree history).
+* Settings: ``applied_config`` is what the engine reported in force (Started / ConfigApplied),
+  ``pending_config`` what the user asked for and the engine accepted but has not applied yet.
+* Teaching mode and replay step-through both use the host's step gate.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+from textual.app import App, SystemCommand
+from textual.binding import Binding
+from textual.message import Message
+from textual.screen import Screen
+
+from engine.config import ConfigError, SpecConfig
+from engine.events import ConfigApplied, Finished, Started, Step
+from engine.trace import Record, UserTurn
+from specchat.themes import THEMES, VARIABLE_DEFAULTS, resolve_theme_name
+from specchat.tui.commands import SettingsCommands
+from specchat.tui.host import (
+    Delivery,
+    EngineHost,
+    GateWaiting,
+    Item,
+    JobDone,
+    Loaded,
+    LoadFailed,
+    LoadProgress,
+    SessionFactory,
+)
+from specchat.tui.keys import APP_KEYS
+from specchat.tui.screens.chat import ChatScreen
+from specchat.tui.screens.compare import CompareScreen
+from specchat.tui.screens.help import HelpScreen
+from specchat.tui.screens.loading import LoadingScreen
+from specchat.tui.settings_schema import FIELDS, format_value, parse_value, resolve_name
+from specchat.tui.userconfig import UISettings
+from specchat.tui.widgets.draft_tree import DraftTreePanel, HistoryEntry
+from specchat.tui.widgets.prompt import PromptInput
+from specchat.tui.widgets.settings_panel import SettingsPanel
+from specchat.tui.widgets.title_bar import TitleBar
+
+
+class EngineWake(Message):
+    """Something is waiting in the engine host's mailbox."""
+
+
+@dataclass(frozen=True)
+class ReplaySource:
+    path: str
+    header: dict[str, Any]
+    records: tuple[Record, ...]
+    speed: float = 1.0
+    step: bool = False
+
+
+class SpecChatApp(App[int]):
+    CSS_PATH = "specchat.tcss"
+    TITLE = "specchat"
+    COMMANDS = App.COMMANDS | {SettingsCommands}
+    BINDINGS: ClassVar = [
+        Binding(k.key, k.action, k.description, show=k.show, priority=k.priority, id=k.id, tooltip=k.help)
+        for k in APP_KEYS
+    ]
+
+    def __init__(
+        self,
+        *,
+        factory: SessionFactory | None,
+        config: SpecConfig,
+        ui: UISettings | None = None,
+        warnings: Sequence[str] = (),
+        start_in: str = "chat",
+        teach: bool = False,
+        record: str | None = None,
+        replay: ReplaySource | None = None,
+        model_label: str = "",
+        draft_model: str = "",
+    ) -> None:
+        super().__init__()
+        self.ui = ui or UISettings()
+        self._warnings = list(warnings)
+        self.applied_config = config
+        self.pending_config: SpecConfig | None = None
+        self.model_name = model_label
+        self.draft_model = draft_model
+        self.start_in = start_in
+        self.teaching = teach or (replay is not None and replay.step)
+        self.replay = replay
+        self.replay_paused = False
+        self.busy_job: int | None = None
+        self.gate_waiting = False
+        self.loaded = False
+        self.load_error = ""
+        self.baseline_tps: float | None = None
+        self.host = EngineHost(factory, self._wake, record_path=record,
+                               replay_speed=replay.speed if replay else 1.0)
+        self.host.gate.set_stepping(self.teaching)
+        self._stopping = False
+        self._backlog: list[tuple[str, list[Record]]] = []
+        for theme in THEMES:
+            self.register_theme(theme)
+        name = resolve_theme_name(self.ui.theme)
+        if name not in self.available_themes:
+            self._warnings.append(f"unknown theme {self.ui.theme!r}; using {resolve_theme_name(None)}")
+            name = resolve_theme_name(None)
+        self.theme = name
+        self.ui = self.ui.replace(theme=name)
+
+    # set-up ----------------------------------------------------------------------------------------
+    def get_theme_variable_defaults(self) -> dict[str, str]:
+        return dict(VARIABLE_DEFAULTS)
+
+    def on_mount(self) -> None:
+        if self.ui.keymap:
+            self.set_keymap(dict(self.ui.keymap))
+        themes = [t.name for t in THEMES]
+        self.chat_screen = ChatScreen(
+            themes=themes, draft_model=self.draft_model, history=self.ui.tree_history,
+            show_rejected=self.ui.show_rejected, blink=self.ui.cursor_blink, replay=self.replay is not None,
+        )
+        self.compare_screen = CompareScreen(
+            show_rejected=self.ui.show_rejected, blink=self.ui.cursor_blink, replay=self.replay is not None
+        )
+        self.install_screen(self.chat_screen, "chat")
+        self.install_screen(self.compare_screen, "compare")
+        what = f"replay of {self.replay.path}" if self.replay else (self.model_name or "the model")
+        self.loading_screen = LoadingScreen(what)
+        self.push_screen(self.loading_screen)
+        for warning in self._warnings:
+            self.notify(warning, severity="warning", timeout=8)
+        self.run_worker(self.host.run, thread=True, group="engine", name="engine", exit_on_error=False)
+
+    def on_unmount(self) -> None:
+        self.host.shutdown()
+
+    def _wake(self) -> None:
+        # called on the engine thread: post_message only queues (call_soon_threadsafe), never waits
+        self.post_message(EngineWake())
+
+    # engine items ------------------------------------------------------------------------------------
+    def on_engine_wake(self, _: EngineWake) -> None:
+        self._process(self.host.drain())
+
+    def _process(self, items: Sequence[Item]) -> None:
+        run_lane: str | None = None
+        run: list[Record] = []
+
+        def flush() -> None:
+            if run and run_lane is not None:
+                self._show(run_lane, list(run))
+            run.clear()
+
+        for item in items:
+            if isinstance(item, Delivery):
+                if item.lane != run_lane:
+                    flush()
+                    run_lane = item.lane
+                self._track(item.lane, item.record)
+                run.append(item.record)
+                continue
+            flush()
+            if isinstance(item, LoadProgress):
+                self.loading_screen.progress(item.stage, item.done, item.total)
+            elif isinstance(item, Loaded):
+                self._on_loaded(item)
+            elif isinstance(item, LoadFailed):
+                self.load_error = item.message
+                self.loading_screen.failed(item.message)
+            elif isinstance(item, JobDone):
+                self._job_done(item)
+            elif isinstance(item, GateWaiting):
+                self.gate_waiting = True
+        flush()
+        self._refresh_chrome()
+
+    def _show(self, lane: str, records: list[Record]) -> None:
+        if self.replay is not None and lane != "chat" and any(isinstance(r, UserTurn) for r in records) and \
+                self.screen is self.chat_screen:
+            self.switch_screen("compare")
+        screen = self.chat_screen if lane == "chat" else self.compare_screen
+        if not screen.ready or self._backlog:
+            # a screen that is not composed yet gets its records when it is (order kept)
+            self._backlog.append((lane, records))
+            self.call_after_refresh(self._flush_backlog)
+            return
+        self._show_now(lane, records)
+
+    def _flush_backlog(self) -> None:
+        while self._backlog:
+            lane, records = self._backlog[0]
+            screen = self.chat_screen if lane == "chat" else self.compare_screen
+            if not screen.ready:
+                self.call_after_refresh(self._flush_backlog)
+                return
+            self._backlog.pop(0)
+            self._show_now(lane, records)
+        self._refresh_chrome()
+
+    def _show_now(self, lane: str, records: list[Record]) -> None:
+        if lane == "chat":
+            self.chat_screen.show_records(records)
+            return
+        self.compare_screen.show_records(lane, records)
+        if lane == "spec":
+            method = self.applied_config.method
+            entries = [HistoryEntry("compare", method, r) for r in records if isinstance(r, Step)]
+            if entries and self.chat_screen.ready:
+                self.chat_screen.add_spec_steps(entries)
+        if lane == "baseline":
+            fin = next((r for r in records if isinstance(r, Finished)), None)
+            if fin is not None and fin.reason == "stop" and fin.stats.tokens_per_s:
+                self.baseline_tps = fin.stats.tokens_per_s
+                if self.chat_screen.ready:
+                    self.chat_screen.stats.state.baseline_tps = self.baseline_tps
+                    self.chat_screen.stats.refresh(layout=True)
+
+    def _track(self, lane: str, record: Record) -> None:
+        """Follow the settings in force from what the engine reports."""
+        if isinstance(record, Step):
+            self.gate_waiting = False
+            return
+        if isinstance(record, Started) and lane != "baseline" and record.config:
+            self._applied(record.config, announce=False)
+        elif isinstance(record, ConfigApplied):
+            self._applied(record.config, announce=True, version=record.version)
+
+    def _applied(self, data: dict[str, Any], *, announce: bool, version: int = 0) -> None:
+        try:
+            cfg = SpecConfig.from_dict(data)
+        except (ConfigError, TypeError):
+            return
+        self.applied_config = cfg
+        if self.pending_config is not None and self.pending_config == cfg:
+            self.pending_config = None
+            if announce:
+                self.notify(f"settings applied at the step boundary (v{version})", timeout=3)
+
+    def _on_loaded(self, item: Loaded) -> None:
+        self.loaded = True
+        if item.model_name:
+            self.model_name = item.model_name
+        if item.config is not None:
+            self.applied_config = item.config
+        while len(self.screen_stack) > 2 and self.screen is not self.loading_screen:
+            self.pop_screen()  # e.g. the help screen, opened while the model loaded
+        self.switch_screen("chat")
+        if self.replay is not None:
+            self.model_name = self.replay.header.get("model", "") or "trace"
+            self.busy_job = self.host.submit("replay", records=self.replay.records)
+        elif self.start_in == "compare":
+            self.switch_screen("compare")
+
+    def _job_done(self, item: JobDone) -> None:
+        if item.job == self.busy_job:
+            self.busy_job = None
+        self.gate_waiting = False
+        if item.error:
+            self.notify(f"{item.kind} failed: {item.error}", severity="error", timeout=10)
+            self.chat_screen.transcript.add_note(f"error: {item.error}")
+        if item.kind == "replay" and not item.error:
+            self.notify("replay stopped" if self._stopping else "replay finished", timeout=4)
+        self._stopping = False
+
+    def refresh_chrome(self) -> None:
+        self._refresh_chrome()
+
+    def _refresh_chrome(self) -> None:
+        replay = ""
+        if self.replay is not None:
+            state = "paused" if self.replay_paused else ("step-through" if self.teaching else "▶")
+            replay = f"REPLAY ×{self.host.replay_speed:g} {state}"
+        status = "answering… Esc cancels" if self.busy_job is not None and self.replay is None else ""
+        if self.gate_waiting:
+            status = "‖ paused at a step boundary · F8 next step"
+        for screen in (self.chat_screen, self.compare_screen):
+            if screen.ready:
+                screen.query_one(TitleBar).show(model=self.model_name, applied=self.applied_config,
+                                                pending=self.pending_config, status=status, replay=replay)
+        if self.chat_screen.ready:
+            stats = self.chat_screen.stats
+            if stats.state.stepping != self.host.gate.stepping:
+                stats.state.stepping = self.host.gate.stepping
+                stats.refresh(layout=True)
+            settings = self.chat_screen.settings
+            if settings.display:
+                settings.show_values(self.applied_config, self.pending_config, self.ui_values())
+            self.chat_screen.show_teaching(self.teaching, waiting=self.gate_waiting, replay=self.replay is not None)
+
+    def on_draft_tree_panel_browsed(self, _: DraftTreePanel.Browsed) -> None:
+        if self.teaching:
+            self.chat_screen.show_teaching(True, waiting=self.gate_waiting, replay=self.replay is not None)
+
+    # prompts -------------------------------------------------------------------------------------------
+    def on_prompt_input_submitted(self, event: PromptInput.Submitted) -> None:
+        mode = "compare" if event.prompt.id == "compare-prompt" else "chat"
+        if self.submit_prompt(event.text, mode):
+            event.prompt.load_text("")
+
+    def submit_prompt(self, text: str, mode: str = "chat") -> bool:
+        if self.replay is not None:
+            self.notify("replay: no model is loaded", severity="warning")
+            return False
+        if not self.loaded:
+            self.notify("the model is still loading", severity="warning")
+            return False
+        if self.busy_job is not None:
+            self.notify("still answering · Esc cancels", severity="warning")
+            return False
+        self.busy_job = self.host.submit(mode, text)
+        self._refresh_chrome()
+        return True
+
+    # settings ---------------------------------------------------------------------------------------
+    def ui_values(self) -> dict[str, Any]:
+        return {"show_rejected": self.ui.show_rejected, "theme": self.theme}
+
+    def on_settings_panel_change(self, event: SettingsPanel.Change) -> None:
+        self.apply_setting(event.name, event.value)
+
+    def apply_setting(self, name: str, raw: Any) -> str | None:
+        """Validate and apply one setting; returns the refusal message (None when accepted)."""
+        resolved = resolve_name(name)
+        if resolved is None:
+            self.notify(f"unknown setting {name!r}", severity="error")
+            return f"unknown setting {name!r}"
+        name = resolved
+        field = FIELDS[name]
+        try:
+            value = parse_value(field, raw)
+            if field.scope == "ui":
+                self._apply_ui(name, value)
+            else:
+                self._apply_engine(name, value)
+        except ConfigError as exc:
+            message = str(exc)
+            old = self.ui_values()[name] if field.scope == "ui" else getattr(
+                self.pending_config or self.applied_config, name)
+            if self.chat_screen.ready:
+                self.chat_screen.settings.show_error(name, message, old)
+            self.notify(f"refused: {message} (kept {name} = {format_value(old)})", severity="error", timeout=6)
+            return message
+        if self.chat_screen.ready:
+            self.chat_screen.settings.clear_error(name)
+        self._refresh_chrome()
+        return None
+
+    def _apply_engine(self, name: str, value: Any) -> None:
+        if self.replay is not None:
+            raise ConfigError("replay: the settings are those recorded; no engine to change")
+        if not self.loaded:
+            raise ConfigError("the model is still loading")
+        base = self.pending_config or self.applied_config
+        new = base.replace(**{name: value})
+        if new == base:
+            return
+        self.host.update_config(new)  # raises ConfigError if the session refuses; old settings stay
+        session = self.host.session
+        if session.pending_config is None and session.config == new:
+            # an idle session applies at once (no event comes for it)
+            self.applied_config, self.pending_config = new, None
+            self.notify(f"{name} = {format_value(value)} applied", timeout=3)
+            return
+        self.pending_config = None if new == self.applied_config else new
+        if self.pending_config is not None:
+            when = "at the next step" if self.busy_job is not None else "when the next answer starts"
+            self.notify(f"{name} = {format_value(value)} pending; applies {when}", timeout=3)
+
+    def _apply_ui(self, name: str, value: Any) -> None:
+        if name == "theme":
+            theme = resolve_theme_name(value)
+            if theme not in self.available_themes:
+                raise ConfigError(f"unknown theme {value!r}")
+            self.theme = theme
+            self.ui = self.ui.replace(theme=theme)
+        elif name == "show_rejected":
+            self.set_show_rejected(bool(value))
+
+    def set_show_rejected(self, on: bool) -> None:
+        self.ui = self.ui.replace(show_rejected=on)
+        self.chat_screen.set_show_rejected(on)
+        self.compare_screen.set_show_rejected(on)
+
+    def open_settings(self, focus: str | None = None) -> None:
+        if self.screen is not self.chat_screen:
+            if not self.chat_screen.ready or self.screen in (self.loading_screen,):
+                return
+            self.switch_screen("chat")
+        self.chat_screen.set_class(True, "-settings")
+        settings = self.chat_screen.settings
+        settings.show_values(self.applied_config, self.pending_config, self.ui_values())
+        if focus:
+            self.call_after_refresh(lambda: settings.query_one(f"#set-{focus}").focus())
+
+    def close_settings(self) -> None:
+        self.chat_screen.set_class(False, "-settings")
+        if self.screen is self.chat_screen:
+            prompt = self.chat_screen.prompt
+            if not prompt.disabled:
+                prompt.focus()
+
+    def watch_theme(self, theme: str) -> None:
+        if hasattr(self, "chat_screen") and self.chat_screen.ready:
+            self._refresh_chrome()
+
+    # actions -----------------------------------------------------------------------------------------
+    def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
+        if action in ("toggle_compare", "toggle_settings"):
+            # only between the two main screens (not over a dialog, not while loading)
+            return self.screen in (getattr(self, "chat_screen", None), getattr(self, "compare_screen", None))
+        if action.startswith("replay_"):
+            return self.replay is not None
+        if action == "new_chat":
+            return self.replay is None
+        return True
+
+    def action_cancel(self) -> None:
+        if self.busy_job is not None:
+            self.host.cancel()
+            self._stopping = True
+            self.notify("cancelling at the next step boundary", timeout=2)
+        elif self.chat_screen.ready and self.chat_screen.has_class("-settings"):
+            self.close_settings()
+
+    def action_help(self) -> None:
+        if not isinstance(self.screen, HelpScreen):
+            keymap = {k.id: k.key for k in APP_KEYS} | dict(self.ui.keymap)
+            self.push_screen(HelpScreen(keymap))
+
+    def action_toggle_settings(self) -> None:
+        if self.chat_screen.ready and self.chat_screen.has_class("-settings") and \
+                self.screen is self.chat_screen:
+            self.close_settings()
+        else:
+            self.open_settings("num_steps")
+
+    def action_toggle_compare(self) -> None:
+        if not self.chat_screen.ready:
+            return
+        if self.chat_screen.has_class("-settings"):
+            self.close_settings()
+        self.switch_screen("chat" if self.screen is self.compare_screen else "compare")
+        self._refresh_chrome()
+
+    def action_toggle_teach(self) -> None:
+        self.teaching = not self.teaching
+        self.host.gate.set_stepping(self.teaching)
+        if not self.teaching:
+            self.gate_waiting = False
+        if self.replay is not None:
+            self.replay_paused = False
+        self.notify("teaching mode: the engine pauses after every step (F8 next)" if self.teaching
+                    else "teaching mode off", timeout=3)
+        self._refresh_chrome()
+
+    def action_toggle_rejected(self) -> None:
+        self.set_show_rejected(not self.ui.show_rejected)
+        self.notify(f"show rejected drafts: {'on' if self.ui.show_rejected else 'off'}", timeout=2)
+
+    def action_prev_step(self) -> None:
+        self.chat_screen.tree.browse(-1)
+
+    def action_next_step(self) -> None:
+        tree = self.chat_screen.tree
+        if not tree.live:
+            tree.browse(1)
+        elif self.host.gate.stepping:
+            self.gate_waiting = False
+            self.host.gate.release()
+        self._refresh_chrome()
+
+    def action_new_chat(self) -> None:
+        if self.busy_job is not None:
+            self.notify("still answering · Esc cancels first", severity="warning")
+            return
+        self.busy_job = self.host.submit("reset")
+        self.chat_screen.new_conversation()
+
+    def action_replay_pause(self) -> None:
+        self.replay_paused = not self.replay_paused
+        self.host.gate.set_stepping(self.replay_paused or self.teaching)
+        self._refresh_chrome()
+
+    def action_replay_speed(self, factor: float) -> None:
+        self.host.replay_speed = max(0.125, min(64.0, self.host.replay_speed * factor))
+        self._refresh_chrome()
+
+    def get_system_commands(self, screen: Screen) -> Any:
+        yield from super().get_system_commands(screen)
+        commands: list[tuple[str, str, Callable[[], object]]] = [
+            ("Settings", "Open the settings panel (hot-swap tree knobs)", self.action_toggle_settings),
+            ("Compare mode", "Baseline and speculative side by side", self.action_toggle_compare),
+            ("Teaching mode", "Pause after every step and explain it", self.action_toggle_teach),
+            ("Show/hide rejected drafts", "Struck-through refused drafts in the stream",
+             self.action_toggle_rejected),
+            ("Help: how speculative decoding works", "Draft, verify, accept, bonus, tau, knobs", self.action_help),
+            ("SGLang launch flags", "The settings in force, as SGLang server arguments", self.show_sglang_args),
+        ]
+        for title, help_text, callback in commands:
+            yield SystemCommand(title, help_text, callback)
+        for theme in THEMES:
+            yield SystemCommand(f"Theme: {theme.name}", "Switch colours", lambda t=theme.name: self.apply_setting(
+                "theme", t))
+
+    def show_sglang_args(self) -> None:
+        args = " ".join(self.applied_config.sglang_args()) or "(baseline: no speculative flags)"
+        self.notify(args, title="SGLang launch flags", timeout=15)

@@ -1,0 +1,353 @@
+"""The engine thread: one long-lived thread owns the session (and the model, and the CUDA context).
+
+The UI never calls the session's generators itself. It submits jobs (chat, compare, replay, reset)
+to :class:`EngineHost`; the host runs them one at a time on its thread and hands every item it
+produces to a :class:`Mailbox`. The mailbox never waits for the UI: ``put`` appends to a deque
+and, only when the UI has not been told yet, calls ``wake`` (a non-blocking ``post_message``).
+The UI drains everything that has arrived in one go, so a slow frame costs the engine nothing and
+a fast engine costs the UI one message per frame, not one per token.
+
+``cancel()`` and ``update_config()`` go straight to the session (they are thread-safe). The step
+gate makes the engine pause at step boundaries for teaching mode and replay step-through; that
+wait is the user's choice, never the UI's speed.
+
+Nothing here imports Textual, so the host is tested on its own.
+"""
+
+from __future__ import annotations
+
+import itertools
+import queue
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from engine.config import SpecConfig
+from engine.events import Event, Finished, Started, Step
+from engine.trace import Record, TraceWriter, UserTurn
+
+Lane = Literal["chat", "baseline", "spec"]
+ProgressFn = Callable[[str, int, int], None]
+SessionFactory = Callable[[ProgressFn], Any]  # returns a SessionAPI
+
+
+# items the UI receives ------------------------------------------------------------------------
+@dataclass(frozen=True)
+class LoadProgress:
+    stage: str
+    done: int
+    total: int
+
+
+@dataclass(frozen=True)
+class Loaded:
+    model_name: str
+    config: SpecConfig | None
+
+
+@dataclass(frozen=True)
+class LoadFailed:
+    message: str
+
+
+@dataclass(frozen=True)
+class Delivery:
+    """One record from the engine, tagged with the pane it belongs to."""
+
+    job: int
+    lane: Lane
+    record: Record
+
+
+@dataclass(frozen=True)
+class JobDone:
+    job: int
+    kind: str
+    error: str = ""
+
+
+@dataclass(frozen=True)
+class GateWaiting:
+    """The engine paused at a step boundary (teaching / step-through) and waits for 'next'."""
+
+    job: int
+
+
+Item = LoadProgress | Loaded | LoadFailed | Delivery | JobDone | GateWaiting
+
+
+# jobs -------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Job:
+    kind: Literal["chat", "compare", "replay", "reset"]
+    text: str = ""
+    records: Sequence[Record] = ()
+    id: int = field(default=0)
+
+
+class Mailbox:
+    """Engine -> UI hand-over that never blocks the producer on the consumer."""
+
+    def __init__(self, wake: Callable[[], object]) -> None:
+        self._wake = wake
+        self._items: deque[Item] = deque()
+        self._lock = threading.Lock()
+        self._signalled = False
+        self.wakes = 0
+
+    def put(self, item: Item) -> None:
+        with self._lock:
+            self._items.append(item)
+            if self._signalled:
+                return
+            self._signalled = True
+        self.wakes += 1
+        self._wake()
+
+    def drain(self) -> list[Item]:
+        with self._lock:
+            self._signalled = False
+            items = list(self._items)
+            self._items.clear()
+        return items
+
+
+class StepGate:
+    """Pauses the engine thread between steps while 'stepping' is on; 'release' lets one step through."""
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._stepping = False
+        self._permits = 0
+        self._interrupted = False
+
+    @property
+    def stepping(self) -> bool:
+        return self._stepping
+
+    def set_stepping(self, on: bool) -> None:
+        with self._cond:
+            self._stepping = on
+            self._permits = 0
+            self._cond.notify_all()
+
+    def release(self, steps: int = 1) -> None:
+        with self._cond:
+            self._permits += steps
+            self._cond.notify_all()
+
+    def interrupt(self) -> None:
+        """Wake a waiting engine (cancel, shutdown); cleared by the next job."""
+        with self._cond:
+            self._interrupted = True
+            self._cond.notify_all()
+
+    def reset(self) -> None:
+        with self._cond:
+            self._interrupted = False
+            self._permits = 0
+
+    def wait(self, on_wait: Callable[[], None] | None = None) -> None:
+        with self._cond:
+            if not self._stepping or self._interrupted:
+                return
+            if self._permits > 0:
+                self._permits -= 1
+                return
+            if on_wait is not None:
+                on_wait()
+            self._cond.wait_for(lambda: not self._stepping or self._interrupted or self._permits > 0)
+            if self._permits > 0:
+                self._permits -= 1
+
+
+class EngineHost:
+    """Runs jobs on the engine thread; see the module docstring."""
+
+    def __init__(
+        self,
+        factory: SessionFactory | None,
+        wake: Callable[[], object],
+        *,
+        record_path: str | None = None,
+        replay_speed: float = 1.0,
+    ) -> None:
+        self._factory = factory
+        self.mailbox = Mailbox(wake)
+        self.gate = StepGate()
+        self.session: Any = None
+        self.record_path = record_path
+        self._writer: TraceWriter | None = None
+        self._jobs: queue.Queue[Job | None] = queue.Queue()
+        self._ids = itertools.count(1)
+        self._stop = threading.Event()
+        self._cancelled = threading.Event()
+        self.replay_speed = replay_speed
+        self.thread_id: int | None = None
+        self.running_job: int | None = None
+
+    # called from the UI thread -------------------------------------------------------------
+    def submit(self, kind: str, text: str = "", records: Sequence[Record] = ()) -> int:
+        job = Job(kind=kind, text=text, records=tuple(records), id=next(self._ids))  # type: ignore[arg-type]
+        self._jobs.put(job)
+        return job.id
+
+    def cancel(self) -> None:
+        self._cancelled.set()
+        if self.session is not None:
+            self.session.cancel()
+        self.gate.interrupt()
+
+    def update_config(self, config: SpecConfig) -> None:
+        """Raises ConfigError if the session refuses; thread-safe by the SessionAPI contract."""
+        if self.session is None:
+            raise RuntimeError("no session loaded")
+        self.session.update_config(config)
+
+    def shutdown(self) -> None:
+        self._stop.set()
+        self.cancel()
+        self._jobs.put(None)
+
+    def drain(self) -> list[Item]:
+        return self.mailbox.drain()
+
+    # the engine thread -----------------------------------------------------------------------
+    def run(self) -> None:
+        self.thread_id = threading.get_ident()
+        try:
+            try:
+                if self._factory is not None:
+                    self.session = self._factory(self._progress)
+            except Exception as exc:  # the loader's message is the user's only clue
+                self.mailbox.put(LoadFailed(_one_line(exc)))
+                return
+            if self.session is not None:
+                self.mailbox.put(Loaded(self.session.model_name, self.session.config))
+            else:
+                self.mailbox.put(Loaded("", None))
+            self._loop()
+        finally:
+            if self._writer is not None:
+                self._writer.close()
+
+    def _progress(self, stage: str, done: int, total: int) -> None:
+        self.mailbox.put(LoadProgress(stage, done, total))
+
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            try:
+                job = self._jobs.get(timeout=0.25)
+            except queue.Empty:
+                continue
+            if job is None:
+                break
+            self._cancelled.clear()
+            self.gate.reset()
+            self.running_job = job.id
+            error = ""
+            try:
+                getattr(self, f"_job_{job.kind}")(job)
+            except Exception as exc:
+                error = _one_line(exc)
+            finally:
+                self.running_job = None
+            self.mailbox.put(JobDone(job.id, job.kind, error))
+
+    def _deliver(self, job: Job, lane: Lane, record: Record) -> None:
+        if self.record_path is not None and job.kind != "replay":
+            if self._writer is None:
+                cfg = self.session.config if self.session is not None else None
+                name = getattr(self.session, "model_name", "")
+                self._writer = TraceWriter(self.record_path, model=name, drafter=cfg.method if cfg else "",
+                                           config=cfg.to_dict() if cfg else None)
+                self._writer.open()
+            self._writer.write(record)
+        self.mailbox.put(Delivery(job.id, lane, record))
+
+    def _pump(self, job: Job, lane: Lane, events: Iterator[Event]) -> Finished | None:
+        """Forward a session generator's events; pause at the gate after each step."""
+        last: Finished | None = None
+        try:
+            for ev in events:
+                self._deliver(job, lane, ev)
+                if isinstance(ev, Finished):
+                    last = ev
+                elif isinstance(ev, Step):
+                    self.gate.wait(lambda: self.mailbox.put(GateWaiting(job.id)))
+                if self._stop.is_set():
+                    break
+        finally:
+            close = getattr(events, "close", None)
+            if close is not None:
+                close()
+        return last
+
+    def _job_chat(self, job: Job) -> None:
+        self._deliver(job, "chat", UserTurn(text=job.text, mode="chat"))
+        self._pump(job, "chat", self.session.chat(job.text))
+
+    def _job_compare(self, job: Job) -> None:
+        """Baseline, then speculative: one after the other, each timed alone on this thread."""
+        self._deliver(job, "spec", UserTurn(text=job.text, mode="compare"))
+        messages = [*self.session.messages, {"role": "user", "content": job.text}]
+        baseline = self.session.config.replace(method="none")
+        self._pump(job, "baseline", self.session.generate(messages, baseline))
+        if self._cancelled.is_set() or self._stop.is_set():
+            return
+        self._pump(job, "spec", self.session.generate(messages, None))
+
+    def _job_reset(self, job: Job) -> None:
+        self.session.reset()
+
+    def _job_replay(self, job: Job) -> None:
+        """Play recorded records with their original pacing (scaled by ``replay_speed``)."""
+        lane: Lane = "chat"
+        answers_in_turn = 0
+        compare = False
+        for record in job.records:
+            if self._cancelled.is_set() or self._stop.is_set():
+                return
+            if isinstance(record, UserTurn):
+                compare = record.mode == "compare"
+                answers_in_turn = 0
+                lane = "spec" if compare else "chat"
+                self.mailbox.put(Delivery(job.id, lane, record))
+                continue
+            if isinstance(record, Started):
+                if compare:
+                    lane = "baseline" if answers_in_turn == 0 else "spec"
+                answers_in_turn += 1
+                self._sleep(record.prefill_ms)
+            elif isinstance(record, Step):
+                self._sleep(record.timing.total_ms)
+            self.mailbox.put(Delivery(job.id, lane, record))
+            if isinstance(record, Step):
+                self.gate.wait(lambda: self.mailbox.put(GateWaiting(job.id)))
+
+    def _sleep(self, ms: float) -> None:
+        speed = self.replay_speed
+        if speed <= 0 or ms <= 0 or self.gate.stepping:
+            return
+        self._cancelled.wait(ms / 1000 / speed)
+
+
+def _one_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    msg = text[0] if text else ""
+    return f"{type(exc).__name__}: {msg}" if msg else type(exc).__name__
+
+
+def wait_items(host: EngineHost, until: Callable[[list[Item]], bool], timeout: float = 10.0) -> list[Item]:
+    """Drain a host without a UI until ``until(all_items)`` holds (tests, headless timing)."""
+    got: list[Item] = []
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        got.extend(host.drain())
+        if until(got):
+            return got
+        time.sleep(0.002)
+    raise TimeoutError("engine host did not finish in time")

@@ -1,0 +1,143 @@
+"""Entry points the CLI calls (lazily): ``run_tui(args)`` and ``replay_tui(args)``.
+
+Textual is imported inside the functions, so importing this module stays cheap.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+
+from engine.config import ConfigError, SpecConfig
+
+# the method used when the user names none (the loader may know better; see the report to issue 3)
+DEFAULT_METHOD = "ngram"
+
+
+def config_from_args(args: argparse.Namespace, default_method: str | None = DEFAULT_METHOD) -> SpecConfig:
+    """A SpecConfig from the spec flags ``args`` carries (missing or None ones are skipped).
+
+    Method aliases and value normalisation are the CLI's (``specchat.cli.spec_overrides``), so
+    ``run`` and ``generate`` read flags the same way. Raises ConfigError (one line) when invalid.
+    """
+    from specchat.cli import UsageError, spec_overrides
+
+    try:
+        values = spec_overrides(args)
+    except UsageError as exc:
+        raise ConfigError(str(exc)) from None
+    if "method" not in values and default_method is not None:
+        values["method"] = default_method
+    return SpecConfig().replace(**values)
+
+
+def _ui_settings(args: argparse.Namespace):
+    from specchat.tui.userconfig import load_ui_settings
+
+    ui, warnings = load_ui_settings()
+    theme = getattr(args, "theme", None)
+    if theme:
+        ui = ui.replace(theme=theme)
+    return ui, warnings
+
+
+def _real_factory(args: argparse.Namespace, config: SpecConfig):
+    # loader options the CLI may carry beyond the documented four; the UI keeps one core for itself
+    extra = {k: getattr(args, k) for k in ("backend", "allow_pickle", "threads") if getattr(args, k, None) is not None}
+    extra["reserve_cores"] = 1
+
+    def factory(progress):
+        from engine.loader import load_session  # imported on the engine thread, which owns the model
+
+        return load_session(
+            getattr(args, "model", None),
+            config,
+            progress=progress,
+            draft=getattr(args, "draft", None),
+            dtype=getattr(args, "dtype", None) or "float32",
+            device=getattr(args, "device", None) or "auto",
+            **extra,
+        )
+
+    return factory
+
+
+def _fake_factory(config: SpecConfig):
+    """A scripted session with demo answers at realistic speed (``--fake``: UI demos without a model)."""
+
+    def factory(progress):
+        from specchat.tui.fake import ScriptedSession, demo_answers
+
+        stages = ("resolving the model", "reading the tokenizer", "loading weights", "warming up")
+        for i, stage in enumerate(stages, 1):
+            progress(stage, i, len(stages))
+            time.sleep(0.15)
+        return ScriptedSession(demo_answers(config), config=config, model_name="fake-model",
+                               step_delay=None, time_scale=1.0)
+
+    return factory
+
+
+def run_tui(args: argparse.Namespace) -> int:
+    try:
+        config = config_from_args(args)
+    except ConfigError as exc:
+        print(f"specchat run: {exc}", file=sys.stderr)
+        return 2
+    ui, warnings = _ui_settings(args)
+    fake = bool(getattr(args, "fake", False))
+    factory = _fake_factory(config) if fake else _real_factory(args, config)
+
+    from specchat.tui.app import SpecChatApp
+
+    model = getattr(args, "model", None)
+    app = SpecChatApp(
+        factory=factory,
+        config=config,
+        ui=ui,
+        warnings=warnings,
+        start_in="compare" if getattr(args, "compare", False) else "chat",
+        teach=bool(getattr(args, "teach", False)),
+        record=getattr(args, "record", None),
+        model_label="fake-model" if fake else (model or "embedded model"),
+        draft_model=getattr(args, "draft", None) or "",
+    )
+    result = app.run()
+    if app.load_error:
+        print(f"specchat run: could not load the model: {app.load_error}", file=sys.stderr)
+        return 1
+    return int(result or 0)
+
+
+def replay_tui(args: argparse.Namespace) -> int:
+    from engine.trace import TraceError, read_trace
+
+    path = str(args.trace)
+    try:
+        header, records = read_trace(path)
+    except TraceError as exc:
+        print(f"specchat replay: {exc}", file=sys.stderr)
+        return 2
+    speed = float(getattr(args, "speed", None) or 1.0)
+    if speed <= 0:
+        print("specchat replay: --speed must be > 0", file=sys.stderr)
+        return 2
+    try:
+        config = SpecConfig.from_dict(header.get("config") or {})
+    except (ConfigError, TypeError):
+        config = SpecConfig()
+    ui, warnings = _ui_settings(args)
+
+    from specchat.tui.app import ReplaySource, SpecChatApp
+
+    app = SpecChatApp(
+        factory=None,
+        config=config,
+        ui=ui,
+        warnings=warnings,
+        replay=ReplaySource(path, header, tuple(records), speed=speed, step=bool(getattr(args, "step", False))),
+        model_label=str(header.get("model") or ""),
+    )
+    result = app.run()
+    return int(result or 0)

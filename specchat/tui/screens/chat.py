@@ -1,0 +1,171 @@
+"""The chat screen: transcript and prompt on the left; draft tree, teaching notes, stats and
+settings on the right. It only *shows* records; the app decides what to do with the engine."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from textual.app import ComposeResult
+from textual.containers import Horizontal, Vertical
+from textual.content import Content
+from textual.screen import Screen
+from textual.widgets import Footer, Static
+
+from engine.events import ConfigApplied, Finished, Started, Step
+from engine.trace import Record, UserTurn
+from specchat.tui.teaching import explain_step
+from specchat.tui.widgets.draft_tree import DraftTreePanel, HistoryEntry
+from specchat.tui.widgets.prompt import PromptInput
+from specchat.tui.widgets.settings_panel import SettingsPanel
+from specchat.tui.widgets.stats import StatsView
+from specchat.tui.widgets.title_bar import TitleBar
+from specchat.tui.widgets.transcript import AnswerView, Transcript
+
+
+def answer_method(ev: Started) -> str:
+    return str(ev.config.get("method") or ev.drafter or "")
+
+
+class ChatScreen(Screen):
+    def __init__(self, *, themes: list[str], draft_model: str, history: int, show_rejected: bool,
+                 blink: bool, replay: bool) -> None:
+        super().__init__(id="chat")
+        self._themes = themes
+        self._draft_model = draft_model
+        self._history = history
+        self.show_rejected = show_rejected
+        self._blink = blink
+        self._replay = replay
+        self.answer: AnswerView | None = None
+        self.answers = 0
+        self.method = ""
+        self.ready = False  # composed and mounted: records can be shown
+
+    def compose(self) -> ComposeResult:
+        yield TitleBar(id="title")
+        with Horizontal(id="main"):
+            with Vertical(id="left"):
+                yield Transcript(id="transcript")
+                placeholder = (
+                    "replay: no model loaded · Space pauses · +/- speed · F8 steps"
+                    if self._replay
+                    else "Ask something · Enter sends · Ctrl+J new line · F1 help"
+                )
+                yield PromptInput(id="prompt", placeholder=placeholder, blink=self._blink)
+            with Vertical(id="side"):
+                yield DraftTreePanel(history=self._history, id="tree")
+                yield Static("", id="teach")
+                with Vertical(id="stats-box"):
+                    yield Static(Content.styled("Stats", "bold"), classes="panel-title")
+                    yield StatsView(id="stats")
+                yield SettingsPanel(self._themes, self._draft_model, id="settings", blink=self._blink)
+        yield Footer()
+
+    def on_mount(self) -> None:
+        if self._replay:
+            self.query_one(PromptInput).disabled = True
+        self.ready = True
+
+    def on_screen_resume(self) -> None:
+        prompt = self.query_one(PromptInput)
+        if not prompt.disabled and not self.has_class("-settings"):
+            prompt.focus()
+        self.app.refresh_chrome()  # type: ignore[attr-defined]
+
+    # parts --------------------------------------------------------------------------------------
+    @property
+    def transcript(self) -> Transcript:
+        return self.query_one(Transcript)
+
+    @property
+    def tree(self) -> DraftTreePanel:
+        return self.query_one(DraftTreePanel)
+
+    @property
+    def stats(self) -> StatsView:
+        return self.query_one(StatsView)
+
+    @property
+    def settings(self) -> SettingsPanel:
+        return self.query_one(SettingsPanel)
+
+    @property
+    def prompt(self) -> PromptInput:
+        return self.query_one(PromptInput)
+
+    # records from the engine (lane "chat") -----------------------------------------------------
+    def show_records(self, records: Sequence[Record]) -> None:
+        steps: list[Step] = []
+        entries: list[HistoryEntry] = []
+        stats = self.stats.state
+
+        def flush() -> None:
+            if steps and self.answer is not None:
+                self.answer.add_steps(list(steps))
+            steps.clear()
+
+        for rec in records:
+            if isinstance(rec, Step):
+                steps.append(rec)
+                stats.add(rec)
+                entries.append(HistoryEntry(f"answer {self.answers}", self.method, rec))
+                continue
+            flush()
+            if isinstance(rec, UserTurn):
+                self.transcript.add_user(rec.text)
+            elif isinstance(rec, Started):
+                self.answers += 1
+                self.method = answer_method(rec)
+                self.answer = self.transcript.add_answer(label="assistant", show_rejected=self.show_rejected)
+                self.answer.started(rec)
+                stats.reset_answer()
+                stats.prefill_ms = rec.prefill_ms
+                stats.prompt_tokens = rec.prompt_tokens
+            elif isinstance(rec, ConfigApplied):
+                if self.answer is not None and self.answer.finished is None:
+                    self.answer.stream.add_text(f" ⚙v{rec.version} ", "marker")
+            elif isinstance(rec, Finished):
+                if self.answer is not None:
+                    self.answer.finish(rec)
+                stats.finished = rec.reason if rec.reason != "stop" else "done"
+        flush()
+        if entries:
+            self.tree.add_steps(entries)
+        self.stats.refresh(layout=True)
+
+    def add_spec_steps(self, entries: list[HistoryEntry]) -> None:
+        """Steps of a compare run's speculative side join the tree history too."""
+        self.tree.add_steps(entries)
+
+    def set_show_rejected(self, on: bool) -> None:
+        self.show_rejected = on
+        for view in self.query(AnswerView):
+            view.stream.show_rejected = on
+
+    def new_conversation(self) -> None:
+        self.transcript.remove_children()
+        self.answer = None
+        self.tree.clear()
+        self.stats.state.reset_answer()
+        self.stats.state.stats = None
+        self.stats.refresh(layout=True)
+
+    # teaching ------------------------------------------------------------------------------------
+    def show_teaching(self, on: bool, *, waiting: bool, replay: bool) -> None:
+        self.set_class(on, "-teaching")
+        if not on:
+            return
+        panel = self.query_one("#teach", Static)
+        entry = self.tree.current
+        if entry is None:
+            body = "Teaching mode: send a prompt; the engine will pause after every step and this panel " \
+                   "will explain it in plain words."
+        else:
+            body = explain_step(entry.step, entry.method)
+        if not self.tree.live:
+            hint = "browsing an earlier step · F8 forward · F7 back"
+        elif waiting:
+            hint = "‖ paused after this step · F8 next step · F7 previous · F4 leaves teaching mode"
+        else:
+            hint = "F8 next step · F7 previous · F1 explains the words"
+        panel.update(Content.assemble(("Teaching · ", "bold"), body, "\n", (hint, "italic")))

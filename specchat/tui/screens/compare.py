@@ -1,0 +1,182 @@
+"""Compare: the same prompt answered by the baseline (no drafter) and by speculative decoding.
+
+The engine thread runs them one after the other, so each is timed alone; both panes stream at
+their real speed. Under greedy decoding the two texts must be identical; the badge says so, or
+shows where they first differ.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from textual.app import ComposeResult
+from textual.containers import Horizontal, Vertical, VerticalScroll
+from textual.content import Content
+from textual.screen import Screen
+from textual.widgets import Footer, Static
+
+from engine.events import Finished, Started, Step
+from engine.trace import Record, UserTurn
+from specchat.tui.textutil import first_difference, visible
+from specchat.tui.widgets.prompt import PromptInput
+from specchat.tui.widgets.title_bar import TitleBar
+from specchat.tui.widgets.token_stream import TokenStream
+
+
+@dataclass
+class LaneResult:
+    started: Started | None = None
+    token_ids: list[int] = field(default_factory=list)
+    token_texts: list[str] = field(default_factory=list)
+    finished: Finished | None = None
+    last_tps: float = 0.0
+
+    @property
+    def greedy(self) -> bool:
+        return self.started is not None and float(self.started.config.get("temperature", 0.0) or 0.0) == 0.0
+
+
+class ComparePane(Vertical):
+    def __init__(self, lane: str, title: str, *, show_rejected: bool) -> None:
+        super().__init__(id=f"{lane}-pane", classes="pane")
+        self.lane = lane
+        self.title = title
+        self.stream = TokenStream(show_rejected=show_rejected, id=f"{lane}-stream")
+        self.result = LaneResult()
+
+    def compose(self) -> ComposeResult:
+        yield Static(Content.styled(self.title, "bold"), classes="pane-title")
+        with VerticalScroll(classes="pane-scroll"):
+            yield self.stream
+        yield Static("waiting", classes="pane-stats")
+
+    def on_mount(self) -> None:
+        self.query_one(VerticalScroll).anchor()
+
+    def reset(self) -> None:
+        self.stream.clear()
+        self.result = LaneResult()
+        self._stats("waiting")
+
+    def _stats(self, text: str) -> None:
+        self.query_one(".pane-stats", Static).update(Content.styled(text, "dim"))
+
+    def show(self, records: Sequence[Record]) -> None:
+        steps = 0
+        for rec in records:
+            if isinstance(rec, Started):
+                self.stream.clear()
+                self.result = LaneResult(started=rec)
+                method = rec.config.get("method") or rec.drafter
+                self.query_one(".pane-title", Static).update(
+                    Content.assemble((self.title, "bold"), (f" · {method}", "dim")))
+                self._stats("running…")
+            elif isinstance(rec, Step):
+                self.stream.add_step(rec, refresh=False)
+                self.result.token_ids.extend(c.id for c in rec.committed)
+                self.result.token_texts.extend(c.text for c in rec.committed)
+                self.result.last_tps = rec.stats.tokens_per_s
+                steps += 1
+                s = rec.stats
+                self._stats(f"{s.tokens} tokens · {s.tokens_per_s:.1f} tok/s · tau {s.tau:.2f} · running…")
+            elif isinstance(rec, Finished):
+                self.result.finished = rec
+                s = rec.stats
+                outcome = "" if rec.reason == "stop" else f" · {rec.reason.upper()}"
+                self._stats(f"{rec.tokens} tokens · {s.tokens_per_s:.1f} tok/s · tau {s.tau:.2f}{outcome}")
+        if steps:
+            self.stream.refresh(layout=True)
+
+
+class CompareScreen(Screen):
+    def __init__(self, *, show_rejected: bool, blink: bool, replay: bool) -> None:
+        super().__init__(id="compare")
+        self._show_rejected = show_rejected
+        self._blink = blink
+        self._replay = replay
+        self.badge_text = ""
+        self.ready = False  # composed and mounted: records can be shown
+
+    def compose(self) -> ComposeResult:
+        yield TitleBar(id="title")
+        yield Static(Content.styled("Compare: type a prompt; baseline runs first, then speculative.", "dim"),
+                     id="compare-question")
+        with Horizontal(id="panes"):
+            yield ComparePane("baseline", "Baseline (no drafter)", show_rejected=self._show_rejected)
+            yield ComparePane("spec", "Speculative", show_rejected=self._show_rejected)
+        yield Static("", id="badge")
+        placeholder = (
+            "replay: no model loaded" if self._replay else "Compare prompt · Enter runs both · F3 back to chat"
+        )
+        yield PromptInput(id="compare-prompt", placeholder=placeholder, blink=self._blink)
+        yield Footer()
+
+    def on_mount(self) -> None:
+        prompt = self.query_one(PromptInput)
+        if self._replay:
+            prompt.disabled = True
+        self.ready = True
+
+    def on_screen_resume(self) -> None:
+        prompt = self.query_one(PromptInput)
+        if not prompt.disabled:
+            prompt.focus()
+        self.app.refresh_chrome()  # type: ignore[attr-defined]
+
+    def pane(self, lane: str) -> ComparePane:
+        return self.query_one(f"#{lane}-pane", ComparePane)
+
+    def show_records(self, lane: str, records: Sequence[Record]) -> None:
+        rest: list[Record] = []
+        for rec in records:
+            if isinstance(rec, UserTurn):
+                self.query_one("#compare-question", Static).update(
+                    Content.assemble(("you ", "bold"), rec.text))
+                self.pane("baseline").reset()
+                self.pane("spec").reset()
+                self._badge("baseline running…", "")
+            else:
+                rest.append(rec)
+        if rest:
+            self.pane(lane).show(rest)
+        base, spec = self.pane("baseline").result, self.pane("spec").result
+        if lane == "spec" and spec.started is not None and spec.finished is None:
+            self._badge("speculative running…", "")
+        if base.finished is not None and spec.finished is not None:
+            self._verdict(base, spec)
+
+    def _badge(self, text: str, kind: str) -> None:
+        badge = self.query_one("#badge", Static)
+        self.badge_text = text
+        badge.update(Content(text))
+        for k in ("-identical", "-different", "-info"):
+            badge.set_class(k == f"-{kind}", k)
+
+    def _verdict(self, base: LaneResult, spec: LaneResult) -> None:
+        assert base.finished is not None and spec.finished is not None
+        speed = ""
+        if base.finished.stats.tokens_per_s and spec.finished.stats.tokens_per_s:
+            ratio = spec.finished.stats.tokens_per_s / base.finished.stats.tokens_per_s
+            speed = (f" · speed-up {ratio:.2f}× ({base.finished.stats.tokens_per_s:.1f} → "
+                     f"{spec.finished.stats.tokens_per_s:.1f} tok/s, each timed alone)")
+        if "cancelled" in (base.finished.reason, spec.finished.reason):
+            self._badge("cancelled: nothing to compare" + speed, "info")
+            return
+        if not (base.greedy and spec.greedy):
+            self._badge("sampling (temperature > 0): the texts are not expected to match" + speed, "info")
+            return
+        diff = first_difference(base.token_ids, spec.token_ids)
+        if diff is None:
+            self._badge(f"✓ identical output under greedy decoding ({len(base.token_ids)} tokens){speed}",
+                        "identical")
+            return
+        a = visible(base.token_texts[diff]) if diff < len(base.token_texts) else "end"
+        b = visible(spec.token_texts[diff]) if diff < len(spec.token_texts) else "end"
+        chars = len("".join(base.token_texts[:diff]))
+        self._badge(f"≠ first difference at token {diff} (char {chars}): baseline ‹{a}› vs speculative ‹{b}›"
+                    + speed, "different")
+
+    def set_show_rejected(self, on: bool) -> None:
+        for pane in self.query(ComparePane):
+            pane.stream.show_rejected = on

@@ -1,0 +1,101 @@
+"""One schema for every setting the UI can change: the settings panel and the command palette are
+both generated from it, and values are parsed here (no Textual imports)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from engine.config import METHODS, ConfigError
+
+FieldKind = Literal["int", "float", "choice", "bool"]
+
+
+@dataclass(frozen=True)
+class SettingField:
+    name: str
+    label: str
+    kind: FieldKind
+    scope: Literal["engine", "ui"] = "engine"
+    choices: tuple[str, ...] = ()
+    help: str = ""
+
+
+ENGINE_FIELDS: tuple[SettingField, ...] = (
+    SettingField("method", "method", "choice", choices=METHODS, help="drafting method (the target stays loaded)"),
+    SettingField("num_steps", "num_steps", "int", help="tree depth: levels the drafter guesses ahead"),
+    SettingField("eagle_topk", "eagle_topk", "int", help="branching: candidates kept per node"),
+    SettingField("num_draft_tokens", "num_draft_tokens", "int", help="tree size incl. the root"),
+    SettingField("ngram_min_match_window_size", "ngram min window", "int", help="n-gram: shortest suffix matched"),
+    SettingField("ngram_max_match_window_size", "ngram max window", "int", help="n-gram: longest suffix matched"),
+    SettingField("ngram_min_bfs_breadth", "ngram min breadth", "int", help="n-gram: fewest branches per level"),
+    SettingField("ngram_max_bfs_breadth", "ngram max breadth", "int", help="n-gram: most branches per level"),
+    SettingField("temperature", "temperature", "float", help="0 = greedy (identical to baseline)"),
+    SettingField("top_p", "top_p", "float", help="nucleus sampling cut-off"),
+    SettingField("max_new_tokens", "max_new_tokens", "int", help="answer length limit"),
+)
+
+UI_FIELDS: tuple[SettingField, ...] = (
+    SettingField("show_rejected", "show rejected", "bool", scope="ui", help="refused drafts, struck through"),
+    SettingField("theme", "theme", "choice", scope="ui", help="colours (every state also has a glyph/style)"),
+)
+
+FIELDS: dict[str, SettingField] = {f.name: f for f in (*ENGINE_FIELDS, *UI_FIELDS)}
+
+# short names accepted in the command palette ("topk 2", "steps=3")
+ALIASES: dict[str, str] = {
+    "topk": "eagle_topk",
+    "k": "eagle_topk",
+    "steps": "num_steps",
+    "depth": "num_steps",
+    "draft_tokens": "num_draft_tokens",
+    "tokens": "num_draft_tokens",
+    "temp": "temperature",
+    "t": "temperature",
+    "rejected": "show_rejected",
+}
+
+
+def resolve_name(name: str) -> str | None:
+    key = name.strip().lower().replace("-", "_")
+    key = ALIASES.get(key, key)
+    return key if key in FIELDS else None
+
+
+def parse_value(field: SettingField, raw: Any) -> Any:
+    """Text (or a widget's value) -> a typed value; raises ConfigError with a one-line message."""
+    if field.kind == "int":
+        if isinstance(raw, bool):
+            raise ConfigError(f"{field.name} must be an integer, got {raw!r}")
+        if isinstance(raw, int):
+            return raw
+        try:
+            return int(str(raw).strip())
+        except ValueError:
+            raise ConfigError(f"{field.name} must be an integer, got {str(raw).strip()!r}") from None
+    if field.kind == "float":
+        try:
+            return float(str(raw).strip())
+        except ValueError:
+            raise ConfigError(f"{field.name} must be a number, got {str(raw).strip()!r}") from None
+    if field.kind == "bool":
+        if isinstance(raw, bool):
+            return raw
+        text = str(raw).strip().lower()
+        if text in ("1", "true", "on", "yes"):
+            return True
+        if text in ("0", "false", "off", "no"):
+            return False
+        raise ConfigError(f"{field.name} must be on or off, got {str(raw).strip()!r}")
+    value = str(raw).strip()
+    if field.choices and value not in field.choices:
+        raise ConfigError(f"{field.name} must be one of {', '.join(field.choices)}; got {value!r}")
+    return value
+
+
+def format_value(value: Any) -> str:
+    if isinstance(value, bool):
+        return "on" if value else "off"
+    if isinstance(value, float):
+        return f"{value:g}"
+    return str(value)

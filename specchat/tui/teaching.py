@@ -1,0 +1,99 @@
+"""Plain-words explanations of a step, and the help text (no Textual imports)."""
+
+from __future__ import annotations
+
+from engine.events import Step
+from specchat.tui.textutil import visible
+
+
+def _plural(n: int, word: str, plural: str | None = None) -> str:
+    return f"{n} {word if n == 1 else (plural or word + 's')}"
+
+
+def _quote(pieces: list[str]) -> str:
+    return "‹" + "".join(pieces).replace("\n", "↵") + "›"
+
+
+def explain_step(step: Step, method: str = "") -> str:
+    """What happened in one step, for a newcomer."""
+    tree = step.tree
+    lines = [f"Step {step.index + 1}."]
+    drafts = tree.num_drafts
+    n_commit = len(step.committed)
+    ended = n_commit < step.accepted_len + 1  # a stop token cut the step short
+    bonus = step.committed[-1].text if step.committed and not ended else ""
+    t = step.timing
+    if drafts == 0:
+        lines.append(
+            f"No draft this step: the target model produced one token the ordinary way, "
+            f"{_quote([bonus])} ({t.verify_ms:.1f} ms)."
+        )
+        return " ".join(lines)
+    who = f"The {method} drafter" if method and method != "none" else "The drafter"
+    shape = "a chain" if tree.is_chain else "a tree"
+    lines.append(
+        f"{who} proposed {shape} of {_plural(drafts, 'token')} over {_plural(tree.max_depth, 'level')} "
+        f"in {t.draft_ms:.1f} ms."
+    )
+    lines.append(f"The target checked all of them in one forward pass ({t.verify_ms:.1f} ms).")
+    accepted = [step.tree_text[i] for i in step.accepted if i < len(step.tree_text)]
+    if accepted:
+        lines.append(f"It accepted {_plural(len(accepted), 'drafted token')}, {_quote(accepted)},")
+    else:
+        lines.append("It accepted none of the drafted tokens,")
+    rejected = [visible(step.tree_text[i]) for i in step.rejected if i < len(step.tree_text)]
+    if ended:
+        lines.append("and then the answer ended.")
+    elif rejected:
+        lines.append(
+            f"refused {', '.join('‹' + r + '›' for r in rejected)} at the next position, "
+            f"and put its own token {_quote([bonus])} there instead (the bonus token)."
+        )
+    else:
+        lines.append(f"and added its own next token {_quote([bonus])} (the bonus token).")
+    if ended:
+        lines.append("It ended at a stop token or the length limit, so only the tokens before that were kept.")
+    lines.append(
+        f"Result: {_plural(n_commit, 'token')} for one target forward"
+        + (f"; tau so far {step.stats.tau:.2f}." if step.stats.steps else ".")
+    )
+    return " ".join(lines)
+
+
+HELP_MARKDOWN = """\
+# How speculative decoding works
+
+A big **target** model writes one token per forward pass, and each pass costs about the same
+whether it checks one token or a dozen. Speculative decoding uses that: a cheap **drafter**
+guesses ahead, and the target checks all the guesses at once.
+
+**Draft** — the drafter (an n-gram lookup, an EAGLE head or a small model) proposes a *tree* of
+candidate continuations. Node 0 is the root: the last token already produced.
+
+**Verify** — the target runs *one* forward pass over every node of the tree. A tree attention
+mask lets each node see only its own ancestors, so every branch is checked at once.
+
+**Accept** — walking down from the root, a drafted token is kept while it is what the target
+would have produced there (greedy), or passes a rejection-sampling test (sampling). The kept
+tokens form the *accepted path*; in the tree panel it is highlighted and marked ✓. Drafts the
+target refused at the next position are marked ✗; deeper nodes were never reached.
+
+**Bonus** — after the accepted path the target's own prediction is free (it came out of the
+same forward pass), so every step adds at least one token. In the stream, accepted drafts are
+underlined, target tokens are bold, and refused drafts (when shown) are struck through.
+
+**tau** — the mean number of tokens each target forward produces (accepted drafts + the bonus).
+Baseline decoding has tau = 1. Speed-up is roughly tau times (target forward time) divided by
+(draft time + verify time); the compare screen measures it for real.
+
+## The three tree knobs (SGLang names)
+
+* **num_steps** — how many levels deep the drafter guesses (tree depth).
+* **eagle_topk** — how many candidates it keeps at each node (branching).
+* **num_draft_tokens** — how many nodes the tree may hold in total, root included (the
+  target verifies this many tokens per step).
+
+Deeper and wider trees accept more tokens per step but make drafting and verifying costlier.
+Change them live in the settings panel or the command palette (e.g. `num_steps 3`); the change
+applies at the next step boundary and shows as *pending* until then.
+"""

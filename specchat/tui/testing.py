@@ -1,0 +1,155 @@
+"""Helpers for UI tests: build the app around a scripted session or a recorded trace, and wait on
+its state (polling between Pilot pauses, never fixed sleeps). Used by tests/tui; no pytest here."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+from engine.config import SpecConfig
+from engine.trace import Record, read_trace
+from specchat.tui.app import ReplaySource, SpecChatApp
+from specchat.tui.fake import ScriptedSession, demo_answers
+from specchat.tui.userconfig import UISettings
+
+SIZE = (120, 40)
+CONFIG = SpecConfig(method="eagle3", num_steps=5, eagle_topk=4, num_draft_tokens=16)
+
+
+def ui_settings(**kw) -> UISettings:
+    return UISettings(theme="dark", cursor_blink=False, **kw)
+
+
+def make_session(**kw) -> ScriptedSession:
+    kw.setdefault("config", CONFIG)
+    return ScriptedSession(demo_answers(kw["config"]), **kw)
+
+
+def make_app(session: ScriptedSession | None = None, **kw) -> SpecChatApp:
+    session = session or make_session()
+    kw.setdefault("ui", ui_settings())
+    return SpecChatApp(factory=lambda progress: session, config=session.config, **kw)
+
+
+def replay_app(trace: str | Path, records: Sequence[Record] | None = None, *, step: bool = False,
+               speed: float = 0.0, **kw) -> SpecChatApp:
+    header, all_records = read_trace(trace)
+    records = all_records if records is None else records
+    kw.setdefault("ui", ui_settings())
+    return SpecChatApp(
+        factory=None,
+        config=SpecConfig.from_dict(header["config"]),
+        replay=ReplaySource(str(trace), header, tuple(records), speed=speed, step=step),
+        **kw,
+    )
+
+
+async def wait_until(pilot, cond: Callable[[], bool], timeout: float = 10.0, what: str = "") -> None:
+    deadline = time.monotonic() + timeout
+    while not cond():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what or cond}")
+        await pilot.pause(0.01)
+    await pilot.pause()
+
+
+async def wait_loaded(pilot) -> None:
+    app = pilot.app
+    await wait_until(pilot, lambda: app.loaded and app.screen.id in ("chat", "compare"), what="load")
+
+
+async def wait_idle(pilot) -> None:
+    app = pilot.app
+    await wait_until(pilot, lambda: app.busy_job is None, what="engine idle")
+    await pilot.pause()
+
+
+async def send(pilot, text: str, prompt_id: str = "#prompt") -> None:
+    prompt = pilot.app.screen.query_one(prompt_id)
+    prompt.load_text(text)
+    prompt.focus()
+    await pilot.press("enter")
+
+
+
+
+# --- screenshot scenarios: the same states for the snapshot tests and the README screenshots --------
+def _until_compare(records: Sequence[Record]) -> list[Record]:
+    from engine.trace import UserTurn
+
+    out = []
+    for r in records:
+        if isinstance(r, UserTurn) and r.mode == "compare":
+            break
+        out.append(r)
+    return out
+
+
+def _first_answer(records: Sequence[Record]) -> list[Record]:
+    end = next(i for i, r in enumerate(records) if r.kind == "finished")
+    return list(records[: end + 1])
+
+
+async def _shot(pilot, title: str) -> str:
+    # replays run at full speed (speed 0) in tests; show the speed a viewer would use
+    app = pilot.app
+    app.host.replay_speed = 1.0
+    app.refresh_chrome()
+    await pilot.pause()
+    return app.export_screenshot(title=title)
+
+
+async def scenario_chat(trace: str | Path, size: tuple[int, int] = SIZE) -> str:
+    """Two chat turns replayed; the tree panel browsed back to a branching step."""
+    _, records = read_trace(trace)
+    app = replay_app(trace, _until_compare(records))
+    async with app.run_test(size=size) as pilot:
+        await wait_loaded(pilot)
+        await wait_idle(pilot)
+        tree = app.chat_screen.tree
+        entries = list(tree.history)
+        best = max(range(len(entries)), key=lambda i: (entries[i].step.accepted_len > 0 and
+                                                      bool(entries[i].step.rejected), len(entries[i].step.tree)))
+        tree.browse(best - (len(entries) - 1))
+        return await _shot(pilot, "specchat · chat")
+
+
+async def scenario_compare(trace: str | Path, size: tuple[int, int] = SIZE) -> str:
+    app = replay_app(trace)
+    async with app.run_test(size=size) as pilot:
+        await wait_loaded(pilot)
+        await wait_idle(pilot)
+        await wait_until(pilot, lambda: app.screen is app.compare_screen, what="compare screen")
+        return await _shot(pilot, "specchat · compare")
+
+
+async def scenario_teaching(trace: str | Path, size: tuple[int, int] = SIZE, steps: int = 4) -> str:
+    """Step-through of the first answer, paused after a few steps, in the colour-blind safe theme."""
+    _, records = read_trace(trace)
+    app = replay_app(trace, _first_answer(records), step=True, ui=ui_settings().replace(theme="colourblind"))
+    async with app.run_test(size=size) as pilot:
+        await wait_loaded(pilot)
+        for n in range(1, steps + 1):
+            await wait_until(pilot, lambda n=n: app.gate_waiting and len(app.chat_screen.tree.history) == n,
+                             what=f"step {n}")
+            if n < steps:
+                await pilot.press("f8")
+        return await _shot(pilot, "specchat · teaching")
+
+
+async def scenario_settings(size: tuple[int, int] = SIZE) -> str:
+    """A live (scripted) answer, then the settings panel with a pending change, light theme."""
+    session = make_session()
+    app = make_app(session, ui=ui_settings().replace(theme="light"), teach=True)
+    async with app.run_test(size=size) as pilot:
+        await wait_loaded(pilot)
+        app.submit_prompt("What is speculative decoding?")
+        await wait_until(pilot, lambda: app.gate_waiting, what="first step")
+        for n in (2, 3):
+            await pilot.press("f8")
+            await wait_until(pilot, lambda n=n: app.gate_waiting and len(app.chat_screen.tree.history) == n)
+        await pilot.press("f2")
+        app.apply_setting("eagle_topk", "2")
+        await pilot.pause()
+        return app.export_screenshot(title="specchat · settings")

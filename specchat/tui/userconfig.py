@@ -1,0 +1,103 @@
+"""The user's UI preferences: one TOML file under the XDG config dir, one immutable object.
+
+Path: ``$SPECCHAT_CONFIG`` if set, else ``$XDG_CONFIG_HOME/specchat/config.toml`` (platformdirs).
+Example::
+
+    theme = "colourblind"      # dark | light | colourblind | any registered theme name
+    show_rejected = true
+    cursor_blink = true
+    tree_history = 64          # steps kept for browsing with prev/next
+
+    [keys]                     # binding id = keys (comma separated); see specchat/tui/keys.py
+    next-step = "f8,n"
+
+A broken file never stops the app: defaults are used and the problem is reported in one line.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import MappingProxyType
+from typing import Any
+
+from specchat.tui.keys import KEY_IDS
+
+ENV_VAR = "SPECCHAT_CONFIG"
+
+
+@dataclass(frozen=True)
+class UISettings:
+    theme: str = "dark"
+    show_rejected: bool = True
+    cursor_blink: bool = True
+    tree_history: int = 64
+    keymap: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
+
+    def replace(self, **changes: Any) -> UISettings:
+        return dataclasses.replace(self, **changes)
+
+
+def config_path() -> Path:
+    env = os.environ.get(ENV_VAR)
+    if env:
+        return Path(env).expanduser()
+    from platformdirs import user_config_dir
+
+    return Path(user_config_dir("specchat")) / "config.toml"
+
+
+def _load_toml(text: str) -> dict[str, Any]:
+    try:
+        import tomllib
+    except ImportError:  # Python 3.10
+        import tomli as tomllib  # type: ignore[no-redef]
+    return tomllib.loads(text)
+
+
+def load_ui_settings(path: Path | None = None) -> tuple[UISettings, list[str]]:
+    """Read the config file; returns the settings and one-line warnings (never raises)."""
+    path = path or config_path()
+    if not path.exists():
+        return UISettings(), []
+    try:
+        data = _load_toml(path.read_text(encoding="utf-8"))
+    except ImportError:
+        return UISettings(), [f"{path}: TOML needs Python 3.11+ or the 'tomli' package; using defaults"]
+    except Exception as exc:  # TOMLDecodeError, OSError, UnicodeDecodeError
+        first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        return UISettings(), [f"{path}: {first}; using defaults"]
+
+    warnings: list[str] = []
+    values: dict[str, Any] = {}
+    types = {"theme": str, "show_rejected": bool, "cursor_blink": bool, "tree_history": int}
+    for key, value in data.items():
+        if key == "keys":
+            continue
+        expected = types.get(key)
+        if expected is None:
+            warnings.append(f"{path}: unknown setting {key!r} ignored")
+        elif not isinstance(value, expected) or (expected is int and isinstance(value, bool)):
+            warnings.append(f"{path}: {key} must be {expected.__name__}, got {value!r}; ignored")
+        else:
+            values[key] = value
+    if "tree_history" in values and values["tree_history"] < 1:
+        warnings.append(f"{path}: tree_history must be >= 1; ignored")
+        del values["tree_history"]
+
+    keymap: dict[str, str] = {}
+    keys = data.get("keys", {})
+    if not isinstance(keys, dict):
+        warnings.append(f"{path}: [keys] must be a table; ignored")
+        keys = {}
+    for binding_id, value in keys.items():
+        if binding_id not in KEY_IDS:
+            warnings.append(f"{path}: unknown binding id {binding_id!r}; known: {', '.join(sorted(KEY_IDS))}")
+        elif not isinstance(value, str) or not value.strip():
+            warnings.append(f"{path}: keys.{binding_id} must be a non-empty string")
+        else:
+            keymap[binding_id] = value.replace(" ", "")
+    return UISettings(**values, keymap=MappingProxyType(keymap)), warnings

@@ -1,0 +1,240 @@
+"""The draft tree of one step, drawn as an indented tree.
+
+Each node shows its token (escaped, whitespace visible), its draft probability and its fate:
+
+    ◆ ‹·the›                    root (the last token the target produced)
+    ├─✓ ‹·cat›  0.91            accepted (highlighted)
+    │ ├─✓ ‹·sat›  0.84
+    │ │ ├─✗ ‹·down›  0.40       refused by the target at the next position
+    │ │ │ └─· ‹·on›  0.30       never reached (dimmed)
+    │ │ └─★ ‹·on›  target       the bonus token the target added
+    │ └─· ‹·ran›  0.08
+    └─· ‹·dog›  0.05
+
+Glyphs (✓ ✗ · ★) carry the state without colour; colours come from component classes.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass
+from typing import ClassVar
+
+from textual.binding import Binding
+from textual.containers import Vertical, VerticalScroll
+from textual.content import Content, Span
+from textual.message import Message
+from textual.widget import Widget
+from textual.widgets import Static
+
+from engine.events import Step
+from specchat.tui.textutil import visible
+
+NodeState = str  # "root" | "accepted" | "rejected" | "unreached"
+
+
+def node_states(step: Step) -> dict[int, NodeState]:
+    accepted = set(step.accepted)
+    rejected = set(step.rejected)
+    states: dict[int, NodeState] = {0: "root"}
+    for i in range(1, len(step.tree)):
+        states[i] = "accepted" if i in accepted else "rejected" if i in rejected else "unreached"
+    return states
+
+
+class DraftTreeView(Widget):
+    COMPONENT_CLASSES: ClassVar[set[str]] = {
+        "tree--root",
+        "tree--accepted",
+        "tree--rejected",
+        "tree--unreached",
+        "tree--bonus",
+        "tree--prob",
+        "tree--guide",
+    }
+
+    DEFAULT_CSS = """
+    DraftTreeView { height: auto; }
+    """
+
+    GLYPH: ClassVar[dict[str, str]] = {"root": "◆", "accepted": "✓", "rejected": "✗", "unreached": "·", "bonus": "★"}
+
+    def __init__(self, id: str | None = None) -> None:
+        super().__init__(id=id)
+        self.step: Step | None = None
+        self.states: dict[int, NodeState] = {}
+        self.lines: list[str] = []  # plain text of each drawn line (tests, teaching)
+
+    def show(self, step: Step | None) -> None:
+        if step is self.step:
+            return
+        self.step = step
+        self.states = node_states(step) if step is not None else {}
+        self.refresh(layout=True)
+
+    def render(self) -> Content:
+        step = self.step
+        if step is None:
+            self.lines = []
+            return Content("no step yet", [Span(0, 11, ".tree--unreached")])
+        tree = step.tree
+        texts = step.tree_text
+        children = tree.children()
+        last = step.accepted[-1] if step.accepted else 0
+        bonus_text = step.committed[-1].text if step.committed else ""
+        rows: list[tuple[str, str, str, str]] = []  # (guide, glyph+token, prob, state)
+
+        def label(i: int) -> str:
+            return f"‹{visible(texts[i]) if i < len(texts) else '?'}›"
+
+        def walk(node: int, guide: str) -> None:
+            kids: list[int | None] = list(children[node])
+            if node == last and step.committed:
+                kids.append(None)  # the bonus token, drawn as the last child of the accepted path
+            for n, kid in enumerate(kids):
+                end = n == len(kids) - 1
+                branch = "└─" if end else "├─"
+                if kid is None:
+                    rows.append((guide + branch, f"{self.GLYPH['bonus']} ‹{visible(bonus_text)}›", "target",
+                                 "bonus"))
+                    continue
+                state = self.states[kid]
+                rows.append((guide + branch, f"{self.GLYPH[state]} {label(kid)}",
+                             f"{tree.draft_probs[kid]:.2f}", state))
+                walk(kid, guide + ("  " if end else "│ "))
+
+        rows.append(("", f"{self.GLYPH['root']} {label(0)}", "", "root"))
+        walk(0, "")
+
+        parts: list[str] = []
+        spans: list[Span] = []
+        lines: list[str] = []
+        offset = 0
+        for guide, body, prob, state in rows:
+            segments = (
+                (guide, ".tree--guide"),
+                (body, f".tree--{state}"),
+                (f"  {prob}" if prob else "", ".tree--prob"),
+            )
+            line = ""
+            for text, style in segments:
+                if text:
+                    spans.append(Span(offset, offset + len(text), style))
+                    offset += len(text)
+                    line += text
+            lines.append(line)
+            parts.append(line)
+            offset += 1  # the newline
+        self.lines = lines
+        return Content("\n".join(parts), spans, strip_control_codes=False)
+
+
+@dataclass(frozen=True)
+class HistoryEntry:
+    answer: str  # which answer: "answer 3", "compare"
+    method: str
+    step: Step
+
+
+class DraftTreePanel(Vertical, can_focus=True):
+    """The live tree plus a history of recent steps, browsable with left/right."""
+
+    BINDINGS: ClassVar = [
+        Binding("left", "browse(-1)", "Prev step", show=False, id="tree-prev"),
+        Binding("right", "browse(1)", "Next step", show=False, id="tree-next"),
+        Binding("end", "live", "Live", show=False, id="tree-live"),
+    ]
+
+    class Browsed(Message):
+        """The browsed step changed (teaching panel follows it)."""
+
+        def __init__(self, entry: HistoryEntry | None, live: bool) -> None:
+            super().__init__()
+            self.entry = entry
+            self.live = live
+
+    def __init__(self, history: int = 64, id: str | None = None) -> None:
+        super().__init__(id=id)
+        self.history: deque[HistoryEntry] = deque(maxlen=history)
+        self.cursor: int | None = None  # index into history while browsing; None = live
+
+    def compose(self):
+        yield Static("Draft tree", id="tree-title", classes="panel-title")
+        with VerticalScroll(id="tree-scroll"):
+            yield DraftTreeView(id="tree-view")
+
+    @property
+    def view(self) -> DraftTreeView:
+        return self.query_one(DraftTreeView)
+
+    @property
+    def live(self) -> bool:
+        return self.cursor is None
+
+    @property
+    def current(self) -> HistoryEntry | None:
+        if not self.history:
+            return None
+        return self.history[-1] if self.cursor is None else self.history[self.cursor]
+
+    def add_steps(self, entries: list[HistoryEntry]) -> None:
+        if not entries:
+            return
+        before = len(self.history)
+        self.history.extend(entries)
+        if self.cursor is not None:
+            # keep pointing at the same step while new ones arrive (and old ones fall off)
+            dropped = before + len(entries) - len(self.history)
+            self.cursor = max(0, self.cursor - dropped)
+        self._update()
+
+    def clear(self) -> None:
+        self.history.clear()
+        self.cursor = None
+        self._update()
+
+    def action_browse(self, delta: int) -> None:
+        self.browse(delta)
+
+    def action_live(self) -> None:
+        self.cursor = None
+        self._update()
+
+    def browse(self, delta: int) -> bool:
+        """Move the cursor; returns False when already at the newest step (going forward)."""
+        if not self.history:
+            return False
+        idx = len(self.history) - 1 if self.cursor is None else self.cursor
+        new = max(0, min(len(self.history) - 1, idx + delta))
+        at_end = new == len(self.history) - 1
+        moved = new != idx
+        self.cursor = None if at_end else new
+        self._update()
+        return moved
+
+    def _update(self) -> None:
+        entry = self.current
+        self.view.show(entry.step if entry else None)
+        title = self.query_one("#tree-title", Static)
+        if entry is None:
+            title.update("Draft tree")
+        else:
+            step = entry.step
+            if self.cursor is None:
+                where = ("live", "")
+            else:
+                where = (f"◀ browsing {self.cursor + 1}/{len(self.history)}", "italic")
+            title.update(
+                Content.assemble(
+                    ("Draft tree", "bold"),
+                    " · ",
+                    where,
+                    "\n",
+                    (
+                        f"{entry.answer} · step {step.index + 1} · {step.tree.num_drafts} drafts · "
+                        f"depth {step.tree.max_depth} · kept {step.accepted_len}+1",
+                        "dim",
+                    ),
+                )
+            )
+        self.post_message(self.Browsed(entry, self.cursor is None))

@@ -1,0 +1,112 @@
+"""Running numbers: tokens/s, tau, acceptance per depth, draft vs verify time, measured speed-up."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+from textual.content import Content, Span
+from textual.widget import Widget
+
+from engine.events import RunningStats, Step
+
+
+@dataclass
+class StatsState:
+    """What the panel shows; updated from Steps, rendered on refresh."""
+
+    stats: RunningStats | None = None
+    steps: int = 0
+    draft_ms_sum: float = 0.0
+    verify_ms_sum: float = 0.0
+    last_draft_ms: float = 0.0
+    last_verify_ms: float = 0.0
+    prefill_ms: float = 0.0
+    prompt_tokens: int = 0
+    baseline_tps: float | None = None
+    finished: str = ""
+    stepping: bool = False  # teaching / step-through: the clock includes the pauses
+
+    def reset_answer(self) -> None:
+        self.stats = None
+        self.steps = 0
+        self.draft_ms_sum = self.verify_ms_sum = 0.0
+        self.last_draft_ms = self.last_verify_ms = 0.0
+        self.finished = ""
+
+    def add(self, step: Step) -> None:
+        self.stats = step.stats
+        self.steps += 1
+        self.draft_ms_sum += step.timing.draft_ms
+        self.verify_ms_sum += step.timing.verify_ms
+        self.last_draft_ms = step.timing.draft_ms
+        self.last_verify_ms = step.timing.verify_ms
+
+
+class StatsView(Widget):
+    COMPONENT_CLASSES: ClassVar[set[str]] = {"stat--label", "stat--value", "stat--bar", "stat--bar-empty",
+                                             "stat--good"}
+
+    DEFAULT_CSS = """
+    StatsView { height: auto; }
+    """
+
+    BAR = 16
+
+    def __init__(self, id: str | None = None) -> None:
+        super().__init__(id=id)
+        self.state = StatsState()
+
+    def speedup(self) -> float | None:
+        s = self.state.stats
+        if s is None or not self.state.baseline_tps or not s.tokens_per_s:
+            return None
+        return s.tokens_per_s / self.state.baseline_tps
+
+    def render(self) -> Content:
+        st = self.state
+        s = st.stats
+        text: list[str] = []
+        spans: list[Span] = []
+        pos = 0
+
+        def put(piece: str, style: str = "") -> None:
+            nonlocal pos
+            text.append(piece)
+            if style and piece:
+                spans.append(Span(pos, pos + len(piece), style))
+            pos += len(piece)
+
+        def row(label: str, value: str, style: str = ".stat--value") -> None:
+            put(f"{label:<9}", ".stat--label")
+            put(value, style)
+            put("\n")
+
+        if s is None:
+            put("no answer yet", ".stat--label")
+            return Content("".join(text), spans)
+        if st.stepping:
+            row("tokens/s", "n/a while stepping", ".stat--label")
+        else:
+            row("tokens/s", f"{s.tokens_per_s:.1f}")
+        row("tau", f"{s.tau:.2f} (tokens/forward)")
+        row("tokens", f"{s.tokens} in {s.steps} steps" + (f" · {st.finished}" if st.finished else ""))
+        if st.steps:
+            row("ms/step", f"draft {st.draft_ms_sum / st.steps:.1f} · verify {st.verify_ms_sum / st.steps:.1f}")
+            row("last", f"draft {st.last_draft_ms:.1f} · verify {st.last_verify_ms:.1f}")
+        sp = self.speedup()
+        if st.stepping:
+            row("speed-up", "n/a while stepping", ".stat--label")
+        elif sp is not None:
+            row("speed-up", f"{sp:.2f}× (baseline {st.baseline_tps:.1f} tok/s)", ".stat--good")
+        else:
+            row("speed-up", "n/a (run compare, F3)", ".stat--label")
+        if s.accept_per_depth:
+            put("acceptance per depth\n", ".stat--label")
+            for d, rate in enumerate(s.accept_per_depth, 1):
+                filled = round(max(0.0, min(1.0, rate)) * self.BAR)
+                put(f" d{d:<2}", ".stat--label")
+                put("█" * filled, ".stat--bar")
+                put("░" * (self.BAR - filled), ".stat--bar-empty")
+                put(f" {rate:4.0%}\n", ".stat--value")
+        return Content("".join(text).rstrip("\n"), spans)

@@ -1,0 +1,51 @@
+"""One line at the top: model, method and tree knobs in force, pending changes, replay state."""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+from textual.content import Content
+from textual.widgets import Static
+
+from engine.config import SpecConfig
+from specchat.tui.settings_schema import format_value
+
+
+def config_summary(cfg: SpecConfig) -> str:
+    if cfg.method == "none":
+        knobs = "baseline"
+    elif cfg.method == "ngram":
+        knobs = (f"ngram · window {cfg.ngram_min_match_window_size}-{cfg.ngram_max_match_window_size} "
+                 f"· tokens {cfg.num_draft_tokens}")
+    else:
+        knobs = f"{cfg.method} · steps {cfg.num_steps} · topk {cfg.eagle_topk} · tokens {cfg.num_draft_tokens}"
+    sampling = "greedy" if cfg.greedy else f"T {cfg.temperature:g} top-p {cfg.top_p:g}"
+    return f"{knobs} · {sampling}"
+
+
+def pending_summary(applied: SpecConfig, pending: SpecConfig | None) -> str:
+    if pending is None:
+        return ""
+    a, p = applied.to_dict(), pending.to_dict()
+    changed = [f"{k} {format_value(a[k])}→{format_value(p[k])}" for k in p if p[k] != a[k]]
+    return ", ".join(changed)
+
+
+class TitleBar(Static):
+    COMPONENT_CLASSES: ClassVar[set[str]] = {"title--pending", "title--replay"}
+
+    def show(self, *, model: str, applied: SpecConfig | None, pending: SpecConfig | None,
+             status: str = "", replay: str = "") -> None:
+        parts: list[tuple[str, str] | str] = [("specchat", "bold")]
+        if replay:
+            parts += [" · ", (replay, ".title--replay")]
+        if model:
+            parts += [" · ", model]
+        if applied is not None:
+            parts += [" · ", config_summary(applied)]
+            pend = pending_summary(applied, pending)
+            if pend:
+                parts += ["  ", ("◌ pending: " + pend, ".title--pending")]
+        if status:
+            parts += ["  ", (status, "italic")]
+        self.update(Content.assemble(*parts))

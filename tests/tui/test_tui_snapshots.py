@@ -1,0 +1,56 @@
+"""SVG snapshots of the main screens (fixed size, fixed theme, no cursor blink, no clocks), compared
+with the baselines committed in tests/tui/snapshots/. After an intended change of the look:
+
+    SPECCHAT_UPDATE_SNAPSHOTS=1 .venv/bin/python -m pytest tests/tui/test_tui_snapshots.py
+
+and review the new SVGs (open them in a browser) before committing them.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from specchat.tui import testing
+
+HERE = Path(__file__).parent
+TRACE = HERE / "fixtures" / "demo.jsonl"
+SNAPSHOTS = HERE / "snapshots"
+UPDATE = os.environ.get("SPECCHAT_UPDATE_SNAPSHOTS") == "1"
+
+
+def check(name: str, svg: str, tmp_path: Path) -> None:
+    baseline = SNAPSHOTS / f"{name}.svg"
+    if UPDATE:
+        SNAPSHOTS.mkdir(exist_ok=True)
+        baseline.write_text(svg, encoding="utf-8")
+        return
+    if not baseline.exists():
+        pytest.fail(f"no baseline {baseline}; run with SPECCHAT_UPDATE_SNAPSHOTS=1 to create it")
+    if baseline.read_text(encoding="utf-8") != svg:
+        actual = tmp_path / f"{name}.actual.svg"
+        actual.write_text(svg, encoding="utf-8")
+        pytest.fail(f"{name}: the screen changed; compare {baseline} with {actual} "
+                    "(SPECCHAT_UPDATE_SNAPSHOTS=1 accepts the new look)")
+
+
+async def test_snapshot_chat(tmp_path):
+    check("chat", await testing.scenario_chat(TRACE), tmp_path)
+
+
+async def test_snapshot_chat_80x24(tmp_path):
+    check("chat-80x24", await testing.scenario_chat(TRACE, size=(80, 24)), tmp_path)
+
+
+async def test_snapshot_compare(tmp_path):
+    check("compare", await testing.scenario_compare(TRACE), tmp_path)
+
+
+async def test_snapshot_teaching(tmp_path):
+    check("teaching", await testing.scenario_teaching(TRACE), tmp_path)
+
+
+async def test_snapshot_settings(tmp_path):
+    check("settings", await testing.scenario_settings(), tmp_path)

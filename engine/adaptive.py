@@ -8,9 +8,11 @@ proposed tree (nodes ranked by estimated probability of being accepted) that max
 tokens per unit of verify time, which may be the root alone: a plain decoding step.
 
 Both estimates are learned online, per session:
-- acceptance: the conditional probability that a tested node is accepted, by depth and by whether
-  it is its parent's first child; estimates drift back towards an optimistic prior while unused,
-  so a budget that shrank to nothing re-tests the drafter now and then;
+- acceptance: the conditional probability that a tested node is accepted, by depth, by whether it
+  is its parent's first child, and by whether the previous step accepted two drafts or more
+  (acceptance comes in runs: while an answer copies from the prompt nearly everything is kept, in
+  free text nearly nothing); estimates drift back towards an optimistic prior while unused, so a
+  budget that shrank to nothing re-tests the drafter now and then;
 - cost: the verify time of an n-node tree, an average per n, filled in by a line fit where unseen.
 
 Pruning a tree to a subtree that contains the root never changes what greedy verification
@@ -57,31 +59,37 @@ class CostModel:
 
 @dataclass
 class AcceptanceModel:
-    """P(node accepted | parent accepted), by depth and first-child-or-not."""
+    """P(node accepted | parent accepted), by depth, first-child-or-not and the last step's run."""
 
-    rate: dict[tuple[int, bool], float] = field(default_factory=dict)
+    rate: dict[tuple[int, bool, bool], float] = field(default_factory=dict)
+    hot: bool = False  # the previous step accepted two drafts or more
 
     def get(self, depth: int, first: bool) -> float:
         """Unseen depths borrow the nearest shallower estimate: deep nodes only get tested if
         they are kept, so a fixed pessimistic prior for them would never be corrected."""
         depth = min(depth, _MAX_DEPTH)
         for d in range(depth, 0, -1):
-            rate = self.rate.get((d, first))
+            rate = self.rate.get((d, first, self.hot))
             if rate is not None:
                 return rate
         return _PRIOR
 
     def observe(self, tree: DraftTree, accepted: tuple[int, ...]) -> None:
         """Record, for every node whose parent was on the accepted path, whether it was kept."""
+        self._record(tree, accepted)
+        if len(tree) > 1:
+            self.hot = len(accepted) >= 2
+
+    def _record(self, tree: DraftTree, accepted: tuple[int, ...]) -> None:
         on_path = {0, *accepted}
-        seen: set[tuple[int, bool]] = set()
+        seen: set[tuple[int, bool, bool]] = set()
         first_child: dict[int, int] = {}
         for i in range(1, len(tree)):
             parent = tree.parents[i]
             first_child.setdefault(parent, i)
             if parent not in on_path:
                 continue
-            key = (min(tree.depths[i], _MAX_DEPTH), first_child[parent] == i)
+            key = (min(tree.depths[i], _MAX_DEPTH), first_child[parent] == i, self.hot)
             old = self.rate.get(key, _PRIOR)
             self.rate[key] = old + _LEARN * ((i in on_path) - old)
             seen.add(key)

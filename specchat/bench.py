@@ -280,46 +280,61 @@ def print_table(report: dict[str, Any]) -> None:
     Console().print(table)
 
 
-def run_cost_curve(session, args: argparse.Namespace) -> int:
-    """Time one target forward over n new tokens (a tree mask) on top of ~context cached tokens."""
+def measure_cost_curve(model, context: int, sizes=(1, 2, 4, 8, 16, 32, 64)) -> list[dict[str, float]]:
+    """Milliseconds of one forward over n tree tokens on top of ``context`` cached tokens."""
     import torch
 
     from engine.tree import DraftTree
 
-    model = session.model
-    ctx = args.context
-    cache = model.new_cache(ctx + 128)
+    cache = model.new_cache(context + max(sizes) + 8)
     gen = torch.Generator().manual_seed(0)
-    prefix = torch.randint(0, model.vocab_size, (ctx,), generator=gen)
-    model.forward(prefix, cache, logits="last")
-    cache.commit(ctx)
-    results = []
+    model.forward(torch.randint(0, model.vocab_size, (context,), generator=gen), cache, logits="last")
+    cache.commit(context)
+    results: list[dict[str, float]] = []
     base_ms = None
-    for n in (1, 2, 4, 8, 16, 32, 64):
+    for n in sizes:
         # a binary-ish tree: node i's parent is (i-1)//2, the shape a top-2 drafter makes
         tree = DraftTree(tuple(range(n)), tuple([-1] + [(i - 1) // 2 for i in range(1, n)]), (1.0,) * n)
         tokens = torch.randint(0, model.vocab_size, (n,), generator=gen)
-        positions = torch.tensor(tree.depths) + ctx
+        positions = torch.tensor(tree.depths) + context
         mask = tree.ancestor_mask() if n > 1 else None
         for _ in range(2):
             model.forward(tokens, cache, positions=positions, tree_mask=mask)
-        reps = max(3, int(20 / n))
-        t0 = time.perf_counter()
+        reps = max(3, int(24 / n))
+        times = []
         for _ in range(reps):
+            t0 = time.perf_counter()
             model.forward(tokens, cache, positions=positions, tree_mask=mask)
-        ms = (time.perf_counter() - t0) / reps * 1e3
+            times.append((time.perf_counter() - t0) * 1e3)
+        ms = sorted(times)[len(times) // 2]  # the median resists a stray slow call
         base_ms = base_ms or ms
         results.append({"n": n, "ms": round(ms, 2), "relative": round(ms / base_ms, 3)})
+    return results
+
+
+def run_cost_curve(session, args: argparse.Namespace) -> int:
+    """Time one target forward over n new tokens (a tree mask) on top of ~context cached tokens."""
     from rich.console import Console
     from rich.table import Table
 
-    table = Table(title=f"one target forward over n tree tokens, {ctx} cached ({session.model_name})")
-    for col in ("n", "ms", "x n=1"):
-        table.add_column(col, justify="right")
-    for r in results:
-        table.add_row(str(r["n"]), f"{r['ms']:.1f}", f"{r['relative']:.2f}")
+    curves = {"specchat": measure_cost_curve(session.model, args.context)}
+    if "hf" in [p.strip() for p in args.peers.split(",")]:
+        from engine.models.hf import HFModel
+
+        curves["transformers"] = measure_cost_curve(HFModel.from_pretrained(session_path(session, args)),
+                                                    args.context)
+    table = Table(title=f"one target forward over n tree tokens, {args.context} cached ({session.model_name})")
+    table.add_column("n", justify="right")
+    for name in curves:
+        table.add_column(f"{name} ms", justify="right")
+        table.add_column(f"{name} x n=1", justify="right")
+    for i, row in enumerate(curves["specchat"]):
+        cells = [str(row["n"])]
+        for curve in curves.values():
+            cells += [f"{curve[i]['ms']:.1f}", f"{curve[i]['relative']:.2f}"]
+        table.add_row(*cells)
     Console().print(table)
     if args.json_out:
         Path(args.json_out).write_text(json.dumps({"machine": machine_info(), "model": session.model_name,
-                                                   "context": ctx, "cost_curve": results}, indent=2) + "\n")
+                                                   "context": args.context, "cost_curve": curves}, indent=2) + "\n")
     return 0

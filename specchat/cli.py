@@ -70,7 +70,8 @@ def build_parser() -> argparse.ArgumentParser:
     run = sub.add_parser("run", help="open the chat TUI")
     _add_model_args(run)
     _add_spec_args(run)
-    run.add_argument("--theme", default=None, help="specchat-dark, specchat-light or specchat-cb")
+    run.add_argument("--theme", default=None, help="dark, light or colourblind (specchat-* names work too)")
+    run.add_argument("--fake", action="store_true", help=argparse.SUPPRESS)  # scripted demo session, no model
     run.add_argument("--compare", action="store_true", help="open in side-by-side baseline | speculative mode")
     run.add_argument("--teach", action="store_true", help="open in step-through teaching mode")
     run.add_argument("--record", default=None, help="write every step to this JSON-lines trace")
@@ -100,7 +101,7 @@ def build_parser() -> argparse.ArgumentParser:
     rep.add_argument("trace", help="a trace written by specchat run --record")
     rep.add_argument("--speed", type=float, default=1.0, help="playback speed factor")
     rep.add_argument("--step", action="store_true", help="step through with the keyboard")
-    rep.add_argument("--theme", default=None)
+    rep.add_argument("--theme", default=None, help="dark, light or colourblind")
     return parser
 
 

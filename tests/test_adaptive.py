@@ -20,7 +20,7 @@ def test_pruned_tree_is_a_rooted_subtree(parent_seeds, accept, slope) -> None:
     budget = DraftBudget()
     for n in (1, 4, 16):
         budget.cost.observe(n, 10.0 * (1 + (slope - 1) * (n - 1) / 15))
-    budget.acceptance.rate = {(d, f): accept for d in range(1, 40) for f in (True, False)}
+    budget.acceptance.rate = {(d, f, h): accept for d in range(1, 40) for f in (True, False) for h in (True, False)}
     pruned = budget.prune(tree)
     assert pruned.tokens[0] == tree.tokens[0]
     # every kept node keeps its parent: the pruned tree's paths are paths of the original
@@ -33,7 +33,7 @@ def test_confident_drafts_on_flat_costs_keep_the_whole_tree() -> None:
     budget = DraftBudget()
     for n in (1, 8):
         budget.cost.observe(n, 10.0)
-    budget.acceptance.rate = {(d, True): 0.95 for d in range(1, 10)}
+    budget.acceptance.rate = {(d, True, False): 0.95 for d in range(1, 10)}
     assert len(budget.prune(chain(8))) == 8
 
 

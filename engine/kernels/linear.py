@@ -23,7 +23,7 @@ import os
 import torch
 import torch.nn.functional as F
 
-BLOCK = 32  # output columns per block: 32 measured best for 1-8 rows, 64 for 16
+BLOCK = int(os.environ.get("SPECCHAT_LINEAR_BLOCK", "32"))  # columns per block: 32 best for 1-8 rows
 
 
 def _blocked_enabled() -> bool:

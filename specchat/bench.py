@@ -4,7 +4,8 @@ Speedups are ratios of tokens/s measured in this run against the ``none`` baseli
 against a number from elsewhere. Runs are interleaved prompt by prompt (baseline, then each
 method, then the peers) so background noise on the machine lands on every row alike, and each
 run is timed alone. Tokens/s counts new tokens (a final stop token excluded) over wall time
-from the request to the last token, prefill included, for every row.
+from the request to the last token, prefill included, for every row; our own rows also report
+decode tokens/s (after the prefill), the number the prefill of long prompts would otherwise blur.
 """
 
 from __future__ import annotations
@@ -95,6 +96,7 @@ class Row:
     seconds: float = 0.0
     steps: int = 0
     produced: int = 0
+    prefill_seconds: float | None = 0.0  # None for peers, whose prefill is not reported apart
     identical: int = 0
     prompts: int = 0
     outputs: list[list[int]] = field(default_factory=list)
@@ -104,12 +106,19 @@ class Row:
         return self.tokens / self.seconds if self.seconds else 0.0
 
     @property
+    def decode_tokens_per_s(self) -> float | None:
+        """Tokens after the first over the time after the prefill (ours only)."""
+        if self.prefill_seconds is None or self.seconds <= self.prefill_seconds:
+            return None
+        return (self.tokens - self.prompts) / (self.seconds - self.prefill_seconds)
+
+    @property
     def tau(self) -> float | None:
         return self.produced / self.steps if self.steps else None
 
 
 def _run_ours(session, prompt: Prompt, config) -> tuple[list[int], int, float]:
-    from engine.events import Finished, Step
+    from engine.events import Finished, Started, Step
 
     session.reset()
     t0 = time.perf_counter()
@@ -119,14 +128,17 @@ def _run_ours(session, prompt: Prompt, config) -> tuple[list[int], int, float]:
         events = session.generate(prompt.messages, config)
     tokens: list[int] = []
     steps = produced = 0
+    prefill_s = 0.0
     for event in events:
-        if isinstance(event, Step):
+        if isinstance(event, Started):
+            prefill_s = event.prefill_ms / 1e3
+        elif isinstance(event, Step):
             tokens.extend(c.id for c in event.committed)
             steps += 1
         elif isinstance(event, Finished):
             seconds = time.perf_counter() - t0
             produced = event.tokens + (event.reason == "stop")  # tau counts a final stop token
-    return tokens, steps, produced, seconds
+    return tokens, steps, produced, seconds, prefill_s
 
 
 class HFPeer:
@@ -142,7 +154,7 @@ class HFPeer:
         self.stops = sorted(session.tokenizer.stop_token_ids)
         self.max_new_tokens = max_new_tokens
 
-    def run(self, prompt: Prompt, lookup: bool) -> tuple[list[int], int, int, float]:
+    def run(self, prompt: Prompt, lookup: bool) -> tuple[list[int], int, int, float, None]:
         torch = self.torch
         tok = self.session.tokenizer
         ids = tok.encode(prompt.text) if prompt.text is not None else tok.encode_chat(prompt.messages)
@@ -160,7 +172,7 @@ class HFPeer:
         produced = len(new)
         if new and new[-1] in self.stops:
             new = new[:-1]
-        return new, 0, produced, seconds
+        return new, 0, produced, seconds, None
 
 
 def run_bench(args: argparse.Namespace) -> int:
@@ -220,9 +232,11 @@ def run_bench(args: argparse.Namespace) -> int:
             for name, row in rows.items():
                 bar.update(task, description=f"{prompt.id}: {name}")
                 if name in configs:
-                    tokens, steps, produced, seconds = _run_ours(session, prompt, configs[name])
+                    tokens, steps, produced, seconds, prefill = _run_ours(session, prompt, configs[name])
                 else:
-                    tokens, steps, produced, seconds = hf.run(prompt, lookup=name == "hf-prompt-lookup")
+                    tokens, steps, produced, seconds, prefill = hf.run(prompt, lookup=name == "hf-prompt-lookup")
+                row.prefill_seconds = None if prefill is None or row.prefill_seconds is None else (
+                    row.prefill_seconds + prefill)
                 if name == "none":
                     baseline = tokens
                 row.tokens += len(tokens)
@@ -236,11 +250,15 @@ def run_bench(args: argparse.Namespace) -> int:
                 bar.refresh()
 
     base_tps = rows["none"].tokens_per_s
+    base_decode = rows["none"].decode_tokens_per_s
     results = []
     for row in rows.values():
+        decode = row.decode_tokens_per_s
         results.append({
             "method": row.name,
             "tokens_per_s": round(row.tokens_per_s, 2),
+            "decode_tokens_per_s": round(decode, 2) if decode else None,
+            "decode_speedup": round(decode / base_decode, 3) if decode and base_decode else None,
             "tau": round(row.tau, 3) if row.tau is not None else None,
             "speedup": round(row.tokens_per_s / base_tps, 3) if base_tps else None,
             "identical_to_baseline": row.identical == row.prompts,
@@ -269,12 +287,15 @@ def print_table(report: dict[str, Any]) -> None:
     from rich.table import Table
 
     table = Table(title=f"{report['model']} on {report['machine']['cpu']} ({report['machine']['threads']} threads)")
-    for col in ("method", "tokens/s", "tau", "speedup", "identical", "tokens", "seconds"):
+    for col in ("method", "tokens/s", "tau", "speedup", "decode tok/s", "decode speedup", "identical", "tokens",
+                "seconds"):
         table.add_column(col, justify="left" if col == "method" else "right")
     for r in report["results"]:
         table.add_row(
             r["method"], f"{r['tokens_per_s']:.2f}", "-" if r["tau"] is None else f"{r['tau']:.2f}",
             f"{r['speedup']:.2f}x" if r["speedup"] else "-",
+            f"{r['decode_tokens_per_s']:.2f}" if r["decode_tokens_per_s"] else "-",
+            f"{r['decode_speedup']:.2f}x" if r["decode_speedup"] else "-",
             f"{r['identical_prompts']}/{r['prompts']}", str(r["tokens"]), f"{r['seconds']:.1f}",
         )
     Console().print(table)

@@ -46,3 +46,19 @@ def test_generate_cli_json(capsys) -> None:
     out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert set(out) >= {"text", "tokens", "steps", "tau", "tokens_per_s"}
     assert out["tokens"] and out["steps"] <= len(out["tokens"]) + 1
+
+
+def test_bench_cli_json(tmp_path) -> None:
+    from specchat.cli import main
+
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text(json.dumps({"messages": [{"role": "user", "content": PROMPTS[0]}]}) + "\n")
+    out = tmp_path / "bench.json"
+    assert main(["bench", "--prompts", str(prompts), "--methods", "none,ngram", "--max-new-tokens", "24",
+                 "--json", str(out)]) == 0
+    report = json.loads(out.read_text())
+    assert set(report) >= {"machine", "model", "results"}
+    rows = {r["method"]: r for r in report["results"]}
+    assert set(rows) == {"none", "ngram"}
+    assert rows["none"]["speedup"] == 1.0 and rows["ngram"]["identical_to_baseline"]
+    assert all(r["tokens_per_s"] > 0 and r["prompts"] == 1 for r in rows.values())

@@ -23,11 +23,17 @@ def explain_step(step: Step, method: str = "") -> str:
     ended = n_commit < step.accepted_len + 1  # a stop token cut the step short
     bonus = step.committed[-1].text if step.committed and not ended else ""
     t = step.timing
+    pruned = max(0, step.proposed - len(tree))
     if drafts == 0:
         lines.append(
             f"No draft this step: the target model produced one token the ordinary way, "
             f"{_quote([bonus])} ({t.verify_ms:.1f} ms)."
         )
+        if pruned:
+            lines.append(
+                f"(The drafter offered {_plural(pruned, 'token')}, but the adaptive budget judged that "
+                "checking them would cost more time than they were likely to save.)"
+            )
         return " ".join(lines)
     who = f"The {method} drafter" if method and method != "none" else "The drafter"
     shape = "a chain" if tree.is_chain else "a tree"
@@ -35,6 +41,8 @@ def explain_step(step: Step, method: str = "") -> str:
         f"{who} proposed {shape} of {_plural(drafts, 'token')} over {_plural(tree.max_depth, 'level')} "
         f"in {t.draft_ms:.1f} ms."
     )
+    if pruned:
+        lines.append(f"The adaptive budget dropped {_plural(pruned, 'less likely token')} before checking.")
     lines.append(f"The target checked all of them in one forward pass ({t.verify_ms:.1f} ms).")
     accepted = [step.tree_text[i] for i in step.accepted if i < len(step.tree_text)]
     if accepted:

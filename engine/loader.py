@@ -71,6 +71,7 @@ def load_model(
     progress: ProgressCallback | None = None,
     threads: int | None = None,
     reserve_cores: int = 0,
+    revision: str | None = None,
 ) -> LoadedModel:
     from engine.models.checkpoint import load_state_dict, read_config
     from engine.models.llama import LlamaConfig, LlamaModel, UnsupportedModelError
@@ -79,7 +80,7 @@ def load_model(
 
     configure_threads(threads, reserve=reserve_cores)
     torch_device, torch_dtype = pick_device(device), pick_dtype(dtype)
-    resolved = resolve_model(model, progress=progress)
+    resolved = resolve_model(model, revision=revision, progress=progress)
     raw_config = read_config(resolved.path)
     tokenizer = Tokenizer.from_dir(resolved.path)
     if backend in ("auto", "specchat"):
@@ -117,6 +118,7 @@ def load_session(
     system_prompt: str | None = None,
     threads: int | None = None,
     reserve_cores: int = 0,
+    revision: str | None = None,
 ):
     """Load everything a chat needs; raises LoadError / ModelResolutionError / ConfigError."""
     from engine.session import Session, default_drafters
@@ -124,6 +126,7 @@ def load_session(
     if draft is not None:
         raise LoadError("draft models (EAGLE heads, standalone drafts) are not supported yet; use --method ngram")
     loaded = load_model(model, dtype=dtype, device=device, backend=backend, allow_pickle=allow_pickle,
-                        progress=progress, threads=threads, reserve_cores=reserve_cores)
+                        progress=progress, threads=threads, reserve_cores=reserve_cores,
+                        revision=revision)
     return Session(loaded.model, loaded.tokenizer, config, model_name=loaded.name,
                    drafters=default_drafters(), system_prompt=system_prompt)

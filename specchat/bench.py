@@ -184,7 +184,7 @@ def run_bench(args: argparse.Namespace) -> int:
         with rich_progress() as progress:
             session = load_session(args.model, base_config, dtype=args.dtype, device=args.device,
                                    backend=args.backend, allow_pickle=args.allow_pickle, progress=progress,
-                                   threads=args.threads)
+                                   threads=args.threads, revision=args.revision)
         return run_cost_curve(session, args)
     if not args.prompts:
         raise UsageError("bench needs --prompts FILE.jsonl (or --cost-curve)")
@@ -202,7 +202,7 @@ def run_bench(args: argparse.Namespace) -> int:
     with rich_progress() as progress:
         session = load_session(args.model, base_config, dtype=args.dtype, device=args.device,
                                backend=args.backend, allow_pickle=args.allow_pickle, progress=progress,
-                                   threads=args.threads)
+                                   threads=args.threads, revision=args.revision)
         hf = HFPeer(session_path(session, args), session, base_config.max_new_tokens) if peers else None
     for m in methods:  # fail fast on an unavailable method, before any timing
         session._check_available(configs[m])
@@ -279,7 +279,7 @@ def run_bench(args: argparse.Namespace) -> int:
 def session_path(session, args: argparse.Namespace) -> str:
     from engine.models.resolve import resolve_model
 
-    return str(resolve_model(args.model).path)
+    return str(resolve_model(args.model, revision=getattr(args, "revision", None)).path)
 
 
 def print_table(report: dict[str, Any]) -> None:

@@ -38,6 +38,7 @@ class UsageError(Exception):
 def _add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("model", nargs="?", default=None,
                    help=f"model: '{EMBEDDED_MODEL}' (embedded, default), a local folder or a hub id")
+    p.add_argument("--revision", default=None, help="hub model: branch, tag or commit (default: main)")
     p.add_argument("--dtype", default="float32", help="float32 (reference, default) or bfloat16")
     p.add_argument("--device", default="auto", help="auto, cpu or cuda[:N]")
     p.add_argument("--backend", default="auto", choices=["auto", "specchat", "hf"],

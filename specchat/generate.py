@@ -42,7 +42,7 @@ def run_generate(args: argparse.Namespace) -> int:
     with rich_progress() as progress:
         session = load_session(args.model, config, draft=args.draft, dtype=args.dtype, device=args.device,
                                backend=args.backend, allow_pickle=args.allow_pickle, progress=progress,
-                               threads=args.threads)
+                               threads=args.threads, revision=args.revision)
     if args.raw:
         events = session.generate_ids(session.tokenizer.encode(prompt))
     else:

@@ -44,7 +44,8 @@ def _ui_settings(args: argparse.Namespace):
 
 def _real_factory(args: argparse.Namespace, config: SpecConfig):
     # loader options the CLI may carry beyond the documented four; the UI keeps one core for itself
-    extra = {k: getattr(args, k) for k in ("backend", "allow_pickle", "threads") if getattr(args, k, None) is not None}
+    passed = ("backend", "allow_pickle", "threads", "revision")
+    extra = {k: getattr(args, k) for k in passed if getattr(args, k, None) is not None}
     extra["reserve_cores"] = 1
 
     def factory(progress):

@@ -282,10 +282,12 @@ class LlamaModel:
             if L == 0:
                 return None, True
         block = tree_mask if tree_mask is not None else torch.ones(T, T, dtype=torch.bool).tril_()
-        mask = torch.cat([torch.ones(T, L, dtype=torch.bool), block.cpu()], dim=1)
+        allowed = torch.cat([torch.ones(T, L, dtype=torch.bool), block.cpu()], dim=1)
         if windowed:
             key_pos = torch.cat([torch.arange(L), positions.cpu()])
-            mask &= (positions.cpu()[:, None] - key_pos[None, :]) < window
+            allowed &= (positions.cpu()[:, None] - key_pos[None, :]) < window
+        # an additive float mask, built once per forward: a bool mask is converted in every layer
+        mask = torch.zeros(T, L + T, dtype=self.dtype).masked_fill_(~allowed, float("-inf"))
         return mask.to(self.device), False
 
 

@@ -128,5 +128,5 @@ def load_session(
     loaded = load_model(model, dtype=dtype, device=device, backend=backend, allow_pickle=allow_pickle,
                         progress=progress, threads=threads, reserve_cores=reserve_cores,
                         revision=revision)
-    return Session(loaded.model, loaded.tokenizer, config, model_name=loaded.name,
+    return Session(loaded.model, loaded.tokenizer, config, model_name=loaded.name, model_path=loaded.path,
                    drafters=default_drafters(), system_prompt=system_prompt)

@@ -102,12 +102,14 @@ class Session:
         config: SpecConfig | None = None,
         *,
         model_name: str = "model",
+        model_path: str = "",
         drafters: dict[str, DrafterFactory] | None = None,
         system_prompt: str | None = None,
     ) -> None:
         self.model = model
         self.tokenizer = tokenizer
         self.model_name = model_name
+        self.model_path = model_path  # the resolved folder, for tools that load the same weights again
         self._factories = drafters if drafters is not None else default_drafters()
         self._drafters: dict[str, Drafter] = {}
         self._config = config or SpecConfig()

@@ -203,7 +203,7 @@ def run_bench(args: argparse.Namespace) -> int:
         session = load_session(args.model, base_config, dtype=args.dtype, device=args.device,
                                backend=args.backend, allow_pickle=args.allow_pickle, progress=progress,
                                    threads=args.threads, revision=args.revision)
-        hf = HFPeer(session_path(session, args), session, base_config.max_new_tokens) if peers else None
+        hf = HFPeer(session.model_path, session, base_config.max_new_tokens) if peers else None
     for m in methods:  # fail fast on an unavailable method, before any timing
         session._check_available(configs[m])
 
@@ -276,12 +276,6 @@ def run_bench(args: argparse.Namespace) -> int:
     return 0
 
 
-def session_path(session, args: argparse.Namespace) -> str:
-    from engine.models.resolve import resolve_model
-
-    return str(resolve_model(args.model, revision=getattr(args, "revision", None)).path)
-
-
 def print_table(report: dict[str, Any]) -> None:
     from rich.console import Console
     from rich.table import Table
@@ -342,7 +336,7 @@ def run_cost_curve(session, args: argparse.Namespace) -> int:
     if "hf" in [p.strip() for p in args.peers.split(",")]:
         from engine.models.hf import HFModel
 
-        curves["transformers"] = measure_cost_curve(HFModel.from_pretrained(session_path(session, args)),
+        curves["transformers"] = measure_cost_curve(HFModel.from_pretrained(session.model_path),
                                                     args.context)
     table = Table(title=f"one target forward over n tree tokens, {args.context} cached ({session.model_name})")
     table.add_column("n", justify="right")

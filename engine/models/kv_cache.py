@@ -32,13 +32,6 @@ class KVCache:
         self.capacity = capacity
         self.length = 0
 
-    @property
-    def free(self) -> int:
-        return self.capacity - self.length
-
-    def nbytes(self) -> int:
-        return self.k.nbytes + self.v.nbytes
-
     def commit(self, keep: Sequence[int] | int) -> None:
         """Make scratch slots permanent.
 

@@ -2,61 +2,81 @@
 
 Why: decoding multiplies a handful of rows (1 token, or a draft tree of 2-64 nodes) by every
 weight matrix, and on a CPU the verify cost of a tree decides whether speculation pays. The
-stock fp32 paths handle these shapes badly: MKL's sgemm repacks the weight on every call, and
-both it and oneDNN jump from ~50 ms for one row to ~100 ms for two rows on the 135M model (one
-core of a 2-core AVX2 EPYC, weights streamed from DRAM). Splitting the weight into column
-blocks ``[N/b, K, b]`` and running one batched product over the blocks keeps each small block
-in cache while all rows use it; measured on that machine (layers + LM head, one thread):
+stock fp32 paths handle these shapes badly (MKL's sgemm repacks the weight on every call;
+oneDNN jumps from ~50 to ~100 ms between one and two rows on the 135M model). Three layouts, the
+first that works here wins (``SPECCHAT_LINEAR=native|blocked|torch`` forces one):
 
-    rows          1      4      8     16
-    oneDNN     53.5    113    119    146  ms
-    blocks     51.3     76     91    122  ms
+- ``native``: 16-column panels ``[N/16, K, 16]`` and our AVX2 kernel (``skinny.c``), built on
+  first use. Layers + LM head of the 135M model, 2 threads, AMD EPYC (AVX2):
+  rows 1/8/16/32 take 17/25/35/59 ms, against 22/38/50/75 ms for ``blocked``.
+- ``blocked``: 32-column blocks ``[N/32, K, 32]`` and one ``torch.bmm`` over the blocks, which
+  keeps each block in cache while all rows use it (no compiler needed).
+- ``torch``: ``F.linear``; always used off-CPU (cuBLAS is right for GPUs) and for non-fp32.
 
-The blocked product also gives bit-identical results to ``F.linear`` here. On GPUs plain
-``F.linear`` (cuBLAS) is already right, so the blocking is CPU-only.
+The native kernel also gives each row the same bits whatever the number of rows (one FMA
+chain per output), so a token verified inside a tree gets exactly the logits plain decoding
+would give it; MKL's batched product does not promise that (rarely, a near-tie could flip).
 """
 
 from __future__ import annotations
 
 import os
+from typing import Literal
 
 import torch
 import torch.nn.functional as F
 
-BLOCK = int(os.environ.get("SPECCHAT_LINEAR_BLOCK", "32"))  # columns per block: 32 best for 1-8 rows
+from engine.kernels import native
+
+Layout = Literal["native", "blocked", "torch"]
+PANEL = 16  # columns per native panel (fixed by skinny.c)
+BLOCK = 32  # columns per bmm block: 32 was best for 1-8 rows
 
 
-def _blocked_enabled() -> bool:
-    return not os.environ.get("SPECCHAT_PLAIN_LINEAR")
+def cpu_layout() -> Layout:
+    """The layout fp32 CPU weights get on this machine."""
+    forced = os.environ.get(native.ENV_SWITCH, "").lower()
+    if forced in ("torch", "blocked"):
+        return forced  # type: ignore[return-value]
+    return "native" if native.load() is not None else "blocked"
+
+
+def _pack(weight: torch.Tensor, width: int) -> torch.Tensor:
+    n, k = weight.shape
+    pad = (-n) % width
+    if pad:
+        weight = torch.cat([weight, weight.new_zeros(pad, k)])
+    return weight.view(-1, width, k).transpose(1, 2).contiguous()
 
 
 class Linear:
     """``y = x @ W.T + b``; x: [..., in] -> [..., out] in x's dtype."""
 
-    __slots__ = ("_bias", "_blocks", "_weight", "in_features", "out_features")
+    __slots__ = ("_bias", "_kernel", "_packed", "_weight", "in_features", "layout", "out_features")
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None) -> None:
         self.out_features, self.in_features = weight.shape
         self._bias = bias.contiguous() if bias is not None else None
-        blocked = weight.device.type == "cpu" and weight.dtype == torch.float32 and _blocked_enabled()
-        if blocked:
-            n, k = weight.shape
-            pad = (-n) % BLOCK
-            if pad:
-                weight = torch.cat([weight, weight.new_zeros(pad, k)])
-            self._blocks: torch.Tensor | None = weight.view(-1, BLOCK, k).transpose(1, 2).contiguous()
-            self._weight = None
-        else:
-            self._blocks = None
+        cpu_fp32 = weight.device.type == "cpu" and weight.dtype == torch.float32
+        self.layout: Layout = cpu_layout() if cpu_fp32 else "torch"
+        self._kernel = native.load() if self.layout == "native" else None
+        self._weight: torch.Tensor | None = None
+        self._packed: torch.Tensor | None = None
+        if self.layout == "torch":
             self._weight = weight.contiguous()
+        else:
+            self._packed = _pack(weight, PANEL if self.layout == "native" else BLOCK)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        if self._blocks is None:
+        if self.layout == "torch":
             return F.linear(x, self._weight, self._bias)
         lead = x.shape[:-1]
         rows = x.reshape(-1, self.in_features)
+        if self._kernel is not None and rows.dtype == torch.float32:
+            y = self._kernel.linear(rows.contiguous(), self._packed, self.out_features, self._bias)
+            return y.reshape(*lead, self.out_features)
+        blocks = self._packed
         m = rows.shape[0]
-        blocks = self._blocks
         out = torch.bmm(rows.expand(blocks.shape[0], m, self.in_features), blocks)  # [N/b, m, b]
         y = out.transpose(0, 1).reshape(m, -1)
         if y.shape[1] != self.out_features:
@@ -68,7 +88,6 @@ class Linear:
     @property
     def dense_weight(self) -> torch.Tensor:
         """The weight as an ordinary [out, in] tensor."""
-        if self._blocks is None:
+        if self._packed is None:
             return self._weight
-        k = self.in_features
-        return self._blocks.transpose(1, 2).reshape(-1, k)[: self.out_features]
+        return self._packed.transpose(1, 2).reshape(-1, self.in_features)[: self.out_features]

@@ -4,6 +4,7 @@ kernel gives a row the same bits whether it is computed alone or among others.""
 from __future__ import annotations
 
 import shutil
+from pathlib import Path
 
 import pytest
 import torch
@@ -57,7 +58,8 @@ def test_a_row_gets_the_same_bits_alone_or_in_a_batch(layout: str) -> None:
 def test_native_kernel_is_used_where_a_compiler_and_avx2_exist(monkeypatch: pytest.MonkeyPatch) -> None:
     """Guard against silently losing the fast path: on an x86-64 Linux box with cc and AVX2 it must load."""
     monkeypatch.delenv(native.ENV_SWITCH, raising=False)
-    flags = open("/proc/cpuinfo").read() if shutil.os.path.exists("/proc/cpuinfo") else ""
+    cpuinfo = Path("/proc/cpuinfo")
+    flags = cpuinfo.read_text() if cpuinfo.exists() else ""
     if not (shutil.which("cc") or shutil.which("gcc")) or " avx2" not in flags or " fma" not in flags:
         pytest.skip("no compiler or no AVX2/FMA here")
     assert native.load() is not None, native.why_not
@@ -71,7 +73,7 @@ def test_env_switch_forces_torch_layout(monkeypatch: pytest.MonkeyPatch) -> None
     assert Linear(torch.randn(8, 4)).layout == "blocked"
 
 
-def test_native_build_failure_falls_back(monkeypatch: pytest.MonkeyPatch, tmp_path) -> None:
+def test_native_build_failure_falls_back(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     """A broken compiler must not break loading: the kernel reports why and the caller keeps torch."""
     monkeypatch.setenv("SPECCHAT_CACHE_DIR", str(tmp_path))
     monkeypatch.delenv(native.ENV_SWITCH, raising=False)

@@ -36,8 +36,14 @@ class NativeKernel:
         self.path = path
         fn = lib.skinny_linear
         fn.argtypes = [
-            ctypes.c_void_p, ctypes.c_long, ctypes.c_long, ctypes.c_void_p,
-            ctypes.c_long, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int,
+            ctypes.c_void_p,
+            ctypes.c_long,
+            ctypes.c_long,
+            ctypes.c_void_p,
+            ctypes.c_long,
+            ctypes.c_void_p,
+            ctypes.c_void_p,
+            ctypes.c_int,
         ]
         fn.restype = None
         self._fn = fn
@@ -47,8 +53,14 @@ class NativeKernel:
         m, k = x.shape
         y = torch.empty(m, n, dtype=torch.float32)
         self._fn(
-            x.data_ptr(), m, k, panels.data_ptr(), n,
-            bias.data_ptr() if bias is not None else None, y.data_ptr(), torch.get_num_threads(),
+            x.data_ptr(),
+            m,
+            k,
+            panels.data_ptr(),
+            n,
+            bias.data_ptr() if bias is not None else None,
+            y.data_ptr(),
+            torch.get_num_threads(),
         )
         return y
 
@@ -67,7 +79,9 @@ def _build(compiler: str, target: Path) -> None:
     try:
         subprocess.run(
             [compiler, *FLAGS, "-o", tmp, str(SOURCE)],
-            check=True, capture_output=True, timeout=120,
+            check=True,
+            capture_output=True,
+            timeout=120,
         )
         os.replace(tmp, target)  # atomic: a concurrent start sees either nothing or a whole library
     finally:

@@ -1,13 +1,25 @@
-"""Our Llama-family forward against transformers, and tree forwards against path-by-path decoding."""
+"""Our Llama-family forward against transformers, and tree forwards against path-by-path decoding.
+
+Every test runs twice: on our native CPU kernels (where they build) and on torch's ops."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
+from engine.kernels import native
 from engine.models.llama import LlamaConfig, UnsupportedModelError
 from engine.tree import DraftTree
 from tests.tiny import FAMILIES, family_config, our_model
+
+
+@pytest.fixture(autouse=True, params=["native", "torch"])
+def kernels(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    if request.param == "torch":
+        monkeypatch.setenv(native.ENV_SWITCH, "torch")
+    elif native.load() is None:
+        pytest.skip(f"native kernels unavailable: {native.why_not}")
+    return request.param
 
 
 @pytest.mark.parametrize("family", FAMILIES)
@@ -94,3 +106,30 @@ def test_unsupported_architecture_is_refused_with_a_hint() -> None:
     cfg = family_config("llama") | {"model_type": "gpt2", "architectures": ["GPT2LMHeadModel"]}
     with pytest.raises(UnsupportedModelError, match="backend hf"):
         LlamaConfig.from_dict(cfg)
+
+
+@pytest.mark.parametrize("family", ["llama", "mistral", "qwen3", "smollm2_tied"])
+def test_native_tree_rows_are_bit_identical_to_plain_decoding(family: str, kernels: str) -> None:
+    """On our kernels a tree node's logits are exactly (not just closely) those that decoding its
+    path one token at a time gives: what makes greedy speculation lossless by construction."""
+    if kernels != "native":
+        pytest.skip("torch's attention and matrix products do not promise batch invariance")
+    ours, _ = our_model(family)
+    assert ours.kernels == "native"
+    prefix = torch.randint(3, 97, (30,), generator=torch.Generator().manual_seed(5))
+    tree = _random_tree(14, 5)
+    cache = ours.new_cache(64)
+    ours.forward(prefix, cache, logits="none")
+    cache.commit(len(prefix))
+    positions = torch.tensor(tree.depths) + len(prefix)
+    tree_logits = ours.forward(torch.tensor(tree.tokens), cache, positions=positions,
+                               tree_mask=tree.ancestor_mask()).logits
+    for node in range(len(tree)):
+        path = [0, *tree.path_to(node)]
+        step_cache = ours.new_cache(64)
+        ours.forward(prefix, step_cache, logits="none")
+        step_cache.commit(len(prefix))
+        for i in path:
+            out = ours.forward(torch.tensor([tree.tokens[i]]), step_cache).logits[-1]
+            step_cache.commit(1)
+        assert torch.equal(tree_logits[node], out), f"node {node}"

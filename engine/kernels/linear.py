@@ -67,6 +67,13 @@ class Linear:
         else:
             self._packed = _pack(weight, PANEL if self.layout == "native" else BLOCK)
 
+    def add_into(self, residual: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        """``residual += x @ W.T + b`` in place for 2-D fp32 tensors (one pass on the native
+        kernel; same result as ``residual + self(x)``). Returns residual."""
+        if self._kernel is not None and x.dtype == torch.float32 and residual.is_contiguous():
+            return self._kernel.linear(x.contiguous(), self._packed, self.out_features, self._bias, residual)
+        return residual.add_(self(x))
+
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         if self.layout == "torch":
             return F.linear(x, self._weight, self._bias)

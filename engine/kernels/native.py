@@ -1,4 +1,4 @@
-"""Build, cache and load the native skinny-GEMM kernel (``skinny.c``) with the system C compiler.
+"""Build, cache and load our native CPU kernels (``skinny.c``, ``ops.c``) with the system C compiler.
 
 Why a plain C library through ctypes rather than a torch C++ extension: the kernel needs no
 torch headers, so it compiles in about a second with ``cc`` (a torch extension takes a minute
@@ -24,45 +24,109 @@ from pathlib import Path
 
 import torch
 
-SOURCE = Path(__file__).with_name("skinny.c")
+SOURCES = tuple(Path(__file__).with_name(n) for n in ("skinny.c", "ops.c"))
 FLAGS = ("-O3", "-shared", "-fPIC", "-fopenmp")
 ENV_SWITCH = "SPECCHAT_LINEAR"  # "torch" turns the native kernel off
 
 
+_p, _i, _l, _f = ctypes.c_void_p, ctypes.c_int, ctypes.c_long, ctypes.c_float
+_SIGNATURES = {
+    "skinny_linear": [_p, _l, _l, _p, _l, _p, _p, _i, _i],
+    "rms_norm": [_p, _l, _l, _p, _f, _p],
+    "silu_mul": [_p, _l, _l, _p],
+    "tree_attention": [_p, _l, _p, _p, _l, _l, _l, _i, _i, _i, _p, _l, _p, _f, _p, _i],
+}
+
+
+def _ptr(t: torch.Tensor | None) -> int | None:
+    return None if t is None else t.data_ptr()
+
+
 class NativeKernel:
-    """The loaded library: ``linear(x, panels, n, bias)`` with torch tensors."""
+    """The loaded library, called with fp32 CPU tensors (callers check shapes and contiguity)."""
 
     def __init__(self, lib: ctypes.CDLL, path: Path) -> None:
         self.path = path
-        fn = lib.skinny_linear
-        fn.argtypes = [
-            ctypes.c_void_p,
-            ctypes.c_long,
-            ctypes.c_long,
-            ctypes.c_void_p,
-            ctypes.c_long,
-            ctypes.c_void_p,
-            ctypes.c_void_p,
-            ctypes.c_int,
-        ]
-        fn.restype = None
-        self._fn = fn
+        for name, args in _SIGNATURES.items():
+            fn = getattr(lib, name)
+            fn.argtypes = args
+            fn.restype = None
+        self._lib = lib
 
-    def linear(self, x: torch.Tensor, panels: torch.Tensor, n: int, bias: torch.Tensor | None) -> torch.Tensor:
-        """x: [M, K] contiguous fp32; panels: [ceil(n/16), K, 16]; returns [M, n]."""
+    def linear(
+        self,
+        x: torch.Tensor,
+        panels: torch.Tensor,
+        n: int,
+        bias: torch.Tensor | None,
+        residual: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """x: [M, K] contiguous; panels: [ceil(n/16), K, 16]. Returns [M, n], or adds into
+        ``residual`` ([M, n] contiguous) in place and returns it."""
         m, k = x.shape
-        y = torch.empty(m, n, dtype=torch.float32)
-        self._fn(
+        y = torch.empty(m, n, dtype=torch.float32) if residual is None else residual
+        self._lib.skinny_linear(
             x.data_ptr(),
             m,
             k,
             panels.data_ptr(),
             n,
-            bias.data_ptr() if bias is not None else None,
+            _ptr(bias),
             y.data_ptr(),
+            int(residual is not None),
             torch.get_num_threads(),
         )
         return y
+
+    def rms_norm(self, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+        """x: [T, H] contiguous, H a multiple of 8."""
+        y = torch.empty_like(x)
+        self._lib.rms_norm(x.data_ptr(), x.shape[0], x.shape[1], weight.data_ptr(), eps, y.data_ptr())
+        return y
+
+    def silu_mul(self, gate_up: torch.Tensor) -> torch.Tensor:
+        """gate_up: [T, 2I] contiguous, I a multiple of 8 -> silu(gate) * up, [T, I]."""
+        t, two_i = gate_up.shape
+        y = torch.empty(t, two_i // 2, dtype=torch.float32)
+        self._lib.silu_mul(gate_up.data_ptr(), t, two_i // 2, y.data_ptr())
+        return y
+
+    def attention(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        length: int,
+        tree: torch.Tensor | None,
+        window: int,
+        positions: torch.Tensor | None,
+        scale: float,
+    ) -> torch.Tensor:
+        """q: [T, nh, hd] with contiguous heads (any token stride); k, v: one layer's cache
+        [nkv, cap, hd], the new tokens already at ``length..length+T-1``; tree: [T, T] bool or
+        None (causal); positions: [T] int64 (only read with a sliding window). Returns [T, nh*hd]."""
+        t, nh, hd = q.shape
+        nkv, cap, _ = k.shape
+        out = torch.empty(t, nh * hd, dtype=torch.float32)
+        self._lib.tree_attention(
+            q.data_ptr(),
+            q.stride(0),
+            k.data_ptr(),
+            v.data_ptr(),
+            cap,
+            length,
+            t,
+            nh,
+            nkv,
+            hd,
+            _ptr(tree),
+            window,
+            _ptr(positions),
+            scale,
+            out.data_ptr(),
+            torch.get_num_threads(),
+        )
+        return out
 
 
 def _compiler() -> str | None:
@@ -78,7 +142,7 @@ def _build(compiler: str, target: Path) -> None:
     os.close(fd)
     try:
         subprocess.run(
-            [compiler, *FLAGS, "-o", tmp, str(SOURCE)],
+            [compiler, *FLAGS, "-o", tmp, *map(str, SOURCES), "-lm"],
             check=True,
             capture_output=True,
             timeout=120,
@@ -93,8 +157,10 @@ def _library_path(compiler: str) -> Path:
     from engine.models.resolve import cache_dir
 
     version = subprocess.run([compiler, "--version"], capture_output=True, text=True, timeout=30).stdout
-    digest = hashlib.sha256(SOURCE.read_bytes() + version.encode() + " ".join(FLAGS).encode()).hexdigest()[:16]
-    return cache_dir() / "kernels" / f"skinny-{sys.platform}-{digest}.so"
+    digest = hashlib.sha256(
+        b"".join(p.read_bytes() for p in SOURCES) + version.encode() + " ".join(FLAGS).encode()
+    ).hexdigest()[:16]
+    return cache_dir() / "kernels" / f"specchat-cpu-{sys.platform}-{digest}.so"
 
 
 @cache

@@ -63,10 +63,10 @@ int skinny_supported(void) {
 
 /*
  * x: [M, K] row-major; panels: [ceil(N/16), K, 16] (columns past N are zero padding);
- * bias: [N] or NULL; y: [M, N] row-major.
+ * bias: [N] or NULL; y: [M, N] row-major. accumulate: y += result (a fused residual add).
  */
 void skinny_linear(const float *x, long M, long K, const float *panels, long N, const float *bias, float *y,
-                   int nthreads) {
+                   int accumulate, int nthreads) {
     const long npanels = (N + PANEL - 1) / PANEL;
 #pragma omp parallel for num_threads(nthreads) schedule(static)
     for (long p = 0; p < npanels; p++) {
@@ -80,10 +80,10 @@ void skinny_linear(const float *x, long M, long K, const float *panels, long N, 
             for (int r = 0; r < mr; r++) {
                 float *yr = y + (m0 + r) * N + col0;
                 const float *o = out + r * PANEL;
-                if (bias)
-                    for (int j = 0; j < ncols; j++) yr[j] = o[j] + bias[col0 + j];
-                else
-                    for (int j = 0; j < ncols; j++) yr[j] = o[j];
+                for (int j = 0; j < ncols; j++) {
+                    const float val = bias ? o[j] + bias[col0 + j] : o[j];
+                    yr[j] = accumulate ? yr[j] + val : val;
+                }
             }
         }
     }

@@ -16,6 +16,7 @@ from typing import Any, Literal
 import torch
 import torch.nn.functional as F
 
+from engine.kernels import native
 from engine.kernels.linear import Linear
 from engine.models.kv_cache import KVCache
 from engine.models.rope import RotaryTable, apply_rotary_interleaved, interleave_halves, rope_inv_freq
@@ -181,6 +182,25 @@ class LlamaModel:
         )
         self.rotary = RotaryTable(inv_freq, att_factor, self.device)
         self.scale = config.head_dim**-0.5
+        self._ops = self._native_ops()
+
+    def _native_ops(self) -> native.NativeKernel | None:
+        """Our CPU kernels for norms, activation and attention, where every shape suits them."""
+        c = self.config
+        linears = [self.lm_head] + [lin for layer in self.layers for lin in (layer.qkv, layer.o, layer.gate_up, layer.down)]
+        fits = (
+            all(lin.layout == "native" for lin in linears)
+            and c.hidden_size % 8 == 0
+            and c.intermediate_size % 8 == 0
+            and c.head_dim % 8 == 0
+            and c.head_dim <= 256
+        )
+        return native.load() if fits else None
+
+    @property
+    def kernels(self) -> str:
+        """Which compute path this model runs: 'native' (our CPU kernels) or 'torch'."""
+        return "native" if self._ops is not None else "torch"
 
     # -------------------------------------------------------------------------------------
     @property
@@ -229,7 +249,13 @@ class LlamaModel:
             positions = torch.arange(L, L + T, device=self.device)
         self.rotary.ensure(int(positions.max()) + 1)
         rot = self.rotary.lookup(positions)
-        mask, causal = self._attention_mask(T, L, positions, tree_mask)
+        if self._ops is not None:
+            mask, causal = None, False
+            tree_u8 = tree_mask.to("cpu", torch.bool).contiguous() if tree_mask is not None else None
+            window = self.config.sliding_window or 0
+            positions = positions.to("cpu", torch.int64).contiguous()
+        else:
+            mask, causal = self._attention_mask(T, L, positions, tree_mask)
 
         x = F.embedding(tokens, self.embed)  # [T, H]
         nh, nkv, hd = c.num_heads, c.num_kv_heads, c.head_dim
@@ -237,20 +263,26 @@ class LlamaModel:
         eps = c.rms_norm_eps
         aux: list[torch.Tensor] = []
         capture = set(capture_layers)
+        ops = self._ops
         for li, layer in enumerate(self.layers):
             if li in capture:
-                aux.append(x)
-            h = F.rms_norm(x, (c.hidden_size,), layer.ln_attn, eps)
+                aux.append(x.clone() if ops is not None else x)
+            h = ops.rms_norm(x, layer.ln_attn, eps) if ops else F.rms_norm(x, (c.hidden_size,), layer.ln_attn, eps)
             qkv = layer.qkv(h)
             qk = qkv[:, :k_end].view(T, nh + nkv, hd)
             if layer.q_norm is not None:
                 qk = torch.cat([F.rms_norm(qk[:, :nh], (hd,), layer.q_norm, eps),
                                 F.rms_norm(qk[:, nh:], (hd,), layer.k_norm, eps)], dim=1)
-            qk = apply_rotary_interleaved(qk, rot).transpose(0, 1)  # [nh + nkv, T, hd]
-            q, k = qk[:nh], qk[nh:]
-            v = qkv[:, k_end:].view(T, nkv, hd).transpose(0, 1)
-            cache.k[li, :, L : L + T] = k
-            cache.v[li, :, L : L + T] = v
+            qk = apply_rotary_interleaved(qk, rot)  # [T, nh + nkv, hd]
+            cache.k[li, :, L : L + T] = qk[:, nh:].transpose(0, 1)
+            cache.v[li, :, L : L + T] = qkv[:, k_end:].view(T, nkv, hd).transpose(0, 1)
+            if ops is not None:
+                att = ops.attention(qk[:, :nh], cache.k[li], cache.v[li], L, tree_u8, window, positions, self.scale)
+                layer.o.add_into(x, att)  # x += o(att), in place (x is this forward's own tensor)
+                h = ops.rms_norm(x, layer.ln_mlp, eps)
+                layer.down.add_into(x, ops.silu_mul(layer.gate_up(h)))
+                continue
+            q = qk[:, :nh].transpose(0, 1)
             keys = cache.k[li, :, : L + T]
             values = cache.v[li, :, : L + T]
             att = F.scaled_dot_product_attention(
@@ -263,7 +295,7 @@ class LlamaModel:
             x = x + layer.down(F.silu(gate) * up)
         if c.num_layers in capture:
             aux.append(x)
-        hidden = F.rms_norm(x, (c.hidden_size,), self.norm, eps)
+        hidden = self._ops.rms_norm(x, self.norm, eps) if self._ops else F.rms_norm(x, (c.hidden_size,), self.norm, eps)
         out_logits = None
         if logits == "all":
             out_logits = self.lm_head(hidden).float()

@@ -1,0 +1,184 @@
+/*
+ * The small per-layer operations of a Llama decoder step, for CPUs with AVX2 + FMA: RMS norm,
+ * SiLU(gate) * up, and attention of a few new tokens (a draft tree) over the KV cache.
+ *
+ * Why: with the matrix products in skinny.c, what is left of a one-token forward on the 135M
+ * model is mostly per-call overhead of ~20 small torch ops per layer (torch's RMS norm costs
+ * ~40 us a call, its CPU flash attention ~65 us for one query and ~190 us for a 16-node tree).
+ * These kernels do the same work in a few microseconds.
+ *
+ * Exactness: each output row is computed on its own, in a fixed order that does not depend on
+ * how many rows the call has. Attention visits the cached prefix, then the row's tree
+ * ancestors in index (= depth) order, then itself: exactly the keys, in exactly the order, that
+ * plain decoding of that token would visit once those ancestors are committed. So a tree node's
+ * logits are bit-identical to those plain decoding computes, and greedy speculation reproduces
+ * greedy decoding token for token, by construction rather than by luck.
+ */
+#include <immintrin.h>
+#include <math.h>
+#include <stdlib.h>
+
+#define AVX2 __attribute__((target("avx2,fma")))
+
+/* Sum of 8 lanes in the canonical order ((v0+v1)+(v2+v3)) + ((v4+v5)+(v6+v7)), the order
+ * hsum8x8 uses too, so a dot product's value does not depend on which path computed it. */
+static inline AVX2 float hsum(__m256 v) {
+    float l[8];
+    _mm256_storeu_ps(l, v);
+    return ((l[0] + l[1]) + (l[2] + l[3])) + ((l[4] + l[5]) + (l[6] + l[7]));
+}
+
+/* The 8 lane sums of v[0..7] in one vector, each in hsum's order. */
+static inline AVX2 __m256 hsum8x8(const __m256 *v) {
+    const __m256 t0 = _mm256_hadd_ps(v[0], v[1]), t1 = _mm256_hadd_ps(v[2], v[3]);
+    const __m256 t2 = _mm256_hadd_ps(v[4], v[5]), t3 = _mm256_hadd_ps(v[6], v[7]);
+    const __m256 u0 = _mm256_hadd_ps(t0, t1), u1 = _mm256_hadd_ps(t2, t3);
+    return _mm256_add_ps(_mm256_permute2f128_ps(u0, u1, 0x20), _mm256_permute2f128_ps(u0, u1, 0x31));
+}
+
+/* exp(x) for 8 lanes: range reduction by ln 2 and a degree-6 polynomial (about 1 ulp). */
+static inline AVX2 __m256 exp8(__m256 x) {
+    x = _mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(-87.3f)), _mm256_set1_ps(88.7f));
+    const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
+                                     _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
+    r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
+    __m256 p = _mm256_set1_ps(1.9875691500e-4f);
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507e-3f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073e-3f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894e-2f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
+    p = _mm256_fmadd_ps(p, _mm256_mul_ps(r, r), _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
+    const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+    return _mm256_mul_ps(p, _mm256_castsi256_ps(e));
+}
+
+/* out[t] = x[t] / sqrt(mean(x[t]^2) + eps) * w, for T rows of H (H a multiple of 8). */
+AVX2 void rms_norm(const float *x, long T, long H, const float *w, float eps, float *out) {
+    for (long t = 0; t < T; t++) {
+        const float *xr = x + t * H;
+        float *yr = out + t * H;
+        __m256 acc = _mm256_setzero_ps();
+        for (long j = 0; j < H; j += 8) {
+            const __m256 v = _mm256_loadu_ps(xr + j);
+            acc = _mm256_fmadd_ps(v, v, acc);
+        }
+        const __m256 inv = _mm256_set1_ps(1.0f / sqrtf(hsum(acc) / (float)H + eps));
+        for (long j = 0; j < H; j += 8)
+            _mm256_storeu_ps(yr + j, _mm256_mul_ps(_mm256_mul_ps(_mm256_loadu_ps(xr + j), inv),
+                                                   _mm256_loadu_ps(w + j)));
+    }
+}
+
+/* gu: [T, 2I] = [gate | up]; out: [T, I] = silu(gate) * up (I a multiple of 8). */
+AVX2 void silu_mul(const float *gu, long T, long I, float *out) {
+    const __m256 one = _mm256_set1_ps(1.0f);
+    for (long t = 0; t < T; t++) {
+        const float *g = gu + t * 2 * I, *u = g + I;
+        float *o = out + t * I;
+        for (long j = 0; j < I; j += 8) {
+            const __m256 gv = _mm256_loadu_ps(g + j);
+            const __m256 s = _mm256_div_ps(gv, _mm256_add_ps(one, exp8(_mm256_sub_ps(_mm256_setzero_ps(), gv))));
+            _mm256_storeu_ps(o + j, _mm256_mul_ps(s, _mm256_loadu_ps(u + j)));
+        }
+    }
+}
+
+static inline AVX2 float dot(const float *a, const float *b, int n) {
+    __m256 acc = _mm256_setzero_ps();
+    for (int j = 0; j < n; j += 8) acc = _mm256_fmadd_ps(_mm256_loadu_ps(a + j), _mm256_loadu_ps(b + j), acc);
+    return hsum(acc);
+}
+
+/*
+ * Attention of T new tokens over L cached ones plus the new ones themselves.
+ * q: row t, head h at q + t * q_stride + h * hd. k, v: [nkv, cap, hd] for this layer, the new
+ * tokens already written at slots L..L+T-1. tree: [T, T] bytes (1 = may attend) or NULL for
+ * causal. window > 0: a key at position pk is visible to a query at pq only if pq - pk < window
+ * (positions: [T]; cached slot j has position j). out: [T, nh * hd]. hd a multiple of 8.
+ */
+AVX2 void tree_attention(const float *q, long q_stride, const float *k, const float *v, long cap, long L,
+                         long T, int nh, int nkv, int hd, const unsigned char *tree, long window,
+                         const long *positions, float scale, float *out, int nthreads) {
+    const int group = nh / nkv;
+#pragma omp parallel num_threads(nthreads)
+    {
+        float *scores = malloc(sizeof(float) * (size_t)(L + T));
+        int *keys = malloc(sizeof(int) * (size_t)(L + T));
+#pragma omp for schedule(static)
+        for (long item = 0; item < T * nh; item++) {
+            const long t = item / nh;
+            const int h = (int)(item % nh), g = h / group;
+            const float *qr = q + t * q_stride + (long)h * hd;
+            const float *kh = k + (long)g * cap * hd, *vh = v + (long)g * cap * hd;
+            const long pq = positions ? positions[t] : L + t;
+            long n = 0;
+            for (long j = 0; j < L; j++)
+                if (window <= 0 || pq - j < window) keys[n++] = (int)j;
+            for (long i = 0; i < (tree ? T : t + 1); i++) {
+                const int visible = tree ? tree[t * T + i] : 1;
+                const long pk = positions ? positions[i] : L + i;
+                if (visible && (window <= 0 || pq - pk < window)) keys[n++] = (int)(L + i);
+            }
+            /* scores, 8 keys at a time (8 independent FMA chains), then one at a time */
+            const __m256 sc = _mm256_set1_ps(scale);
+            long a0 = 0;
+            for (; a0 + 8 <= n; a0 += 8) {
+                __m256 d[8];
+                const float *kr[8];
+                for (int i = 0; i < 8; i++) {
+                    d[i] = _mm256_setzero_ps();
+                    kr[i] = kh + (long)keys[a0 + i] * hd;
+                }
+                for (int c = 0; c < hd; c += 8) {
+                    const __m256 qc = _mm256_loadu_ps(qr + c);
+                    for (int i = 0; i < 8; i++) d[i] = _mm256_fmadd_ps(qc, _mm256_loadu_ps(kr[i] + c), d[i]);
+                }
+                _mm256_storeu_ps(scores + a0, _mm256_mul_ps(hsum8x8(d), sc));
+            }
+            for (; a0 < n; a0++) scores[a0] = dot(qr, kh + (long)keys[a0] * hd, hd) * scale;
+            float mx = -INFINITY;
+            for (long a = 0; a < n; a++)
+                if (scores[a] > mx) mx = scores[a];
+            const __m256 m8 = _mm256_set1_ps(mx);
+            __m256 s8 = _mm256_setzero_ps();
+            long a = 0;
+            for (; a + 8 <= n; a += 8) {
+                const __m256 e = exp8(_mm256_sub_ps(_mm256_loadu_ps(scores + a), m8));
+                _mm256_storeu_ps(scores + a, e);
+                s8 = _mm256_add_ps(s8, e);
+            }
+            float sum = hsum(s8);
+            for (; a < n; a++) {
+                float lane[8] = {scores[a] - mx};
+                float e[8];
+                _mm256_storeu_ps(e, exp8(_mm256_loadu_ps(lane)));
+                scores[a] = e[0];
+                sum += e[0];
+            }
+            /* out = sum_a p_a v_a / sum, 64 columns at a time in registers */
+            const __m256 inv = _mm256_set1_ps(1.0f / sum);
+            float *o = out + t * (long)nh * hd + (long)h * hd;
+            int c0 = 0;
+            for (; c0 + 64 <= hd; c0 += 64) {
+                __m256 acc[8];
+                for (int c = 0; c < 8; c++) acc[c] = _mm256_setzero_ps();
+                for (a = 0; a < n; a++) {
+                    const __m256 p = _mm256_set1_ps(scores[a]);
+                    const float *vr = vh + (long)keys[a] * hd + c0;
+                    for (int c = 0; c < 8; c++) acc[c] = _mm256_fmadd_ps(p, _mm256_loadu_ps(vr + 8 * c), acc[c]);
+                }
+                for (int c = 0; c < 8; c++) _mm256_storeu_ps(o + c0 + 8 * c, _mm256_mul_ps(acc[c], inv));
+            }
+            for (; c0 < hd; c0 += 8) {
+                __m256 acc = _mm256_setzero_ps();
+                for (a = 0; a < n; a++)
+                    acc = _mm256_fmadd_ps(_mm256_set1_ps(scores[a]), _mm256_loadu_ps(vh + (long)keys[a] * hd + c0), acc);
+                _mm256_storeu_ps(o + c0, _mm256_mul_ps(acc, inv));
+            }
+        }
+        free(scores);
+        free(keys);
+    }
+}

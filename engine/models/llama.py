@@ -187,7 +187,8 @@ class LlamaModel:
     def _native_ops(self) -> native.NativeKernel | None:
         """Our CPU kernels for norms, activation and attention, where every shape suits them."""
         c = self.config
-        linears = [self.lm_head] + [lin for layer in self.layers for lin in (layer.qkv, layer.o, layer.gate_up, layer.down)]
+        per_layer = [(layer.qkv, layer.o, layer.gate_up, layer.down) for layer in self.layers]
+        linears = [self.lm_head, *(lin for group in per_layer for lin in group)]
         fits = (
             all(lin.layout == "native" for lin in linears)
             and c.hidden_size % 8 == 0

@@ -74,8 +74,12 @@ void skinny_linear(const float *x, long M, long K, const float *panels, long N, 
         const long col0 = p * PANEL;
         const int ncols = (int)(N - col0 < PANEL ? N - col0 : PANEL);
         float out[MAX_ROWS * PANEL];
-        for (long m0 = 0; m0 < M; m0 += MAX_ROWS) {
-            const int mr = (int)(M - m0 < MAX_ROWS ? M - m0 : MAX_ROWS);
+        /* as few passes over the panel as the registers allow, with rows spread evenly: a
+         * short pass is FMA-latency-bound (4 cycles per k whatever its rows), so 7 rows go
+         * 4 + 3, not 6 + 1 */
+        const long passes = (M + MAX_ROWS - 1) / MAX_ROWS;
+        for (long pass = 0, m0 = 0; pass < passes; pass++) {
+            const int mr = (int)((M - m0) / (passes - pass) + ((M - m0) % (passes - pass) != 0));
             TILES[mr](x + m0 * K, K, w, K, out);
             for (int r = 0; r < mr; r++) {
                 float *yr = y + (m0 + r) * N + col0;
@@ -85,6 +89,7 @@ void skinny_linear(const float *x, long M, long K, const float *panels, long N, 
                     yr[j] = accumulate ? yr[j] + val : val;
                 }
             }
+            m0 += mr;
         }
     }
 }

@@ -71,7 +71,8 @@ def load_prompts(path: str | Path, limit: int | None = None) -> list[Prompt]:
     return prompts
 
 
-def machine_info() -> dict[str, Any]:
+def machine_info(model: object | None = None) -> dict[str, Any]:
+    """The machine, plus which compute path the model runs (our native CPU kernels or torch's)."""
     import torch
 
     cpu = platform.processor() or ""
@@ -86,6 +87,9 @@ def machine_info() -> dict[str, Any]:
             "python": platform.python_version(), "platform": platform.platform()}
     if torch.cuda.is_available():
         info["gpu"] = torch.cuda.get_device_name(0)
+    kernels = getattr(model, "kernels", None)
+    if kernels:
+        info["kernels"] = kernels
     return info
 
 
@@ -267,7 +271,7 @@ def run_bench(args: argparse.Namespace) -> int:
             "tokens": row.tokens,
             "seconds": round(row.seconds, 3),
         })
-    report = {"machine": machine_info(), "model": session.model_name, "prompts_file": str(args.prompts),
+    report = {"machine": machine_info(session.model), "model": session.model_name, "prompts_file": str(args.prompts),
               "dtype": args.dtype, "max_new_tokens": base_config.max_new_tokens,
               "config": {k: v for k, v in base_config.to_dict().items() if k != "method"}, "results": results}
     print_table(report)
@@ -280,7 +284,9 @@ def print_table(report: dict[str, Any]) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    table = Table(title=f"{report['model']} on {report['machine']['cpu']} ({report['machine']['threads']} threads)")
+    machine = report["machine"]
+    kernels = f", {machine['kernels']} kernels" if "kernels" in machine else ""
+    table = Table(title=f"{report['model']} on {machine['cpu']} ({machine['threads']} threads{kernels})")
     for col in ("method", "tokens/s", "tau", "speedup", "decode tok/s", "decode speedup", "identical", "tokens",
                 "seconds"):
         table.add_column(col, justify="left" if col == "method" else "right")
@@ -350,6 +356,6 @@ def run_cost_curve(session, args: argparse.Namespace) -> int:
         table.add_row(*cells)
     Console().print(table)
     if args.json_out:
-        Path(args.json_out).write_text(json.dumps({"machine": machine_info(), "model": session.model_name,
+        Path(args.json_out).write_text(json.dumps({"machine": machine_info(session.model), "model": session.model_name,
                                                    "context": args.context, "cost_curve": curves}, indent=2) + "\n")
     return 0

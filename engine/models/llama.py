@@ -200,8 +200,9 @@ class LlamaModel:
 
     @property
     def kernels(self) -> str:
-        """Which compute path this model runs: 'native' (our CPU kernels) or 'torch'."""
-        return "native" if self._ops is not None else "torch"
+        """Which compute path this model runs: 'native' (our CPU kernels), 'blocked' (torch ops
+        with the column-blocked matrix products) or 'torch'."""
+        return "native" if self._ops is not None else self.lm_head.layout
 
     # -------------------------------------------------------------------------------------
     @property

@@ -55,18 +55,23 @@ def _random_tree(n: int, seed: int) -> DraftTree:
     return DraftTree(tuple(tokens), tuple(parents), (1.0,) * n)
 
 
+def _tree_logits(model, prefix: torch.Tensor, tree: DraftTree) -> torch.Tensor:
+    """Logits of every tree node, verified in one forward on top of the cached prefix."""
+    cache = model.new_cache(64)
+    model.forward(prefix, cache, logits="none")
+    cache.commit(len(prefix))
+    positions = torch.tensor(tree.depths) + len(prefix)
+    return model.forward(torch.tensor(tree.tokens), cache, positions=positions,
+                         tree_mask=tree.ancestor_mask()).logits
+
+
 @pytest.mark.parametrize("family", ["llama", "mistral", "qwen3"])
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_tree_forward_equals_each_path_decoded_alone(family: str, seed: int) -> None:
     ours, _ = our_model(family)
     prefix = torch.randint(3, 97, (27,), generator=torch.Generator().manual_seed(seed))
     tree = _random_tree(12, seed)
-    cache = ours.new_cache(64)
-    ours.forward(prefix, cache, logits="none")
-    cache.commit(len(prefix))
-    positions = torch.tensor(tree.depths) + len(prefix)
-    tree_logits = ours.forward(torch.tensor(tree.tokens), cache, positions=positions,
-                               tree_mask=tree.ancestor_mask()).logits
+    tree_logits = _tree_logits(ours, prefix, tree)
     for node in range(len(tree)):
         path = [0, *tree.path_to(node)]
         seq = torch.cat([prefix, torch.tensor([tree.tokens[i] for i in path])])
@@ -118,12 +123,7 @@ def test_native_tree_rows_are_bit_identical_to_plain_decoding(family: str, kerne
     assert ours.kernels == "native"
     prefix = torch.randint(3, 97, (30,), generator=torch.Generator().manual_seed(5))
     tree = _random_tree(14, 5)
-    cache = ours.new_cache(64)
-    ours.forward(prefix, cache, logits="none")
-    cache.commit(len(prefix))
-    positions = torch.tensor(tree.depths) + len(prefix)
-    tree_logits = ours.forward(torch.tensor(tree.tokens), cache, positions=positions,
-                               tree_mask=tree.ancestor_mask()).logits
+    tree_logits = _tree_logits(ours, prefix, tree)
     for node in range(len(tree)):
         path = [0, *tree.path_to(node)]
         step_cache = ours.new_cache(64)

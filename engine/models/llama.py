@@ -194,7 +194,6 @@ class LlamaModel:
             and c.hidden_size % 8 == 0
             and c.intermediate_size % 8 == 0
             and c.head_dim % 8 == 0
-            and c.head_dim <= 256
         )
         return native.load() if fits else None
 
@@ -269,7 +268,7 @@ class LlamaModel:
         for li, layer in enumerate(self.layers):
             if li in capture:
                 aux.append(x.clone() if ops is not None else x)
-            h = ops.rms_norm(x, layer.ln_attn, eps) if ops else F.rms_norm(x, (c.hidden_size,), layer.ln_attn, eps)
+            h = self._rms_norm(x, layer.ln_attn)
             qkv = layer.qkv(h)
             qk = qkv[:, :k_end].view(T, nh + nkv, hd)
             if layer.q_norm is not None:
@@ -281,7 +280,7 @@ class LlamaModel:
             if ops is not None:
                 att = ops.attention(qk[:, :nh], cache.k[li], cache.v[li], L, tree_u8, window, positions, self.scale)
                 layer.o.add_into(x, att)  # x += o(att), in place (x is this forward's own tensor)
-                h = ops.rms_norm(x, layer.ln_mlp, eps)
+                h = self._rms_norm(x, layer.ln_mlp)
                 layer.down.add_into(x, ops.silu_mul(layer.gate_up(h)))
                 continue
             q = qk[:, :nh].transpose(0, 1)
@@ -292,18 +291,24 @@ class LlamaModel:
                 attn_mask=mask, is_causal=causal, scale=self.scale, enable_gqa=nkv != nh,
             )  # [1, nh, T, hd]
             x = x + layer.o(att[0].transpose(0, 1).reshape(T, nh * hd))
-            h = F.rms_norm(x, (c.hidden_size,), layer.ln_mlp, eps)
+            h = self._rms_norm(x, layer.ln_mlp)
             gate, up = layer.gate_up(h).chunk(2, dim=-1)
             x = x + layer.down(F.silu(gate) * up)
         if c.num_layers in capture:
             aux.append(x)
-        hidden = self._ops.rms_norm(x, self.norm, eps) if self._ops else F.rms_norm(x, (c.hidden_size,), self.norm, eps)
+        hidden = self._rms_norm(x, self.norm)
         out_logits = None
         if logits == "all":
             out_logits = self.lm_head(hidden).float()
         elif logits == "last":
             out_logits = self.lm_head(hidden[-1:]).float()
         return ForwardOutput(out_logits, hidden if return_hidden else None, aux)
+
+    def _rms_norm(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        eps = self.config.rms_norm_eps
+        if self._ops is not None:
+            return self._ops.rms_norm(x, weight, eps)
+        return F.rms_norm(x, (self.config.hidden_size,), weight, eps)
 
     def _attention_mask(self, T: int, L: int, positions: torch.Tensor, tree_mask: torch.Tensor | None
                         ) -> tuple[torch.Tensor | None, bool]:

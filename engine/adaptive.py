@@ -141,8 +141,12 @@ class DraftBudget:
 def subtree(tree: DraftTree, keep: list[int]) -> DraftTree:
     """The nodes ``keep`` (sorted, root first, closed under parents) as a tree of their own."""
     index = {old: new for new, old in enumerate(keep)}
+    proposals = None
+    if tree.proposals:
+        proposals = {index[i]: q for i, q in tree.proposals.items() if i in index}
     return DraftTree(
         tuple(tree.tokens[i] for i in keep),
         tuple(-1 if i == 0 else index[tree.parents[i]] for i in keep),
         tuple(tree.draft_probs[i] for i in keep),
+        proposals=proposals,
     )

@@ -46,6 +46,7 @@ class SpecConfig:
     # sampling; temperature 0 means greedy
     temperature: float = 0.0
     top_p: float = 1.0
+    top_k: int = 0  # 0 = no top-k cut on the target's distribution
     seed: int | None = None
     max_new_tokens: int = 512
 
@@ -87,6 +88,7 @@ class SpecConfig:
             raise ConfigError(f"temperature must be between 0 and 10, got {self.temperature}")
         if not (0.0 < self.top_p <= 1.0):
             raise ConfigError(f"top_p must be in (0, 1], got {self.top_p}")
+        _at_least("top_k", self.top_k, 0, hint="0 turns the top-k cut off")
         _at_least("max_new_tokens", self.max_new_tokens, 1)
 
     @property

@@ -27,6 +27,8 @@ class LoadedModel:
     name: str
     path: str
     backend: str  # "specchat" (our forward) or "hf"
+    source: str = ""  # "embedded", "local" or "hub"
+    key: str = ""  # the embedded model's short name, for the assets shipped with it
 
 
 def pick_device(device: str) -> torch.device:
@@ -98,11 +100,12 @@ def load_model(
             del state
             if progress:
                 progress("loading weights", 1, 1)
-            return LoadedModel(net, tokenizer, resolved.name, str(resolved.path), "specchat")
+            key = "smollm2-135m" if resolved.source == "embedded" else ""
+            return LoadedModel(net, tokenizer, resolved.name, str(resolved.path), "specchat", resolved.source, key)
     from engine.models.hf import HFModel
 
     net = HFModel.from_pretrained(resolved.path, dtype=torch_dtype, device=torch_device)
-    return LoadedModel(net, tokenizer, resolved.name, str(resolved.path), "hf")
+    return LoadedModel(net, tokenizer, resolved.name, str(resolved.path), "hf", resolved.source)
 
 
 def load_session(
@@ -119,14 +122,48 @@ def load_session(
     threads: int | None = None,
     reserve_cores: int = 0,
     revision: str | None = None,
+    token_map: str | None = None,
+    draft_revision: str | None = None,
+    method_from_draft: bool = False,
 ):
-    """Load everything a chat needs; raises LoadError / ModelResolutionError / ConfigError."""
+    """Load everything a chat needs; raises LoadError / ModelResolutionError / ConfigError /
+    DraftLoadError.
+
+    ``draft``: an EAGLE head or a small model (folder or hub id). Without one, ``--method
+    eagle3`` on the embedded model uses the head shipped for it, and that head is loaded anyway
+    so the method can be chosen mid-chat. ``method_from_draft``: run the method the draft implies
+    (the user gave --draft without --method).
+    """
+    from engine.drafters.loading import DRAFT_METHODS, load_draft, shipped_head
     from engine.session import Session, default_drafters
 
-    if draft is not None:
-        raise LoadError("draft models (EAGLE heads, standalone drafts) are not supported yet; use --method ngram")
     loaded = load_model(model, dtype=dtype, device=device, backend=backend, allow_pickle=allow_pickle,
                         progress=progress, threads=threads, reserve_cores=reserve_cores,
                         revision=revision)
-    return Session(loaded.model, loaded.tokenizer, config, model_name=loaded.name, model_path=loaded.path,
-                   drafters=default_drafters(), system_prompt=system_prompt)
+    drafters = default_drafters()
+    features = None
+    description = ""
+    source = draft
+    if source is None and loaded.backend == "specchat":
+        shipped = shipped_head(loaded.key)
+        if shipped is not None and config.method in ("none", "ngram", "eagle3"):
+            source = str(shipped)
+    if source is None and config.method in DRAFT_METHODS:
+        raise LoadError(f"--method {config.method} needs --draft (an EAGLE head folder or hub id, or a small model "
+                        "with the same tokenizer for standalone)")
+    if source is not None:
+        if progress:
+            progress("loading the draft", 0, 1)
+        wanted = config.method if config.method in DRAFT_METHODS and not method_from_draft else None
+        bundle = load_draft(source, loaded.model, loaded.tokenizer, method=wanted, allow_pickle=allow_pickle,
+                            revision=draft_revision, token_map=token_map)
+        drafters[bundle.method] = bundle.factory
+        features, description = bundle.features, bundle.description
+        if method_from_draft:
+            config = config.replace(method=bundle.method)
+        if progress:
+            progress("loading the draft", 1, 1)
+    session = Session(loaded.model, loaded.tokenizer, config, model_name=loaded.name, model_path=loaded.path,
+                      drafters=drafters, system_prompt=system_prompt, features=features)
+    session.draft_description = description
+    return session

@@ -29,6 +29,7 @@ from engine.events import (
     Step,
     StepTiming,
 )
+from engine.features import FeatureSpec, FeatureStore
 from engine.tree import DraftTree
 from engine.verify import Verdict, sample_from, target_probs, verify_greedy, verify_sampling
 
@@ -105,6 +106,7 @@ class Session:
         model_path: str = "",
         drafters: dict[str, DrafterFactory] | None = None,
         system_prompt: str | None = None,
+        features: FeatureSpec | None = None,
     ) -> None:
         self.model = model
         self.tokenizer = tokenizer
@@ -126,6 +128,10 @@ class Session:
         self._generator = torch.Generator(device="cpu")
         self._reseed(self._config)
         self._budget = DraftBudget()
+        # target states the drafters read (EAGLE heads), one row per cached token
+        self._feature_spec = features
+        self._features = FeatureStore()
+        self._forward_kwargs = features.forward_kwargs() if features is not None else {}
 
     # -- the SessionAPI -----------------------------------------------------------------------
     @property
@@ -159,6 +165,7 @@ class Session:
     def reset(self) -> None:
         self._messages.clear()
         self._cached.clear()
+        self._features.truncate(0)
         if self._cache is not None:
             self._cache.truncate(0)
         self._drafters.clear()
@@ -234,7 +241,7 @@ class Session:
     def _first_token(self, logits: torch.Tensor, config: SpecConfig) -> int:
         if config.greedy:
             return int(logits.argmax())
-        return sample_from(target_probs(logits, config.temperature, config.top_p), self._generator)
+        return sample_from(target_probs(logits, config.temperature, config.top_p, config.top_k), self._generator)
 
     def _run(self, prompt: list[int], override: SpecConfig | None) -> Iterator[Event]:
         t0 = time.perf_counter()
@@ -242,13 +249,16 @@ class Session:
         # Reuse the cached prefix; at least one prompt token is run to get the next-token logits.
         reuse = _common_prefix(self._cached, prompt, limit=len(prompt) - 1)
         self._cached = self._cached[:reuse]
+        self._features.truncate(reuse)
         budget = len(prompt) + config.max_new_tokens + config.max_tree_tokens
         self._ensure_capacity(budget)
         cache = self._cache
         cache.truncate(reuse)
         device = self.model.device
-        out = self.model.forward(torch.tensor(prompt[reuse:], device=device), cache, logits="last")
+        out = self.model.forward(torch.tensor(prompt[reuse:], device=device), cache, logits="last",
+                                 **self._forward_kwargs)
         cache.commit(len(prompt) - reuse)
+        self._keep_features(out, None)
         self._cached.extend(prompt[reuse:])
         root = self._first_token(out.logits[-1], config)
         prefill_ms = (time.perf_counter() - t0) * 1e3
@@ -303,7 +313,10 @@ class Session:
                         yield ConfigApplied(version=self._config_version, config=config.to_dict())
             if drafter is None or drafter.name != config.method:
                 drafter = self._drafter(config.method)
-                drafter.reset(self._cached)
+                if drafter.needs_features:
+                    drafter.reset(self._cached, self._features.rows())
+                else:
+                    drafter.reset(self._cached)
             self._ensure_capacity(len(self._cached) + 1 + config.max_tree_tokens)
             cache = self._cache
 
@@ -321,14 +334,16 @@ class Session:
             L = cache.length
             tokens = torch.tensor(tree.tokens, device=device)
             if tree.is_chain:
-                out = self.model.forward(tokens, cache)
+                out = self.model.forward(tokens, cache, **self._forward_kwargs)
             else:
                 positions = torch.tensor(tree.depths, device=device) + L
-                out = self.model.forward(tokens, cache, positions=positions, tree_mask=tree.ancestor_mask())
+                out = self.model.forward(tokens, cache, positions=positions, tree_mask=tree.ancestor_mask(),
+                                         **self._forward_kwargs)
             if config.greedy:
                 verdict = verify_greedy(tree, out.logits)
             else:
-                verdict = verify_sampling(tree, out.logits, config.temperature, config.top_p, self._generator)
+                verdict = verify_sampling(tree, out.logits, config.temperature, config.top_p, self._generator,
+                                           config.top_k)
             t_commit = time.perf_counter()
             self._budget.observe(tree, verdict.accepted, (t_commit - t_verify) * 1e3)
 
@@ -336,7 +351,11 @@ class Session:
             cache.commit([0, *verdict.accepted])
             kept = [root, *(tree.tokens[i] for i in verdict.accepted)]
             self._cached.extend(kept)
-            drafter.observe(kept)
+            kept_features = self._keep_features(out, [0, *verdict.accepted])
+            if drafter.needs_features:
+                drafter.observe(kept, kept_features)
+            else:
+                drafter.observe(kept)
             pending_tokens = [(tree.tokens[i], "draft") for i in verdict.accepted] + [(verdict.bonus, "target")]
             root = verdict.bonus
             if len(self._cached) + 1 >= self._cache_limit():
@@ -350,6 +369,16 @@ class Session:
         if tail:
             text.append(tail)
         yield Finished(reason=finished, text="".join(text), tokens=tally.tokens, stats=tally.snapshot())
+
+    def _keep_features(self, out, rows: list[int] | None) -> torch.Tensor | None:
+        """Store the features of the forward's rows now committed (all rows, or ``rows``)."""
+        if self._feature_spec is None:
+            return None
+        feats = self._feature_spec.extract(out)
+        if rows is not None:
+            feats = feats[rows]
+        self._features.append(feats)
+        return feats
 
     def _cache_limit(self) -> int:
         return getattr(self.model.config, "max_position_embeddings", 1 << 30)

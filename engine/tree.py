@@ -7,7 +7,7 @@ which lets the verifier and the KV compaction walk the tree front to back withou
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 import torch
@@ -19,12 +19,18 @@ class DraftTree:
 
     ``draft_probs[i]`` is the drafter's probability of node i given its parent (1.0 for the
     root and for drafters, like n-gram lookup, that have no distribution).
+
+    ``proposals[i]``, where present, is the distribution over target token ids that node i's
+    children were *sampled* from; the verifier then accepts with min(1, p/q) and resamples from
+    the residual. Nodes without one had their children chosen deterministically (top-k, lookup)
+    and are verified as point masses. Both keep the target's distribution exactly.
     """
 
     tokens: tuple[int, ...]
     parents: tuple[int, ...]
     draft_probs: tuple[float, ...]
     depths: tuple[int, ...] = field(default=())
+    proposals: Mapping[int, torch.Tensor] | None = field(default=None, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         n = len(self.tokens)

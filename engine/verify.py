@@ -4,11 +4,17 @@ Greedy: walk from the root, each time taking the child whose token is the target
 the current node; the argmax where no child matches is the bonus token. The output is exactly
 plain greedy decoding's, whatever the tree.
 
-Sampling: recursive rejection sampling with point-mass proposals (the drafters here propose
-deterministic top-k / lookup tokens, so q(x) = 1 for the proposed token). At a node with target
-distribution p, siblings are tried in draft order: accept x with probability p(x); on rejection
-set p(x) = 0 and renormalise. If every child is refused, the next token is drawn from the
-residual p. This keeps the target's distribution exactly (SpecInfer / EAGLE).
+Sampling: recursive rejection sampling over each node's children, in draft order (SpecInfer /
+EAGLE). At a node with target distribution p:
+
+* children chosen deterministically (top-k trees, n-gram lookup) are point masses, q = δ_x:
+  accept x with probability p(x); on rejection set p(x) = 0 and renormalise;
+* children *sampled* from a draft distribution q (``DraftTree.proposals``): accept x with
+  probability min(1, p(x)/q(x)); on rejection p <- normalise(max(p - q, 0)).
+
+If every child is refused the next token is drawn from what is left of p; after the last
+accepted node it is drawn from that node's p (the bonus). Either way the committed tokens are
+distributed exactly as plain sampling from the target would give.
 """
 
 from __future__ import annotations
@@ -43,9 +49,13 @@ def verify_greedy(tree: DraftTree, logits: torch.Tensor) -> Verdict:
         node = nxt
 
 
-def target_probs(logits: torch.Tensor, temperature: float, top_p: float) -> torch.Tensor:
-    """The distribution plain sampling would draw from: softmax(logits / T), then top-p."""
-    probs = torch.softmax(logits.float() / temperature, dim=-1)
+def target_probs(logits: torch.Tensor, temperature: float, top_p: float, top_k: int = 0) -> torch.Tensor:
+    """The distribution plain sampling draws from: softmax(logits / T), then top-k, then top-p."""
+    logits = logits.float() / temperature
+    if 0 < top_k < logits.shape[-1]:
+        kth = logits.topk(top_k, dim=-1).values[..., -1:]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    probs = torch.softmax(logits, dim=-1)
     if top_p < 1.0:
         sorted_p, order = probs.sort(dim=-1, descending=True)
         # keep the smallest prefix whose mass reaches top_p (the first token always stays)
@@ -66,19 +76,33 @@ def verify_sampling(
     temperature: float,
     top_p: float,
     generator: torch.Generator | None = None,
+    top_k: int = 0,
 ) -> Verdict:
     children = tree.children()
+    proposals = tree.proposals or {}
     node, accepted = 0, []
     while True:
-        p = target_probs(logits[node], temperature, top_p)
+        p = target_probs(logits[node], temperature, top_p, top_k)
+        q = proposals.get(node)
         for child in children[node]:
             token = tree.tokens[child]
             u = torch.rand((), generator=generator).item()
-            if u < float(p[token]):
+            if q is None:
+                ok = u < float(p[token])
+            else:
+                qx = float(q[token])
+                ok = qx > 0.0 and u * qx < float(p[token])
+            if ok:
                 accepted.append(child)
                 node = child
                 break
-            p[token] = 0.0
-            p = p / p.sum()
+            if q is None:
+                p[token] = 0.0
+                p = p / p.sum()
+            else:
+                residual = (p - q.to(p.dtype)).clamp_(min=0.0)
+                total = residual.sum()
+                if total > 0:  # zero only if p == q, where a rejection cannot happen but rounding can
+                    p = residual / total
         else:
             return Verdict(tuple(accepted), sample_from(p, generator))

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from specchat.cli import UsageError, make_config
+from specchat.cli import UsageError, draft_options, make_config
 
 
 class PromptFileError(ValueError):
@@ -188,7 +188,7 @@ def run_bench(args: argparse.Namespace) -> int:
         with rich_progress() as progress:
             session = load_session(args.model, base_config, dtype=args.dtype, device=args.device,
                                    backend=args.backend, allow_pickle=args.allow_pickle, progress=progress,
-                                   threads=args.threads, revision=args.revision)
+                                   threads=args.threads, revision=args.revision, **draft_options(args))
         return run_cost_curve(session, args)
     if not args.prompts:
         raise UsageError("bench needs --prompts FILE.jsonl (or --cost-curve)")
@@ -206,7 +206,7 @@ def run_bench(args: argparse.Namespace) -> int:
     with rich_progress() as progress:
         session = load_session(args.model, base_config, dtype=args.dtype, device=args.device,
                                backend=args.backend, allow_pickle=args.allow_pickle, progress=progress,
-                                   threads=args.threads, revision=args.revision)
+                               threads=args.threads, revision=args.revision, **draft_options(args))
         hf = HFPeer(session.model_path, session, base_config.max_new_tokens) if peers else None
     for m in methods:  # fail fast on an unavailable method, before any timing
         session._check_available(configs[m])

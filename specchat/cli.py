@@ -49,16 +49,21 @@ def _add_model_args(p: argparse.ArgumentParser) -> None:
                    help="allow loading .bin/.pt checkpoints (weights_only=True); safetensors otherwise")
 
 
-def _add_spec_args(p: argparse.ArgumentParser, default_method: str | None = "ngram") -> None:
-    p.add_argument("--method", "--speculative-algorithm", dest="method", default=default_method,
+def _add_spec_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--method", "--speculative-algorithm", dest="method", default=None,
                    help="none | ngram | eagle | eagle3 | standalone")
-    p.add_argument("--draft", default=None, help="draft model or EAGLE head (for eagle/eagle3/standalone)")
+    p.add_argument("--draft", "--speculative-draft-model-path", dest="draft", default=None,
+                   help="EAGLE head or small draft model (folder or hub id); the method is inferred from it")
+    p.add_argument("--draft-revision", default=None, help="hub draft: branch, tag or commit")
+    p.add_argument("--speculative-token-map", dest="token_map", default=None,
+                   help="FR-Spec: frequency-ranked token ids (.pt/.json/.safetensors) restricting an EAGLE-1/2 head")
     for flag, dest, typ, help_ in SPEC_FLAGS:
         p.add_argument(flag, dest=dest, type=typ, default=None, help=help_)
     p.add_argument("--adaptive-draft", dest="adaptive_draft", action=argparse.BooleanOptionalAction, default=None,
                    help="verify only the part of each draft tree expected to pay (default: on)")
     p.add_argument("--temperature", type=float, default=None, help="0 = greedy (default)")
     p.add_argument("--top-p", dest="top_p", type=float, default=None)
+    p.add_argument("--top-k", dest="top_k", type=int, default=None, help="sample among the k likeliest (0 = off)")
     p.add_argument("--seed", type=int, default=None)
     p.add_argument("--max-new-tokens", dest="max_new_tokens", type=int, default=None)
 
@@ -88,7 +93,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     bench = sub.add_parser("bench", help="measure methods against the baseline, same run, same process")
     _add_model_args(bench)
-    _add_spec_args(bench, default_method=None)
+    _add_spec_args(bench)
     bench.add_argument("--prompts", help="JSON-lines prompt file (messages | turns | prompt)")
     bench.add_argument("--methods", default="none,ngram", help="comma list; 'none' (baseline) is always run")
     bench.add_argument("--peers", default="", help="comma list of reference implementations: hf")
@@ -115,7 +120,7 @@ def spec_overrides(args: argparse.Namespace) -> dict[str, Any]:
         if key not in ALGORITHMS:
             raise UsageError(f"unknown method {method!r}; choose none, ngram, eagle, eagle3 or standalone")
         out["method"] = ALGORITHMS[key]
-    fields = [dest for _, dest, _, _ in SPEC_FLAGS] + ["temperature", "top_p", "seed", "max_new_tokens",
+    fields = [dest for _, dest, _, _ in SPEC_FLAGS] + ["temperature", "top_p", "top_k", "seed", "max_new_tokens",
                                                       "adaptive_draft"]
     for dest in fields:
         value = getattr(args, dest, None)
@@ -127,7 +132,24 @@ def spec_overrides(args: argparse.Namespace) -> dict[str, Any]:
 def make_config(args: argparse.Namespace, **defaults: Any):
     from engine.config import SpecConfig
 
-    return SpecConfig(**{**defaults, **spec_overrides(args)})
+    overrides = spec_overrides(args)
+    if "method" not in overrides and getattr(args, "draft", None) and defaults.get("method") != "none":
+        defaults = {**defaults, "method": "none"}  # placeholder: load_session picks the draft's method
+    if overrides.get("method") in ("eagle", "eagle3", "standalone") and overrides.get("eagle_topk") == 1 \
+            and "num_draft_tokens" not in overrides:
+        overrides["num_draft_tokens"] = overrides.get("num_steps", SpecConfig.num_steps) + 1  # SGLang's rule
+    return SpecConfig(**{**defaults, **overrides})
+
+
+def draft_options(args: argparse.Namespace) -> dict[str, Any]:
+    """load_session's draft arguments from the command line."""
+    explicit = getattr(args, "method", None) is not None
+    return {
+        "draft": getattr(args, "draft", None),
+        "draft_revision": getattr(args, "draft_revision", None),
+        "token_map": getattr(args, "token_map", None),
+        "method_from_draft": bool(getattr(args, "draft", None)) and not explicit and args.command != "bench",
+    }
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -168,7 +190,7 @@ def _dispatch(args: argparse.Namespace) -> int:
 def _is_user_error(exc: Exception) -> bool:
     names = {"UsageError", "ConfigError", "ModelResolutionError", "CheckpointError", "LoadError",
              "UnsupportedModelError", "PromptFileError", "TraceError", "FileNotFoundError", "TokenizerError",
-             "GGUFConversionError"}
+             "GGUFConversionError", "DraftLoadError"}
     return any(cls.__name__ in names for cls in type(exc).__mro__)
 
 

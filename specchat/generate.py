@@ -7,7 +7,7 @@ import json
 import sys
 from pathlib import Path
 
-from specchat.cli import UsageError, make_config
+from specchat.cli import UsageError, draft_options, make_config
 
 # Accepted draft tokens vs tokens the target produced itself (bonus / correction).
 DRAFT_STYLE = "bold green"
@@ -40,9 +40,10 @@ def run_generate(args: argparse.Namespace) -> int:
     out = Console(highlight=False, soft_wrap=True)
     err = Console(stderr=True, highlight=False)
     with rich_progress() as progress:
-        session = load_session(args.model, config, draft=args.draft, dtype=args.dtype, device=args.device,
+        session = load_session(args.model, config, dtype=args.dtype, device=args.device,
                                backend=args.backend, allow_pickle=args.allow_pickle, progress=progress,
-                               threads=args.threads, revision=args.revision)
+                               threads=args.threads, revision=args.revision, **draft_options(args))
+    config = session.config
     if args.raw:
         events = session.generate_ids(session.tokenizer.encode(prompt))
     else:

@@ -53,10 +53,11 @@ def family_config(family: str) -> dict[str, Any]:
     return cfg
 
 
-def hf_model(family: str, seed: int = 0) -> tuple[torch.nn.Module, dict[str, Any]]:
+def hf_model(family: str, seed: int = 0, **overrides: Any) -> tuple[torch.nn.Module, dict[str, Any]]:
+    """``overrides`` change config fields (e.g. num_hidden_layers, vocab_size)."""
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    cfg = family_config(family)
+    cfg = {**family_config(family), **overrides}
     hf_cfg = AutoConfig.for_model(**cfg)
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(hf_cfg, attn_implementation="eager").float().eval()
@@ -73,11 +74,11 @@ def hf_model(family: str, seed: int = 0) -> tuple[torch.nn.Module, dict[str, Any
     return model, cfg
 
 
-def our_model(family: str, seed: int = 0, dtype: torch.dtype = torch.float32):
+def our_model(family: str, seed: int = 0, dtype: torch.dtype = torch.float32, **overrides: Any):
     """(our LlamaModel, hf model) sharing the same random weights."""
     from engine.models.llama import LlamaConfig, LlamaModel
 
-    hf, cfg = hf_model(family, seed)
+    hf, cfg = hf_model(family, seed, **overrides)
     sd = {k: v.detach().clone() for k, v in hf.state_dict().items()}
     return LlamaModel(LlamaConfig.from_dict(cfg), sd, dtype=dtype), hf
 

@@ -234,12 +234,15 @@ class LlamaModel:
         logits: Literal["all", "last", "none"] = "all",
         return_hidden: bool = False,
         capture_layers: Sequence[int] = (),
+        prefix_mask: torch.Tensor | None = None,
     ) -> ForwardOutput:
         """Run T new tokens on top of the cache's committed prefix.
 
         tokens: [T] int64. positions: [T] (default: prefix length + 0..T-1). tree_mask: [T, T] bool,
         row i true at the nodes token i may attend to among the new ones (default: causal).
         K/V of the new tokens land in the cache's scratch slots; the caller commits the kept ones.
+        prefix_mask: [T, L] bool, which cached entries each new token sees (default: all). Draft
+        models growing a tree level by level use it to hide sibling branches' scratch entries.
         """
         c = self.config
         T = tokens.shape[0]
@@ -250,13 +253,14 @@ class LlamaModel:
             positions = torch.arange(L, L + T, device=self.device)
         self.rotary.ensure(int(positions.max()) + 1)
         rot = self.rotary.lookup(positions)
-        if self._ops is not None:
+        if self._ops is not None and prefix_mask is None:
             mask, causal = None, False
             tree_u8 = tree_mask.to("cpu", torch.bool).contiguous() if tree_mask is not None else None
             window = self.config.sliding_window or 0
             positions = positions.to("cpu", torch.int64).contiguous()
         else:
-            mask, causal = self._attention_mask(T, L, positions, tree_mask)
+            mask, causal = self._attention_mask(T, L, positions, tree_mask, prefix_mask)
+            tree_u8 = window = None
 
         x = F.embedding(tokens, self.embed)  # [T, H]
         nh, nkv, hd = c.num_heads, c.num_kv_heads, c.head_dim
@@ -278,19 +282,17 @@ class LlamaModel:
             cache.k[li, :, L : L + T] = qk[:, nh:].transpose(0, 1)
             cache.v[li, :, L : L + T] = qkv[:, k_end:].view(T, nkv, hd).transpose(0, 1)
             if ops is not None:
-                att = ops.attention(qk[:, :nh], cache.k[li], cache.v[li], L, tree_u8, window, positions, self.scale)
+                if mask is None and not causal:
+                    att = ops.attention(qk[:, :nh], cache.k[li], cache.v[li], L, tree_u8, window, positions,
+                                        self.scale)
+                else:
+                    att = self._sdpa(qk[:, :nh], cache.k[li, :, : L + T], cache.v[li, :, : L + T], mask, causal)
                 layer.o.add_into(x, att)  # x += o(att), in place (x is this forward's own tensor)
                 h = self._rms_norm(x, layer.ln_mlp)
                 layer.down.add_into(x, ops.silu_mul(layer.gate_up(h)))
                 continue
-            q = qk[:, :nh].transpose(0, 1)
-            keys = cache.k[li, :, : L + T]
-            values = cache.v[li, :, : L + T]
-            att = F.scaled_dot_product_attention(
-                q.unsqueeze(0), keys.unsqueeze(0), values.unsqueeze(0),
-                attn_mask=mask, is_causal=causal, scale=self.scale, enable_gqa=nkv != nh,
-            )  # [1, nh, T, hd]
-            x = x + layer.o(att[0].transpose(0, 1).reshape(T, nh * hd))
+            att = self._sdpa(qk[:, :nh], cache.k[li, :, : L + T], cache.v[li, :, : L + T], mask, causal)
+            x = x + layer.o(att)
             h = self._rms_norm(x, layer.ln_mlp)
             gate, up = layer.gate_up(h).chunk(2, dim=-1)
             x = x + layer.down(F.silu(gate) * up)
@@ -310,18 +312,29 @@ class LlamaModel:
             return self._ops.rms_norm(x, weight, eps)
         return F.rms_norm(x, (self.config.hidden_size,), weight, eps)
 
-    def _attention_mask(self, T: int, L: int, positions: torch.Tensor, tree_mask: torch.Tensor | None
-                        ) -> tuple[torch.Tensor | None, bool]:
-        """Bool mask [T, L+T] (True = attend), or None with is_causal for the cheap cases."""
+    def _sdpa(self, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor | None,
+              causal: bool) -> torch.Tensor:
+        """q: [T, nh, hd], keys/values: [nkv, L+T, hd] -> [T, nh*hd]."""
+        T, nh, hd = q.shape
+        att = F.scaled_dot_product_attention(
+            q.transpose(0, 1).unsqueeze(0), keys.unsqueeze(0), values.unsqueeze(0),
+            attn_mask=mask, is_causal=causal, scale=self.scale, enable_gqa=keys.shape[0] != nh,
+        )  # [1, nh, T, hd]
+        return att[0].transpose(0, 1).reshape(T, nh * hd)
+
+    def _attention_mask(self, T: int, L: int, positions: torch.Tensor, tree_mask: torch.Tensor | None,
+                        prefix_mask: torch.Tensor | None = None) -> tuple[torch.Tensor | None, bool]:
+        """Additive float mask [T, L+T], or None with is_causal for the cheap cases."""
         window = self.config.sliding_window
         windowed = window is not None and int(positions.max()) >= window
-        if not windowed and tree_mask is None:
+        if not windowed and tree_mask is None and prefix_mask is None:
             if T == 1:
                 return None, False
             if L == 0:
                 return None, True
         block = tree_mask if tree_mask is not None else torch.ones(T, T, dtype=torch.bool).tril_()
-        allowed = torch.cat([torch.ones(T, L, dtype=torch.bool), block.cpu()], dim=1)
+        prefix = prefix_mask.cpu() if prefix_mask is not None else torch.ones(T, L, dtype=torch.bool)
+        allowed = torch.cat([prefix, block.cpu()], dim=1)
         if windowed:
             key_pos = torch.cat([torch.arange(L), positions.cpu()])
             allowed &= (positions.cpu()[:, None] - key_pos[None, :]) < window

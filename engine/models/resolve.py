@@ -57,6 +57,7 @@ _STALE_TMP_S = 3600  # leftovers of a killed conversion older than this are remo
 _HUB_META_PATTERNS = ["*.json", "*.jinja", "tokenizer.model", "merges.txt", "vocab.txt"]
 _HUB_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*")
 _WEIGHT_GLOBS = ("*.safetensors", "model.safetensors.index.json", "*.bin", "*.pt", "*.pth")
+_PICKLE_GLOBS = ("pytorch_model.bin", "pytorch_model.bin.index.json", "pytorch_model-*.bin")
 
 _ACCEPTED = (
     f"use {EMBEDDED_NAME} (the embedded default), a folder with config.json and model.safetensors, "
@@ -86,12 +87,15 @@ def cache_dir() -> Path:
 
 
 def resolve_model(
-    name: str | None, *, revision: str | None = None, progress: ProgressCallback | None = None
+    name: str | None, *, revision: str | None = None, progress: ProgressCallback | None = None,
+    allow_pickle: bool = False,
 ) -> ResolvedModel:
     """Find (converting or downloading on first use) the folder for model ``name``.
 
     ``revision`` (branch, tag or commit) applies to hub ids only. ``progress`` receives
-    (description, done, total) while something slow happens.
+    (description, done, total) while something slow happens. ``allow_pickle`` lets a hub
+    repository without safetensors be fetched with its pickle weights (loaded later with
+    ``weights_only=True``; EAGLE heads are often published that way).
     """
     if name is None or name.strip().lower() in EMBEDDED_ALIASES:
         gguf, stamp = embedded_gguf()
@@ -105,7 +109,7 @@ def resolve_model(
     if path.exists():
         return _resolve_local(path, progress)
     if _HUB_ID.fullmatch(name) and not name.startswith((".", "~")):
-        return _resolve_hub(name, revision, progress)
+        return _resolve_hub(name, revision, progress, allow_pickle)
     if os.sep in name or name.startswith((".", "~")) or name.endswith(".gguf"):
         raise ModelResolutionError(f"no such file or folder: {path}")
     raise ModelResolutionError(f"unknown model {name!r}; {_ACCEPTED}")
@@ -267,7 +271,8 @@ def _hub_cache() -> str | None:
     return None
 
 
-def _resolve_hub(repo_id: str, revision: str | None, progress: ProgressCallback | None) -> ResolvedModel:
+def _resolve_hub(repo_id: str, revision: str | None, progress: ProgressCallback | None,
+                 allow_pickle: bool = False) -> ResolvedModel:
     try:
         import huggingface_hub
         from huggingface_hub import constants
@@ -297,7 +302,7 @@ def _resolve_hub(repo_id: str, revision: str | None, progress: ProgressCallback 
     try:
         folder = download(revision, _HUB_META_PATTERNS)
         # the snapshot folder is named by its commit: pin it so both passes see the same files
-        folder = download(folder.name, _hub_weight_patterns(folder))
+        folder = download(folder.name, _hub_weight_patterns(folder, allow_pickle))
     except hf_errors.GatedRepoError:
         raise ModelResolutionError(
             f"model '{repo_id}' is gated: accept its terms at https://huggingface.co/{repo_id} "
@@ -343,7 +348,9 @@ def _resolve_hub(repo_id: str, revision: str | None, progress: ProgressCallback 
             f"'{display}' has no config.json, so it is not a transformers model repository "
             "(for a GGUF repository, download its .gguf file and pass that path)"
         )
-    if not ((folder / "model.safetensors").is_file() or (folder / "model.safetensors.index.json").is_file()):
+    has_pickle = allow_pickle and any(any(folder.glob(g)) for g in _PICKLE_GLOBS)
+    if not ((folder / "model.safetensors").is_file() or (folder / "model.safetensors.index.json").is_file()
+            or has_pickle):
         raise ModelResolutionError(
             f"'{display}' has no safetensors weights (model.safetensors) on the hub or in the cache; "
             f"pick a repository that has them, or run {fetch} to finish an interrupted download"
@@ -351,8 +358,9 @@ def _resolve_hub(repo_id: str, revision: str | None, progress: ProgressCallback 
     return ResolvedModel(folder, display, "hub")
 
 
-def _hub_weight_patterns(folder: Path) -> list[str]:
-    """Weight files to fetch: the shards the index names, else the single model.safetensors."""
+def _hub_weight_patterns(folder: Path, allow_pickle: bool = False) -> list[str]:
+    """Weight files to fetch: the shards the index names, else the single model.safetensors
+    (and, with ``allow_pickle``, a pickle checkpoint for repositories that have nothing else)."""
     index = folder / "model.safetensors.index.json"
     if index.is_file():
         try:
@@ -360,7 +368,7 @@ def _hub_weight_patterns(folder: Path) -> list[str]:
             return sorted(set(weight_map.values()))
         except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
             raise ModelResolutionError(f"{index} is not a valid weight index ({e}); delete it and retry") from None
-    return ["model.safetensors"]
+    return ["model.safetensors", *(_PICKLE_GLOBS if allow_pickle else ())]
 
 
 def _first_line(e: BaseException) -> str:

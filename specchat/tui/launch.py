@@ -47,6 +47,9 @@ def _real_factory(args: argparse.Namespace, config: SpecConfig):
     passed = ("backend", "allow_pickle", "threads", "revision")
     extra = {k: getattr(args, k) for k in passed if getattr(args, k, None) is not None}
     extra["reserve_cores"] = 1
+    from specchat.cli import draft_options
+
+    extra.update(draft_options(args))
 
     def factory(progress):
         from engine.loader import load_session  # imported on the engine thread, which owns the model
@@ -55,7 +58,6 @@ def _real_factory(args: argparse.Namespace, config: SpecConfig):
             getattr(args, "model", None),
             config,
             progress=progress,
-            draft=getattr(args, "draft", None),
             dtype=getattr(args, "dtype", None) or "float32",
             device=getattr(args, "device", None) or "auto",
             **extra,

@@ -1,0 +1,127 @@
+"""The EAGLE drafter (EAGLE-2 dynamic trees over an EAGLE-1/2 or EAGLE-3 head).
+
+Bookkeeping follows the reference: the head's cache holds one entry per *committed* position p,
+made of the token at p+1 and the target feature at p, at RoPE position p. Each step:
+
+1. extend: entries for the positions committed since the last step (the root's is the last one,
+   which is why entries are built in ``propose``, once the root is known);
+2. grow the tree from the last entry's output (engine.drafters.tree_search); a node at depth d
+   sits at position N-1+d, reads its parent's output as its stream and attends to the committed
+   entries plus its own ancestors' scratch entries — never a sibling's;
+3. scratch entries are dropped: the next extend overwrites them.
+
+Features come from the session (the target's verify forward already computes them), so the
+drafter never runs the target itself.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from engine.config import SpecConfig
+from engine.drafters.eagle_head import EagleHead
+from engine.drafters.tree_search import Candidates, DraftRandom, grow_tree
+from engine.tree import DraftTree
+
+
+class EagleDrafter:
+    needs_features = True
+
+    def __init__(self, head: EagleHead, name: str | None = None) -> None:
+        self.head = head
+        self.name = name or head.spec.kind
+        self.cache = head.new_cache(512)
+        self._tokens: list[int] = []  # tokens in the target cache, as far as this drafter knows
+        self._pending: list[torch.Tensor] = []  # features of committed positions without a head entry yet
+        self._random = DraftRandom()
+
+    # -- the Drafter protocol ------------------------------------------------------------------
+    def reset(self, history: Sequence[int], features: torch.Tensor | None = None) -> None:
+        """Take ``history`` (tokens in the target cache) and ``features`` (one row per token).
+
+        Entries built for a shared prefix are kept: entry p depends on tokens up to p+1, so
+        with a common prefix of c tokens the first c-1 entries are still right.
+        """
+        history = list(history)
+        if features is None or features.shape[0] != len(history):
+            raise ValueError("the EAGLE drafter needs one target feature per history token")
+        common = 0
+        for a, b in zip(self._tokens, history, strict=False):
+            if a != b:
+                break
+            common += 1
+        keep = min(self.cache.length, max(common - 1, 0))
+        self.cache.truncate(keep)
+        self._tokens = history
+        self._pending = [features[keep:]]
+
+    def observe(self, committed: Sequence[int], features: torch.Tensor | None = None) -> None:
+        if features is None or features.shape[0] != len(committed):
+            raise ValueError("the EAGLE drafter needs one target feature per committed token")
+        self._tokens.extend(committed)
+        self._pending.append(features)
+
+    def truncate(self, length: int) -> None:
+        """The target cache was cut back to ``length`` tokens: forget everything; the session's
+        next ``reset`` brings the history and its features back."""
+        self._tokens = []
+        self._pending = []
+        self.cache.truncate(0)
+
+    def propose(self, history: Sequence[int], root: int, config: SpecConfig) -> DraftTree:
+        head = self.head
+        n = len(self._tokens)
+        g_last = self._extend(root)
+        root_logp = head.log_probs(g_last[None])[0]
+        steps, topk = config.num_steps, config.eagle_topk
+        budget = min(config.num_draft_tokens, steps + 1) if topk == 1 else config.num_draft_tokens
+        state: dict[int, torch.Tensor] = {}
+        slots: dict[int, int] = {}
+
+        def expand(frontier: list[int], cands: Candidates) -> torch.Tensor:
+            start = n + len(slots)
+            for j, i in enumerate(frontier):
+                slots[i] = start + j
+            keys = start + len(frontier)
+            mask = torch.zeros(len(frontier), keys, dtype=torch.bool)
+            mask[:, :n] = True
+            for row, i in enumerate(frontier):
+                for a in cands.ancestors(i):
+                    mask[row, slots[a]] = True
+            tokens = torch.tensor([cands.tokens[i] for i in frontier], device=head.device)
+            stream = torch.stack([state.get(cands.parent[i], g_last) for i in frontier])
+            positions = torch.tensor([n - 1 + cands.depth[i] for i in frontier], device=head.device)
+            g = head.forward(tokens, stream, positions, self.cache, start, mask)
+            for row, i in enumerate(frontier):
+                state[i] = g[row]
+            return head.log_probs(g)
+
+        tree, _, _ = grow_tree(root, root_logp, expand, head.to_target, num_steps=steps, topk=topk,
+                               num_draft_tokens=budget,
+                               sampling=self._random.sampling(config, head.to_target_dist))
+        return tree
+
+    # -- internals --------------------------------------------------------------------------------
+    def _extend(self, root: int) -> torch.Tensor:
+        """Add head entries for every committed position that lacks one; return the last output."""
+        head, cache = self.head, self.cache
+        n = len(self._tokens)
+        first = cache.length
+        if first >= n:
+            raise RuntimeError("the EAGLE drafter has no committed position to extend from")
+        features = torch.cat(self._pending) if len(self._pending) != 1 else self._pending[0]
+        if features.shape[0] != n - first:
+            raise RuntimeError(f"EAGLE drafter out of step: {features.shape[0]} features for {n - first} positions")
+        tokens = torch.tensor(self._entry_tokens(first, root), device=head.device)
+        positions = torch.arange(first, n, device=head.device)
+        g = head.forward(tokens, features, positions, cache, first)
+        cache.commit(n - first)
+        self._pending = []
+        return g[-1]
+
+    def _entry_tokens(self, first: int, root: int) -> list[int]:
+        """Tokens of the entries from position ``first``: entry p pairs the token at p+1 with the
+        feature at p (the root is the token after the last committed position)."""
+        return [*self._tokens[first + 1:], root]

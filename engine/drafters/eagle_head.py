@@ -1,0 +1,181 @@
+"""The forward of one EAGLE head (EAGLE-1/2 or EAGLE-3) over its own small KV cache.
+
+A head is one decoder layer that reads the target's embedding of a token and a feature stream
+(target features for committed positions, its own previous output inside a draft tree) and
+predicts the next token. Shapes and wiring follow the public checkpoints exactly:
+
+* EAGLE-1/2: ``h = fc(concat(embed(x), f))``; the layer has no input norm; logits are the
+  target's LM head applied to the output ``g`` (the features are already post-norm).
+* EAGLE-3: ``h = fc(f_low | f_mid | f_high)`` for target features (width 3H) or the previous
+  ``g`` inside the tree (width H); attention reads ``concat(norm_in(embed(x)), norm_h(h))``;
+  logits are the head's own ``lm_head(norm(g))`` over the draft vocabulary, mapped back to target
+  ids through ``d2t``.
+
+The matrix products use the same skinny-product layer as the target (engine.kernels.linear),
+so drafting a tree level of k nodes reads each head weight once.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import torch
+import torch.nn.functional as F
+
+from engine.drafters.eagle_checkpoint import HeadSpec
+from engine.kernels.linear import Linear
+from engine.models.kv_cache import KVCache
+from engine.models.rope import RotaryTable, apply_rotary_interleaved, interleave_halves, rope_inv_freq
+
+
+class EagleHead:
+    """Inference-only EAGLE head bound to one target model (its embedding and, for EAGLE-1/2, its LM head)."""
+
+    def __init__(self, spec: HeadSpec, weights: Mapping[str, torch.Tensor], target, *,
+                 hot_token_ids: torch.Tensor | None = None) -> None:
+        self.spec = spec
+        self.target = target
+        self.dtype = target.dtype
+        self.device = target.device
+        dt, dev = self.dtype, self.device
+        nh, nkv, hd = spec.num_heads, spec.num_kv_heads, spec.head_dim
+
+        def w(key: str) -> torch.Tensor:
+            return weights[key].to(device=dev, dtype=dt)
+
+        def maybe(key: str) -> torch.Tensor | None:
+            return w(key) if key in weights else None
+
+        p = "layers.0." if spec.kind == "eagle" else "midlayer."
+        att = p + "self_attn."
+        qkv = torch.cat([interleave_halves(w(att + "q_proj.weight"), nh, hd),
+                         interleave_halves(w(att + "k_proj.weight"), nkv, hd), w(att + "v_proj.weight")])
+        biases = [maybe(att + f"{x}_proj.bias") for x in "qkv"]
+        qkv_b = None
+        if any(b is not None for b in biases):
+            sizes = (nh * hd, nkv * hd, nkv * hd)
+            parts = [b if b is not None else torch.zeros(n, dtype=dt, device=dev) for b, n in zip(biases, sizes,
+                                                                                                    strict=True)]
+            qkv_b = torch.cat([interleave_halves(parts[0], nh, hd), interleave_halves(parts[1], nkv, hd), parts[2]])
+        self.qkv = Linear(qkv, qkv_b)
+        self.o = Linear(w(att + "o_proj.weight"))
+        self.gate_up = Linear(torch.cat([w(p + "mlp.gate_proj.weight"), w(p + "mlp.up_proj.weight")]))
+        self.down = Linear(w(p + "mlp.down_proj.weight"))
+        self.ln_post = w(p + "post_attention_layernorm.weight")
+        self.fc = Linear(w("fc.weight"), maybe("fc.bias"))
+        self.fc_norms = [w(f"fc_norm.{i}.weight") for i in range(len(spec.aux_layer_ids))] if spec.fc_norm else []
+        self.ln_in = maybe(p + "input_layernorm.weight")
+        self.ln_hidden = maybe(p + "hidden_norm.weight")
+        self.norm = maybe("norm.weight")
+        # the head's vocabulary: draft id -> target id
+        if spec.kind == "eagle3":
+            self.lm_head: Linear | None = Linear(w("lm_head.weight"))
+            d2t = weights.get("d2t")
+            offsets = d2t.to(torch.int64) if d2t is not None else torch.zeros(spec.draft_vocab_size, dtype=torch.int64)
+            self.vocab_ids = (torch.arange(spec.draft_vocab_size) + offsets).to(dev)
+        elif hot_token_ids is not None:  # FR-Spec: the target's LM head restricted to frequent tokens
+            self.lm_head = Linear(_lm_head_rows(target, hot_token_ids.to(dev)))
+            self.vocab_ids = hot_token_ids.to(dev)
+        else:
+            self.lm_head = None  # the target's own LM head
+            self.vocab_ids = None
+        inv_freq, factor = rope_inv_freq(hd, spec.rope_theta, spec.rope_scaling, spec.max_position_embeddings)
+        self.rotary = RotaryTable(inv_freq, factor, dev)
+        self.scale = hd**-0.5
+
+    @property
+    def feature_width(self) -> int:
+        """Width of the target feature one committed position contributes."""
+        if self.spec.kind == "eagle3":
+            return self.spec.target_hidden_size * len(self.spec.aux_layer_ids)
+        return self.spec.hidden_size
+
+    @property
+    def vocab_size(self) -> int:
+        return self.spec.draft_vocab_size if self.vocab_ids is None else int(self.vocab_ids.numel())
+
+    def new_cache(self, capacity: int) -> KVCache:
+        s = self.spec
+        return KVCache(1, s.num_kv_heads, s.head_dim, capacity, dtype=self.dtype, device=self.device)
+
+    def _rms(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        return F.rms_norm(x, (x.shape[-1],), weight, self.spec.rms_norm_eps)
+
+    @torch.inference_mode()
+    def forward(self, tokens: torch.Tensor, stream: torch.Tensor, positions: torch.Tensor, cache: KVCache,
+                start: int, key_mask: torch.Tensor | None = None) -> torch.Tensor:
+        """Run T entries and return their outputs ``g`` [T, H] (pre-norm; the next level's stream).
+
+        tokens: [T] target ids. stream: [T, F] target features (F = 3H for EAGLE-3, H for EAGLE-1/2)
+        or earlier outputs g (EAGLE-3, width H). K/V are written to cache slots [start, start+T).
+        key_mask: [T, start+T] bool, which cached entries each row sees; None = every entry before
+        ``start`` plus a causal block over the new ones.
+        """
+        s = self.spec
+        T = tokens.shape[0]
+        e = self.target.embed_tokens(tokens).to(self.dtype)
+        stream = stream.to(self.dtype)
+        if s.kind == "eagle3":
+            if stream.shape[-1] != s.hidden_size:
+                if self.fc_norms:
+                    chunks = stream.split(s.target_hidden_size, dim=-1)
+                    stream = torch.cat([self._rms(c, wt) for c, wt in zip(chunks, self.fc_norms, strict=True)], -1)
+                stream = self.fc(stream)
+            h = stream
+            a = torch.cat([self._rms(e, self.ln_in), self._rms(h, self.ln_hidden)], dim=-1)
+        else:
+            h = self.fc(torch.cat([e, stream], dim=-1))
+            a = h
+        nh, nkv, hd = s.num_heads, s.num_kv_heads, s.head_dim
+        qkv = self.qkv(a)
+        k_end = (nh + nkv) * hd
+        self.rotary.ensure(int(positions.max()) + 1)
+        rot = self.rotary.lookup(positions)
+        qk = apply_rotary_interleaved(qkv[:, :k_end].view(T, nh + nkv, hd), rot)
+        if cache.capacity < start + T:
+            cache.grow(start + T + 256)
+        cache.k[0, :, start: start + T] = qk[:, nh:].transpose(0, 1)
+        cache.v[0, :, start: start + T] = qkv[:, k_end:].view(T, nkv, hd).transpose(0, 1)
+        if key_mask is None:
+            key_mask = torch.ones(T, start + T, dtype=torch.bool)
+            key_mask[:, start:] = torch.ones(T, T, dtype=torch.bool).tril_()
+        bias = torch.zeros(T, start + T, dtype=self.dtype).masked_fill_(~key_mask.cpu(), float("-inf"))
+        out = F.scaled_dot_product_attention(
+            qk[:, :nh].transpose(0, 1).unsqueeze(0), cache.k[:, :, : start + T], cache.v[:, :, : start + T],
+            attn_mask=bias.to(self.device), scale=self.scale, enable_gqa=nkv != nh,
+        )[0].transpose(0, 1).reshape(T, nh * hd)
+        x = h + self.o(out)
+        gate, up = self.gate_up(self._rms(x, self.ln_post)).chunk(2, dim=-1)
+        return x + self.down(F.silu(gate) * up)
+
+    @torch.inference_mode()
+    def log_probs(self, g: torch.Tensor) -> torch.Tensor:
+        """[T, vocab] float32 log-probabilities over the head's vocabulary (see :meth:`to_target`)."""
+        if self.spec.kind == "eagle3":
+            logits = self.lm_head(self._rms(g, self.norm)).float()
+        elif self.lm_head is not None:
+            logits = self.lm_head(g).float()
+        else:
+            logits = self.target.logits_from_hidden(g)
+        return torch.log_softmax(logits, dim=-1)
+
+    def to_target(self, ids: torch.Tensor) -> torch.Tensor:
+        """Head vocabulary indices -> target token ids."""
+        return ids if self.vocab_ids is None else self.vocab_ids[ids]
+
+    def to_target_dist(self, q: torch.Tensor) -> torch.Tensor:
+        """A distribution over the head's vocabulary as one over the target's (zero elsewhere)."""
+        if self.vocab_ids is None:
+            return q
+        out = torch.zeros(self.target.config.vocab_size, dtype=q.dtype, device=q.device)
+        return out.index_copy_(0, self.vocab_ids.to(q.device), q)
+
+
+def _lm_head_rows(target, ids: torch.Tensor) -> torch.Tensor:
+    """The target LM head's rows for ``ids`` as a dense [len(ids), H] weight."""
+    head = target.lm_head
+    dense = getattr(head, "dense_weight", None)
+    if dense is None:  # a head stored in another form: recover its rows through the head itself
+        eye = torch.eye(target.config.hidden_size, dtype=target.dtype, device=target.device)
+        dense = head(eye).T
+    return dense[ids].contiguous()

@@ -1,0 +1,121 @@
+"""From ``--draft NAME`` to a drafter factory: EAGLE heads (EAGLE-1/2, EAGLE-3) or a standalone model.
+
+Everything that can fail is checked before the caller changes anything: a head that does not fit
+the target raises DraftLoadError with one line, and the session (or the loading screen) keeps
+what it had.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from engine.drafters.eagle_checkpoint import DraftLoadError, HeadKind, guess_kind, is_eagle_config, read_head
+from engine.features import FeatureSpec
+
+DRAFT_METHODS = ("eagle", "eagle3", "standalone")
+# The EAGLE-3 head trained for the embedded model (issue 8), used by --method eagle3 without --draft.
+SHIPPED_HEADS = {"smollm2-135m": Path(__file__).resolve().parents[2] / "assets" / "heads" / "smollm2-135m-eagle3"}
+
+
+@dataclass
+class DraftBundle:
+    """What a session needs to draft with a loaded draft."""
+
+    method: str  # eagle | eagle3 | standalone
+    factory: Callable[[], Any]  # a new Drafter
+    features: FeatureSpec | None  # target states the drafter reads
+    description: str  # one line for the UI: what was loaded
+
+
+def shipped_head(model_key: str) -> Path | None:
+    path = SHIPPED_HEADS.get(model_key)
+    return path if path is not None and (path / "config.json").is_file() else None
+
+
+def load_draft(source: str, target: Any, tokenizer: Any, *, method: str | None = None, allow_pickle: bool = False,
+               revision: str | None = None, token_map: str | None = None) -> DraftBundle:
+    """Load ``source`` (a local folder or a hub id) as a drafter for ``target`` (a LlamaModel).
+
+    ``method`` None infers eagle / eagle3 / standalone from the checkpoint.
+    """
+    from engine.models.checkpoint import CheckpointError, load_state_dict, read_config
+    from engine.models.resolve import ModelResolutionError, resolve_model
+
+    if method is not None and method not in DRAFT_METHODS:
+        raise DraftLoadError(f"--draft goes with --method eagle, eagle3 or standalone, not {method!r}")
+    if not hasattr(target, "embed_tokens") or not hasattr(target, "config"):
+        raise DraftLoadError("draft models need specchat's own forward for the target; drop --backend hf")
+    try:
+        resolved = resolve_model(source, revision=revision, allow_pickle=allow_pickle)
+        config = read_config(resolved.path)
+        state = load_state_dict(resolved.path, allow_pickle=allow_pickle)
+    except (ModelResolutionError, CheckpointError) as e:
+        raise DraftLoadError(f"draft {source}: {e}") from None
+    label = resolved.name or source
+    kind: HeadKind | None = guess_kind(config, set(state))
+    if kind is None and not is_eagle_config(config):
+        if method in ("eagle", "eagle3"):
+            raise DraftLoadError(f"{label} is a full language model, not an EAGLE head; use --method standalone")
+        if token_map:
+            raise DraftLoadError("--speculative-token-map applies to EAGLE-1/2 heads only")
+        return _standalone(resolved.path, label, config, state, target, tokenizer, allow_pickle)
+    if method == "standalone":
+        raise DraftLoadError(f"{label} is an EAGLE head, not a language model; use --method {kind or 'eagle3'}")
+    spec, weights = read_head(config, state, kind=method, target=target.config, source=label)  # type: ignore[arg-type]
+    hot = None
+    if token_map:
+        if spec.kind != "eagle":
+            raise DraftLoadError("--speculative-token-map applies to EAGLE-1/2 heads (EAGLE-3 heads carry their "
+                                 "own vocabulary map)")
+        from engine.drafters.eagle_checkpoint import load_token_map
+
+        hot = load_token_map(token_map, target.config.vocab_size)
+    from engine.drafters.eagle import EagleDrafter
+    from engine.drafters.eagle_head import EagleHead
+
+    head = EagleHead(spec, weights, target, hot_token_ids=hot)
+    features = (FeatureSpec(capture_layers=spec.capture_layers()) if spec.kind == "eagle3"
+                else FeatureSpec(final_hidden=True))
+    vocab = f", {head.vocab_size} draft tokens" if head.vocab_ids is not None else ""
+    what = {"eagle": "EAGLE-1/2", "eagle3": "EAGLE-3"}[spec.kind]
+    return DraftBundle(spec.kind, lambda: EagleDrafter(head, spec.kind), features, f"{what} head {label}{vocab}")
+
+
+def _standalone(path: Path, label: str, config: dict[str, Any], state: dict[str, torch.Tensor], target: Any,
+                tokenizer: Any, allow_pickle: bool) -> DraftBundle:
+    from engine.drafters.standalone import StandaloneDrafter
+    from engine.models.llama import LlamaConfig, LlamaModel, UnsupportedModelError
+    from engine.tokenizer import Tokenizer, TokenizerError
+
+    try:
+        draft_config = LlamaConfig.from_dict(config)
+    except UnsupportedModelError as e:
+        raise DraftLoadError(f"draft {label}: {e}") from None
+    try:
+        draft_tok = Tokenizer.from_dir(path)
+    except (TokenizerError, OSError) as e:
+        raise DraftLoadError(f"draft {label} has no usable tokenizer ({e}); a standalone draft must share the "
+                             "target's tokenizer") from None
+    if not same_tokenizer(draft_tok, tokenizer):
+        raise DraftLoadError(f"draft {label} uses a different tokenizer than the target; a standalone draft must "
+                             "share the target's vocabulary (pick a smaller model of the same family)")
+    try:
+        model = LlamaModel(draft_config, state, dtype=target.dtype, device=target.device, consume=True)
+    except UnsupportedModelError as e:
+        raise DraftLoadError(f"draft {label}: {e}") from None
+    vocab = target.config.vocab_size
+    return DraftBundle("standalone", lambda: StandaloneDrafter(model, vocab), None,
+                       f"standalone draft {label} ({draft_config.num_layers} layers)")
+
+
+def same_tokenizer(a: Any, b: Any) -> bool:
+    """Same vocabulary, same ids, same stop tokens."""
+    try:
+        return bool(a.backend.get_vocab() == b.backend.get_vocab() and a.stop_token_ids == b.stop_token_ids)
+    except AttributeError:
+        return bool(a.vocab_size == b.vocab_size)

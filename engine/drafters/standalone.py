@@ -1,0 +1,130 @@
+"""A small language model with the target's tokenizer as the drafter (SGLang's STANDALONE).
+
+Its KV cache mirrors the target's: committed tokens only, kept across steps and turns, cut back
+to the common prefix when a conversation diverges. Each step runs the tokens committed since the
+last step plus the root in one forward (the root's entry stays as scratch), then grows an
+EAGLE-2-style tree level by level (engine.drafters.tree_search): one forward per level over the
+frontier, each node attending to the committed prefix, the root and its own ancestors only.
+
+After verification the accepted path is compacted like the target's cache: the scratch entries
+of the root and of every accepted node that was expanded already hold exactly the K/V a plain
+forward would compute (same token, position and ancestors), so they are moved into place and
+only the rest (at most the last accepted node, and the new root) is run in the next step.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from engine.config import SpecConfig
+from engine.drafters.tree_search import Candidates, DraftRandom, grow_tree
+from engine.tree import DraftTree
+
+
+class StandaloneDrafter:
+    name = "standalone"
+    needs_features = False
+
+    def __init__(self, model, vocab_size: int) -> None:
+        """``vocab_size``: the target's; draft logits past it (padding rows) are never proposed."""
+        self.model = model
+        self.vocab_size = min(vocab_size, model.config.vocab_size)
+        self.target_vocab = vocab_size
+        self.cache = model.new_cache(512)
+        self._tokens: list[int] = []
+        self._random = DraftRandom()
+        # the last proposal: (tree, scratch slot of each tree row that has an entry)
+        self._last: tuple[DraftTree, dict[int, int]] | None = None
+
+    def reset(self, history: Sequence[int]) -> None:
+        self._last = None
+        history = list(history)
+        common = 0
+        for a, b in zip(self._tokens, history, strict=False):
+            if a != b:
+                break
+            common += 1
+        self.cache.truncate(min(self.cache.length, common))
+        self._tokens = history
+
+    def observe(self, committed: Sequence[int], features: torch.Tensor | None = None) -> None:
+        committed = list(committed)
+        if self._last is not None and self.cache.length == len(self._tokens):
+            self._compact(committed, *self._last)
+        self._last = None
+        self._tokens.extend(committed)
+
+    def _compact(self, committed: list[int], tree: DraftTree, slot_of_row: dict[int, int]) -> None:
+        """Keep the scratch entries of the committed path's leading rows that have one."""
+        if not committed or tree.tokens[0] != committed[0]:
+            return
+        children = tree.children()
+        rows = [0]
+        for token in committed[1:]:
+            nxt = next((c for c in children[rows[-1]] if tree.tokens[c] == token), None)
+            if nxt is None:
+                break
+            rows.append(nxt)
+        slots = []
+        for r in rows:
+            if r not in slot_of_row:
+                break
+            slots.append(slot_of_row[r] - self.cache.length)
+        if slots:
+            self.cache.commit(slots)
+
+    def truncate(self, length: int) -> None:
+        self._last = None
+        self._tokens = self._tokens[:length]
+        self.cache.truncate(min(self.cache.length, length))
+
+    def _full_vocab(self, q: torch.Tensor) -> torch.Tensor:
+        """Draft distributions cover the target's first ``vocab_size`` ids; pad to the target's vocabulary."""
+        return torch.nn.functional.pad(q, (0, self.target_vocab - q.shape[-1]))
+
+    def _log_probs(self, logits: torch.Tensor) -> torch.Tensor:
+        return torch.log_softmax(logits[..., : self.vocab_size].float(), dim=-1)
+
+    def propose(self, history: Sequence[int], root: int, config: SpecConfig) -> DraftTree:
+        model, cache = self.model, self.cache
+        n = len(self._tokens)
+        steps, topk = config.num_steps, config.eagle_topk
+        budget = min(config.num_draft_tokens, steps + 1) if topk == 1 else config.num_draft_tokens
+        need = n + 1 + steps * topk + 8
+        if cache.capacity < need:
+            cache.grow(need + 256)
+        first = cache.length
+        new = torch.tensor([*self._tokens[first:], root], device=model.device)
+        out = model.forward(new, cache, logits="last")
+        cache.commit(n - first)  # the root's entry (slot n) stays scratch: the target has not kept it yet
+        root_logp = self._log_probs(out.logits[-1])
+        slots: dict[int, int] = {}
+
+        def expand(frontier: list[int], cands: Candidates) -> torch.Tensor:
+            start = n + 1 + len(slots)
+            for j, i in enumerate(frontier):
+                slots[i] = start + j
+            seen = torch.zeros(len(frontier), start, dtype=torch.bool)
+            seen[:, : n + 1] = True  # committed tokens and the root
+            for row, i in enumerate(frontier):
+                for a in cands.ancestors(i)[:-1]:
+                    seen[row, slots[a]] = True
+            tokens = torch.tensor([cands.tokens[i] for i in frontier], device=model.device)
+            positions = torch.tensor([n + cands.depth[i] for i in frontier], device=model.device)
+            cache.length = start  # write this level after the scratch entries of earlier levels
+            try:
+                res = model.forward(tokens, cache, positions=positions, prefix_mask=seen,
+                                    tree_mask=torch.eye(len(frontier), dtype=torch.bool))
+            finally:
+                cache.length = n
+            return self._log_probs(res.logits)
+
+        tree, _, chosen = grow_tree(root, root_logp, expand, lambda ids: ids, num_steps=steps, topk=topk,
+                                    num_draft_tokens=budget,
+                                    sampling=self._random.sampling(config, self._full_vocab))
+        slot_of_row = {0: n}
+        slot_of_row.update({row: slots[c] for row, c in enumerate(chosen, start=1) if c in slots})
+        self._last = (tree, slot_of_row)
+        return tree

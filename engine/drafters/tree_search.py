@@ -1,0 +1,160 @@
+"""EAGLE-2's dynamic draft tree, shared by the EAGLE heads and the standalone draft model.
+
+The tree grows level by level: the root's top-k children form level 1; each further level feeds
+the current frontier (k nodes) through the drafter in one batched forward, takes the top-k
+children of every frontier node (k² candidates scored by cumulative draft log-probability) and
+keeps the k best as the next frontier. Finally the best ``num_draft_tokens - 1`` of *all*
+candidates are verified.
+
+SGLang's knobs keep their meaning: ``num_steps`` is the number of levels (the first comes from
+the root's own output, so ``num_steps - 1`` tree forwards), ``eagle_topk`` the branching, and
+``num_draft_tokens`` the tree size with the root. ``topk 1`` is a chain of ``num_steps`` drafts.
+
+With sampling (temperature > 0) and ``topk 1``, each draft is *sampled* from the drafter's
+distribution processed like the target's (temperature, top-k, top-p), and that distribution
+travels with the tree (``DraftTree.proposals``) so verification can accept with min(1, p/q):
+far more acceptances than treating an argmax draft as a point mass when the drafter is good.
+Wider trees stay deterministic top-k, verified as point masses (both lossless).
+
+Selection is closed under parents by construction: a child's cumulative score never exceeds its
+parent's (log-probabilities are <= 0 and float addition is monotonic), and ties go to the lower
+candidate index, which a parent always has.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+
+from engine.config import SpecConfig
+from engine.tree import DraftTree
+
+
+@dataclass
+class Candidates:
+    """Every node the search scored, in creation order (a topological order)."""
+
+    tokens: list[int] = field(default_factory=list)  # target token ids
+    logp: list[float] = field(default_factory=list)  # log-probability given the parent
+    score: list[float] = field(default_factory=list)  # cumulative log-probability from the root
+    parent: list[int] = field(default_factory=list)  # candidate index, -1 = the root
+    depth: list[int] = field(default_factory=list)
+
+    def add(self, tokens: list[int], logp: list[float], score: list[float], parent: list[int], depth: int
+            ) -> list[int]:
+        first = len(self.tokens)
+        self.tokens += tokens
+        self.logp += logp
+        self.score += score
+        self.parent += parent
+        self.depth += [depth] * len(tokens)
+        return list(range(first, len(self.tokens)))
+
+    def ancestors(self, i: int) -> list[int]:
+        """Candidate indices from ``i``'s depth-1 ancestor down to ``i`` itself."""
+        out = []
+        while i >= 0:
+            out.append(i)
+            i = self.parent[i]
+        return out[::-1]
+
+
+# expand(frontier candidate indices) -> [len(frontier), vocab] log-probs of their children
+Expand = Callable[[list[int], Candidates], torch.Tensor]
+# head vocabulary indices -> target token ids
+ToTarget = Callable[[torch.Tensor], torch.Tensor]
+# [f, head vocab] log-probs -> [f, head vocab] the distribution to sample drafts from
+Processor = Callable[[torch.Tensor], torch.Tensor]
+# [head vocab] distribution -> [target vocab] distribution
+ToTargetDist = Callable[[torch.Tensor], torch.Tensor]
+
+
+@dataclass
+class Sampling:
+    """How a chain drafter samples (temperature > 0): see the module docstring."""
+
+    process: Processor
+    to_target_dist: ToTargetDist
+    generator: torch.Generator | None = None
+
+
+def grow_tree(root: int, root_logp: torch.Tensor, expand: Expand, to_target: ToTarget, *,
+              num_steps: int, topk: int, num_draft_tokens: int, sampling: Sampling | None = None
+              ) -> tuple[DraftTree, Candidates, list[int]]:
+    """Build one step's tree. Returns (tree, all candidates, the candidate index of each tree node
+    after the root) so drafters can map tree nodes back to their own state."""
+    k = min(topk, root_logp.shape[-1])
+    budget = num_draft_tokens - 1
+    cands = Candidates()
+    if budget <= 0:
+        return DraftTree.root_only(root), cands, []
+    sampled = sampling is not None and k == 1
+    proposals: dict[int, torch.Tensor] = {}  # candidate index (-1 = root) -> q its child came from
+    lp, ix = _pick(root_logp[None], k, sampling if sampled else None, [-1], proposals)
+    lp_list = lp[0].tolist()
+    frontier = cands.add(to_target(ix[0]).tolist(), lp_list, lp_list, [-1] * k, 1)
+    for level in range(2, num_steps + 1):
+        logp = expand(frontier, cands)  # [f, vocab]
+        lp, ix = _pick(logp, k, sampling if sampled else None, frontier, proposals)  # [f, k]
+        parent_scores = torch.tensor([cands.score[i] for i in frontier], dtype=lp.dtype)
+        cum = parent_scores[:, None] + lp
+        new = cands.add(to_target(ix.flatten()).tolist(), lp.flatten().tolist(), cum.flatten().tolist(),
+                        [p for p in frontier for _ in range(k)], level)
+        frontier = _best(new, cands.score, k)
+    chosen = sorted(_best(list(range(len(cands.tokens))), cands.score, budget))
+    row = {c: r for r, c in enumerate(chosen, start=1)}
+    row[-1] = 0
+    parents = tuple([-1] + [row[cands.parent[c]] for c in chosen])
+    tree = DraftTree(
+        (root, *(cands.tokens[c] for c in chosen)),
+        parents,
+        (1.0, *(float(torch.tensor(cands.logp[c]).exp()) for c in chosen)),
+        proposals={row[c]: q for c, q in proposals.items() if c in row} if sampled else None,
+    )
+    return tree, cands, chosen
+
+
+def _pick(logp: torch.Tensor, k: int, sampling: Sampling | None, owners: list[int],
+          proposals: dict[int, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Children of each row: the top-k, or (sampling, k = 1) one draw from the processed
+    distribution, recorded in ``proposals`` under the row's owner."""
+    if sampling is None:
+        return logp.topk(k, dim=-1)
+    q = sampling.process(logp)
+    ix = torch.multinomial(q, 1, generator=sampling.generator)  # [f, 1]
+    for owner, row in zip(owners, q, strict=True):
+        proposals[owner] = sampling.to_target_dist(row)
+    return logp.gather(-1, ix), ix
+
+
+def _best(indices: list[int], score: list[float], n: int) -> list[int]:
+    """The ``n`` best candidates by score, ties to the lower index (so parents before children)."""
+    return sorted(indices, key=lambda i: (-score[i], i))[:n]
+
+
+class DraftRandom:
+    """The drafter's own random stream, reseeded when the configured seed changes, so seeded
+    runs reproduce (drafting draws from it, verification from the session's)."""
+
+    _UNSET = object()
+
+    def __init__(self) -> None:
+        self._seed: object = self._UNSET
+        self.generator = torch.Generator()
+
+    def sampling(self, config: SpecConfig, to_target_dist: ToTargetDist) -> Sampling | None:
+        """How to draft under ``config``: None (greedy: deterministic top-k) or a Sampling."""
+        if config.greedy:
+            return None
+        if config.seed != self._seed:
+            self.generator.manual_seed(config.seed if config.seed is not None else random.getrandbits(63))
+            self._seed = config.seed
+        from engine.verify import target_probs
+
+        def process(logp: torch.Tensor) -> torch.Tensor:
+            return target_probs(logp, config.temperature, config.top_p, config.top_k)
+
+        return Sampling(process, to_target_dist, self.generator)

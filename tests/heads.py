@@ -135,3 +135,48 @@ def write_tiny_model(folder: Path, *, vocab: int = 300, layers: int = 6, seed: i
     (folder / "config.json").write_text(json.dumps(cfg))
     save_file({k: v.contiguous() for k, v in hf.state_dict().items()}, str(folder / "model.safetensors"))
     return folder
+
+
+def write_random_standalone(folder: Path, model_dir: Path, *, layers: int = 2, hidden: int = 64, seed: int = 0
+                            ) -> Path:
+    """A small random Llama with ``model_dir``'s tokenizer and vocabulary (a standalone draft for tests
+    and benchmarks of the drafting machinery: its drafts are rarely right)."""
+    import shutil
+
+    from safetensors.torch import save_file
+
+    base = json.loads((model_dir / "config.json").read_text())
+    folder.mkdir(parents=True, exist_ok=True)
+    for f in model_dir.iterdir():
+        if f.is_file() and (f.name.startswith(("tokenizer", "special_tokens", "generation_config", "vocab", "merges"))
+                            or f.suffix == ".jinja"):
+            shutil.copy(f, folder / f.name)
+    cfg = {**base, "num_hidden_layers": layers, "hidden_size": hidden, "intermediate_size": 2 * hidden,
+           "num_attention_heads": 2, "num_key_value_heads": 1, "head_dim": hidden // 2, "tie_word_embeddings": True}
+    (folder / "config.json").write_text(json.dumps(cfg))
+    gen = torch.Generator().manual_seed(seed)
+    V, H, I, hd = cfg["vocab_size"], hidden, 2 * hidden, hidden // 2
+    sd = {"model.embed_tokens.weight": _rand(gen, V, H), "model.norm.weight": torch.ones(H)}
+    for i in range(layers):
+        p = f"model.layers.{i}."
+        sd.update({
+            p + "self_attn.q_proj.weight": _rand(gen, 2 * hd, H), p + "self_attn.k_proj.weight": _rand(gen, hd, H),
+            p + "self_attn.v_proj.weight": _rand(gen, hd, H), p + "self_attn.o_proj.weight": _rand(gen, H, 2 * hd),
+            p + "mlp.gate_proj.weight": _rand(gen, I, H), p + "mlp.up_proj.weight": _rand(gen, I, H),
+            p + "mlp.down_proj.weight": _rand(gen, H, I),
+            p + "input_layernorm.weight": torch.ones(H), p + "post_attention_layernorm.weight": torch.ones(H),
+        })
+    save_file(sd, str(folder / "model.safetensors"))
+    return folder
+
+
+def write_random_drafts(model_dir: Path, out: Path, *, draft_vocab: int = 8192, seed: int = 0) -> dict[str, Path]:
+    """Random EAGLE-1/2 and EAGLE-3 heads and a standalone draft that fit the model in ``model_dir``."""
+    target = json.loads((model_dir / "config.json").read_text())
+    vocab = min(draft_vocab, target["vocab_size"])
+    return {
+        "eagle": write_head(out / "eagle", target, "eagle", layout="sglang", seed=seed),
+        "eagle3": write_head(out / "eagle3", target, "eagle3", layout="specforge", draft_vocab=vocab, seed=seed,
+                             aux_ids=[1, target["num_hidden_layers"] // 2 - 1, target["num_hidden_layers"] - 4]),
+        "standalone": write_random_standalone(out / "standalone", model_dir, seed=seed),
+    }

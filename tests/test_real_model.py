@@ -62,3 +62,21 @@ def test_bench_cli_json(tmp_path) -> None:
     assert set(rows) == {"none", "ngram"}
     assert rows["none"]["speedup"] == 1.0 and rows["ngram"]["identical_to_baseline"]
     assert all(r["tokens_per_s"] > 0 and r["prompts"] == 1 for r in rows.values())
+
+
+@pytest.mark.parametrize("kind", ["eagle", "eagle3", "standalone"])
+def test_bench_draft_methods_on_the_embedded_model(tmp_path, kind: str) -> None:
+    """A random head (or draft model) written for the embedded model: bench's exactness check holds."""
+    from heads import write_random_drafts
+
+    from engine.models.resolve import resolve_model
+    from specchat.cli import main
+
+    drafts = write_random_drafts(resolve_model(None).path, tmp_path / "drafts")
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text(json.dumps({"messages": [{"role": "user", "content": PROMPTS[0]}]}) + "\n")
+    out = tmp_path / "bench.json"
+    assert main(["bench", "--draft", str(drafts[kind]), "--prompts", str(prompts), "--methods", f"none,{kind}",
+                 "--max-new-tokens", "24", "--json", str(out)]) == 0
+    rows = {r["method"]: r for r in json.loads(out.read_text())["results"]}
+    assert set(rows) == {"none", kind} and rows[kind]["identical_to_baseline"]

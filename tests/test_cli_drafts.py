@@ -1,0 +1,83 @@
+"""``--draft`` on the command line: generate and bench with EAGLE heads and standalone drafts."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from heads import write_random_drafts, write_tiny_model
+
+from specchat.cli import main
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, Path]]:
+    root = tmp_path_factory.mktemp("cli-drafts")
+    model = write_tiny_model(root / "model")
+    return model, write_random_drafts(model, root / "drafts", draft_vocab=200)
+
+
+def _generate(capsys, *args: str) -> dict:
+    assert main(["generate", *args, "--prompt", "the world again", "--max-new-tokens", "20", "--json",
+                 "--threads", "1"]) == 0
+    return json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+
+
+@pytest.mark.parametrize("kind", ["eagle", "eagle3", "standalone"])
+def test_generate_infers_the_method_from_the_draft_and_matches_the_baseline(tiny, capsys, kind: str) -> None:
+    model, drafts = tiny
+    base = _generate(capsys, str(model), "--method", "none")
+    out = _generate(capsys, str(model), "--draft", str(drafts[kind]))
+    assert out["method"] == kind
+    assert out["tokens"] == base["tokens"]
+
+
+def test_sglang_alias_and_explicit_tree_flags(tiny, capsys) -> None:
+    model, drafts = tiny
+    base = _generate(capsys, str(model), "--method", "none")
+    out = _generate(capsys, str(model), "--speculative-algorithm", "EAGLE3", "--speculative-draft-model-path",
+                    str(drafts["eagle3"]), "--speculative-num-steps", "3", "--speculative-eagle-topk", "2",
+                    "--speculative-num-draft-tokens", "6")
+    assert out["method"] == "eagle3" and out["tokens"] == base["tokens"]
+
+
+def test_bench_runs_every_draft_method_against_the_baseline(tiny, tmp_path: Path) -> None:
+    model, drafts = tiny
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text("\n".join(json.dumps({"prompt": p}) for p in ["the world", "again and again"]) + "\n")
+    for kind in ("eagle", "eagle3", "standalone"):
+        out = tmp_path / f"{kind}.json"
+        assert main(["bench", str(model), "--draft", str(drafts[kind]), "--methods", f"none,ngram,{kind}",
+                     "--prompts", str(prompts), "--max-new-tokens", "16", "--json", str(out), "--threads", "1"]) == 0
+        rows = {r["method"]: r for r in json.loads(out.read_text())["results"]}
+        assert set(rows) == {"none", "ngram", kind}
+        assert all(r["identical_to_baseline"] for r in rows.values())
+
+
+def _one_line_error(capsys, argv: list[str], *needles: str) -> None:
+    assert main(argv) == 2
+    err = [line for line in capsys.readouterr().err.strip().splitlines() if line.strip()]
+    assert len(err) == 1 and err[0].startswith("specchat: error:"), err
+    for needle in needles:
+        assert needle in err[0]
+
+
+def test_bad_drafts_end_in_one_line(tiny, capsys, tmp_path: Path) -> None:
+    model, drafts = tiny
+    gen = ["generate", str(model), "--prompt", "hi", "--max-new-tokens", "4"]
+    _one_line_error(capsys, [*gen, "--method", "eagle3"], "needs --draft")
+    _one_line_error(capsys, [*gen, "--draft", str(tmp_path / "nope")], "no such file")
+    _one_line_error(capsys, [*gen, "--method", "eagle", "--draft", str(drafts["eagle3"])], "--method eagle3")
+    _one_line_error(capsys, [*gen, "--method", "eagle3", "--draft", str(drafts["standalone"])],
+                    "full language model")
+    pickled = tmp_path / "pickled"
+    pickled.mkdir()
+    import torch
+    from safetensors.torch import load_file
+
+    torch.save(load_file(str(drafts["eagle"] / "model.safetensors")), pickled / "pytorch_model.bin")
+    (pickled / "config.json").write_text((drafts["eagle"] / "config.json").read_text())
+    _one_line_error(capsys, [*gen, "--draft", str(pickled)], "--allow-pickle")
+    assert main([*gen, "--draft", str(pickled), "--allow-pickle", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out.strip().splitlines()[-1])["method"] == "eagle"

@@ -1,0 +1,122 @@
+"""Lossless sampling: speculative output follows the target's distribution, trees and chains alike.
+
+On a 5-token vocabulary the exact joint distribution of the first three answer tokens is
+computed from the target, and a chi-square test compares it with many seeded speculative runs:
+EAGLE-3 trees (point-mass drafts), EAGLE-3 and standalone chains whose drafts are *sampled* and
+verified with min(1, p/q), and a standalone tree. The seeds are fixed, so the test is
+deterministic; a wrong residual or acceptance rule shifts the counts far past the threshold.
+"""
+
+from __future__ import annotations
+
+import functools
+import itertools
+from collections import Counter
+
+import pytest
+import torch
+from heads import head_config, head_state
+from tiny import TinyTokenizer, family_config, our_model
+
+from engine.config import SpecConfig
+from engine.drafters.base import NoDrafter
+from engine.drafters.eagle import EagleDrafter
+from engine.drafters.eagle_checkpoint import read_head
+from engine.drafters.eagle_head import EagleHead
+from engine.drafters.standalone import StandaloneDrafter
+from engine.events import Step
+from engine.features import FeatureSpec
+from engine.session import Session
+from engine.verify import target_probs
+
+V = 5
+PROMPT = [1, 3, 4]
+NEW = 3
+SAMPLES = 1200
+
+
+@functools.cache
+def target():
+    return our_model("llama", 4, num_hidden_layers=6, vocab_size=V)[0]
+
+
+def exact(temperature: float, top_p: float, top_k: int) -> dict[tuple[int, ...], float]:
+    """P(first NEW tokens) under plain sampling, by enumerating prefixes."""
+    m = target()
+    out: dict[tuple[int, ...], float] = {}
+    for seq in itertools.product(range(V), repeat=NEW):
+        cache = m.new_cache(len(PROMPT) + NEW + 2)
+        logits = m.forward(torch.tensor(PROMPT + list(seq[:-1])), cache).logits[len(PROMPT) - 1:]
+        probs = target_probs(logits, temperature, top_p, top_k)
+        out[seq] = float(torch.prod(probs[torch.arange(NEW), torch.tensor(seq)]))
+    return out
+
+
+def chi_square_p(counts: Counter, probs: dict[tuple[int, ...], float], n: int) -> float:
+    """p-value of Pearson's test, cells with expected count < 5 pooled into one."""
+    stat, pooled_obs, pooled_exp, cells = 0.0, 0, 0.0, 0
+    for seq, p in probs.items():
+        expected = n * p
+        if expected < 5:
+            pooled_obs += counts.get(seq, 0)
+            pooled_exp += expected
+            continue
+        stat += (counts.get(seq, 0) - expected) ** 2 / expected
+        cells += 1
+    if pooled_exp > 0:
+        stat += (pooled_obs - pooled_exp) ** 2 / pooled_exp
+        cells += 1
+    df = cells - 1
+    return float(1 - torch.special.gammainc(torch.tensor(df / 2), torch.tensor(stat / 2)))
+
+
+def eagle3_factory():
+    m = target()
+    cfg = {**family_config("llama"), "num_hidden_layers": 6, "vocab_size": V}
+    spec, weights = read_head(head_config(cfg, "eagle3", draft_vocab=4), head_state(cfg, "eagle3", draft_vocab=4,
+                                                                                    seed=2),
+                              kind=None, target=m.config)
+    head = EagleHead(spec, weights, m)
+    return (lambda: EagleDrafter(head)), FeatureSpec(capture_layers=spec.capture_layers())
+
+
+def standalone_factory():
+    draft = our_model("llama", 9, num_hidden_layers=1, vocab_size=V)[0]
+    return (lambda: StandaloneDrafter(draft, V)), None
+
+
+CASES = [
+    # (drafter, topk, steps, draft tokens, temperature, top_p, top_k)
+    ("eagle3", 2, 3, 6, 1.0, 1.0, 0),  # a tree: point-mass drafts
+    ("eagle3", 1, 3, 4, 0.8, 1.0, 3),  # a chain of sampled drafts, target top-k
+    ("standalone", 1, 2, 3, 1.0, 0.9, 0),  # sampled chain, top-p
+    ("standalone", 2, 2, 5, 1.0, 1.0, 0),  # a tree from a draft model
+]
+
+
+@pytest.mark.parametrize(("method", "topk", "steps", "tokens", "temperature", "top_p", "top_k"), CASES)
+def test_speculative_sampling_keeps_the_target_distribution(method, topk, steps, tokens, temperature, top_p,
+                                                             top_k) -> None:
+    factory, features = eagle3_factory() if method == "eagle3" else standalone_factory()
+    config = SpecConfig(method=method, eagle_topk=topk, num_steps=steps, num_draft_tokens=tokens,
+                        max_new_tokens=NEW, temperature=temperature, top_p=top_p, top_k=top_k, seed=1234,
+                        adaptive_draft=False)
+    s = Session(target(), TinyTokenizer(vocab_size=V, stop_ids=frozenset()), config,
+                drafters={"none": NoDrafter, method: factory}, features=features)
+    counts: Counter = Counter()
+    accepted = 0
+    for _ in range(SAMPLES):
+        seq = []
+        for event in s.generate_ids(PROMPT):
+            if isinstance(event, Step):
+                seq += [c.id for c in event.committed]
+                accepted += len(event.accepted)
+        counts[tuple(seq)] += 1
+    assert accepted > SAMPLES // 4, "drafts were hardly ever accepted: the test would not exercise the tree"
+    assert chi_square_p(counts, exact(temperature, top_p, top_k), SAMPLES) > 1e-3
+
+
+def test_the_chi_square_check_detects_a_wrong_distribution() -> None:
+    probs = exact(1.0, 1.0, 0)
+    wrong = Counter({seq: round(SAMPLES * (0.7 * p + 0.3 / len(probs))) for seq, p in probs.items()})
+    assert chi_square_p(wrong, probs, sum(wrong.values())) < 1e-3

@@ -9,8 +9,8 @@ import pytest
 from heads import write_tiny_model
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from tiny import TinyTokenizer, our_model
 from test_tokenizer import write_tiny
+from tiny import TinyTokenizer, our_model
 
 from engine.config import SpecConfig
 from engine.drafters.base import NoDrafter

@@ -162,6 +162,26 @@ class Session:
     def cancel(self) -> None:
         self._cancel.set()
 
+    def set_draft(self, method: str, factory: DrafterFactory, features: FeatureSpec | None) -> None:
+        """Install a draft loaded with engine.drafters.loading.load_draft (which validates it first,
+        so a bad head never gets here and the old drafter stays). Not while an answer streams.
+
+        A head that reads other target features than the cached ones makes the next turn prefill
+        the conversation again, so every cached token has the features it needs.
+        """
+        with self._lock:
+            if self._busy:
+                raise RuntimeError("stop the answer before loading another draft")
+            self._factories = {**self._factories, method: factory}
+            self._drafters.pop(method, None)
+            if features != self._feature_spec:
+                self._feature_spec = features
+                self._forward_kwargs = features.forward_kwargs() if features is not None else {}
+                self._features.truncate(0)
+                self._cached.clear()
+                if self._cache is not None:
+                    self._cache.truncate(0)
+
     def reset(self) -> None:
         self._messages.clear()
         self._cached.clear()

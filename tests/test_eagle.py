@@ -363,3 +363,21 @@ def test_token_map_is_refused_for_eagle3(tmp_path: Path) -> None:
     path.write_text("[1, 2, 3]")
     with pytest.raises(DraftLoadError, match="EAGLE-1/2"):
         load_draft(str(head_dir("eagle3", "specforge")), target(), TinyTokenizer(), token_map=str(path))
+
+
+def test_a_bad_draft_leaves_the_session_as_it_was_and_a_good_one_is_installed(tmp_path: Path) -> None:
+    from engine.drafters.ngram import NgramDrafter
+
+    s = Session(target(), TinyTokenizer(), SpecConfig(method="ngram", max_new_tokens=8),
+                drafters={"none": NoDrafter, "ngram": NgramDrafter})
+    first = tokens_of(s.chat("ABCD"))
+    bad = _bad(tmp_path, edit=lambda st_: st_.pop("norm.weight"))
+    with pytest.raises(DraftLoadError):
+        load_draft(bad, target(), TinyTokenizer())
+    assert s.methods == ("none", "ngram") and s.config.method == "ngram"
+    good = bundle("eagle3", "specforge", 40)
+    s.set_draft(good.method, good.factory, good.features)
+    s.update_config(s.config.replace(method="eagle3"))
+    second = tokens_of(s.chat("EFG"))
+    plain = Session(target(), TinyTokenizer(), SpecConfig(max_new_tokens=8), drafters={"none": NoDrafter})
+    assert [tokens_of(plain.chat("ABCD")), tokens_of(plain.chat("EFG"))] == [first, second]

@@ -16,6 +16,7 @@ Method = Literal["none", "ngram", "eagle", "eagle3", "standalone"]
 METHODS: tuple[str, ...] = ("none", "ngram", "eagle", "eagle3", "standalone")
 NgramMatchType = Literal["BFS", "PROB"]
 NgramMode = Literal["tree", "chain"]
+SamplingMode = Literal["coupled", "rejection"]
 
 
 class ConfigError(ValueError):
@@ -47,6 +48,9 @@ class SpecConfig:
     temperature: float = 0.0
     top_p: float = 1.0
     top_k: int = 0  # 0 = no top-k cut on the target's distribution
+    # temperature > 0: "coupled" = drafter-invariant Gumbel-max sampling (engine/sampling.py),
+    # "rejection" = recursive rejection sampling (engine/verify.py); both keep p exactly
+    sampling: SamplingMode = "coupled"
     seed: int | None = None
     max_new_tokens: int = 512
 
@@ -89,6 +93,8 @@ class SpecConfig:
         if not (0.0 < self.top_p <= 1.0):
             raise ConfigError(f"top_p must be in (0, 1], got {self.top_p}")
         _at_least("top_k", self.top_k, 0, hint="0 turns the top-k cut off")
+        if self.sampling not in ("coupled", "rejection"):
+            raise ConfigError(f"sampling must be coupled or rejection, not {self.sampling!r}")
         _at_least("max_new_tokens", self.max_new_tokens, 1)
 
     @property

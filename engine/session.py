@@ -30,8 +30,9 @@ from engine.events import (
     StepTiming,
 )
 from engine.features import FeatureSpec, FeatureStore
+from engine.sampling import GumbelNoise, coupled_predictions, perturbed_scores
 from engine.tree import DraftTree
-from engine.verify import Verdict, sample_from, target_probs, verify_greedy, verify_sampling
+from engine.verify import Verdict, sample_from, target_probs, verify_greedy, verify_predicted, verify_sampling
 
 Message = dict[str, str]
 DrafterFactory = Callable[[], Drafter]
@@ -128,6 +129,8 @@ class Session:
         self._generator = torch.Generator(device="cpu")
         self._reseed(self._config)
         self._budget = DraftBudget()
+        self._noise_stream: GumbelNoise | None = None
+        self._answer_seed = 0
         # target states the drafters read (EAGLE heads), one row per cached token
         self._feature_spec = features
         self._features = FeatureStore()
@@ -258,9 +261,24 @@ class Session:
         elif needed > self._cache.capacity:
             self._cache.grow(needed + _CACHE_SLACK)
 
-    def _first_token(self, logits: torch.Tensor, config: SpecConfig) -> int:
+    def _noise(self, config: SpecConfig) -> GumbelNoise | None:
+        """The coupled-sampling noise for this answer (None when greedy or rejection sampling).
+        With a seed it is a function of the seed alone, so every answer to the same prompt, with any
+        drafter, is the same sample; without one each answer draws a fresh stream."""
+        if config.greedy or config.sampling != "coupled":
+            return None
+        seed = config.seed if config.seed is not None else self._answer_seed
+        if self._noise_stream is None or self._noise_stream.seed != seed:
+            self._noise_stream = GumbelNoise(seed, self.model.vocab_size)
+        return self._noise_stream
+
+    def _first_token(self, logits: torch.Tensor, config: SpecConfig, position: int) -> int:
         if config.greedy:
             return int(logits.argmax())
+        noise = self._noise(config)
+        if noise is not None:
+            scores = perturbed_scores(logits, config.temperature, config.top_p, config.top_k, noise.at(position))
+            return int(scores.argmax())
         return sample_from(target_probs(logits, config.temperature, config.top_p, config.top_k), self._generator)
 
     def _run(self, prompt: list[int], override: SpecConfig | None) -> Iterator[Event]:
@@ -280,7 +298,8 @@ class Session:
         cache.commit(len(prompt) - reuse)
         self._keep_features(out, None)
         self._cached.extend(prompt[reuse:])
-        root = self._first_token(out.logits[-1], config)
+        self._answer_seed = int(torch.randint(0, 2**62, (), generator=self._generator))
+        root = self._first_token(out.logits[-1], config, len(prompt))
         prefill_ms = (time.perf_counter() - t0) * 1e3
         yield Started(prompt_tokens=len(prompt), reused_tokens=reuse, prefill_ms=prefill_ms,
                       config=config.to_dict(), model=self.model_name, drafter=config.method)
@@ -342,6 +361,9 @@ class Session:
 
             # ---- draft
             t_draft = time.perf_counter()
+            noise = self._noise(config)
+            if hasattr(drafter, "noise"):
+                drafter.noise = noise
             tree = drafter.propose(self._cached, root, config)
             proposed = len(tree)
             if proposed > config.max_tree_tokens:
@@ -361,6 +383,9 @@ class Session:
                                          **self._forward_kwargs)
             if config.greedy:
                 verdict = verify_greedy(tree, out.logits)
+            elif noise is not None:
+                verdict = verify_predicted(tree, coupled_predictions(
+                    out.logits, tree.depths, L, noise, config.temperature, config.top_p, config.top_k))
             else:
                 verdict = verify_sampling(tree, out.logits, config.temperature, config.top_p, self._generator,
                                            config.top_k)

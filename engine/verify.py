@@ -34,7 +34,12 @@ class Verdict:
 
 def verify_greedy(tree: DraftTree, logits: torch.Tensor) -> Verdict:
     """logits: [T, V], row i = the target's prediction after node i."""
-    predicted = logits.argmax(dim=-1).tolist()
+    return verify_predicted(tree, logits.argmax(dim=-1).tolist())
+
+
+def verify_predicted(tree: DraftTree, predicted: list[int]) -> Verdict:
+    """Walk from the root along children equal to the target's token after each node (its argmax,
+    or its coupled sample, engine/sampling.py); the first miss is the bonus."""
     if len(tree) == 1:
         return Verdict((), predicted[0])
     children = tree.children()

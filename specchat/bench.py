@@ -193,6 +193,8 @@ def run_bench(args: argparse.Namespace) -> int:
     if not args.prompts:
         raise UsageError("bench needs --prompts FILE.jsonl (or --cost-curve)")
     prompts = load_prompts(args.prompts, args.limit)
+    if not base_config.greedy and base_config.sampling == "coupled" and base_config.seed is None:
+        base_config = base_config.replace(seed=0)  # coupled samples are a function of the seed: fix one
     methods = [m.strip() for m in args.methods.split(",") if m.strip()]
     methods = ["none"] + [m for m in methods if m != "none"]
     configs = {m: base_config.replace(method=m) for m in methods}
@@ -200,8 +202,11 @@ def run_bench(args: argparse.Namespace) -> int:
     for peer in peers:
         if peer != "hf":
             raise UsageError(f"unknown peer {peer!r}; available: hf")
-    if not base_config.greedy:
-        print("bench: temperature > 0, outputs are not compared with the baseline")
+    if not base_config.greedy and base_config.sampling == "coupled":
+        print(f"bench: temperature > 0, coupled sampling with seed {base_config.seed}: every method must give "
+              "the baseline's sample")
+    elif not base_config.greedy:
+        print("bench: temperature > 0 with rejection sampling: outputs differ from the baseline's by design")
 
     with rich_progress() as progress:
         session = load_session(args.model, base_config, dtype=args.dtype, device=args.device,

@@ -65,6 +65,9 @@ def _add_spec_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--top-p", dest="top_p", type=float, default=None)
     p.add_argument("--top-k", dest="top_k", type=int, default=None, help="sample among the k likeliest (0 = off)")
     p.add_argument("--seed", type=int, default=None)
+    p.add_argument("--sampling", choices=["coupled", "rejection"], default=None,
+                   help="temperature > 0: coupled (default; the answer depends only on the seed, not on the "
+                        "drafter) or rejection (recursive rejection sampling)")
     p.add_argument("--max-new-tokens", dest="max_new_tokens", type=int, default=None)
 
 
@@ -120,7 +123,8 @@ def spec_overrides(args: argparse.Namespace) -> dict[str, Any]:
         if key not in ALGORITHMS:
             raise UsageError(f"unknown method {method!r}; choose none, ngram, eagle, eagle3 or standalone")
         out["method"] = ALGORITHMS[key]
-    fields = [dest for _, dest, _, _ in SPEC_FLAGS] + ["temperature", "top_p", "top_k", "seed", "max_new_tokens",
+    fields = [dest for _, dest, _, _ in SPEC_FLAGS] + ["temperature", "top_p", "top_k", "sampling", "seed",
+                                                      "max_new_tokens",
                                                       "adaptive_draft"]
     for dest in fields:
         value = getattr(args, dest, None)

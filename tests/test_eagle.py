@@ -381,3 +381,38 @@ def test_a_bad_draft_leaves_the_session_as_it_was_and_a_good_one_is_installed(tm
     second = tokens_of(s.chat("EFG"))
     plain = Session(target(), TinyTokenizer(), SpecConfig(max_new_tokens=8), drafters={"none": NoDrafter})
     assert [tokens_of(plain.chat("ABCD")), tokens_of(plain.chat("EFG"))] == [first, second]
+
+
+@pytest.mark.parametrize("topk", [1, 3])
+def test_seeded_sampling_with_a_head_reproduces(topk: int) -> None:
+    b = bundle("eagle3", "specforge", 40)
+    config = SpecConfig(method="eagle3", eagle_topk=topk, num_steps=3, num_draft_tokens=6, max_new_tokens=30,
+                        temperature=0.9, top_p=0.95, seed=7)
+    runs = [tokens_of(eagle_session(b, config).generate_ids([1, 5, 6, 7])) for _ in range(2)]
+    assert runs[0] == runs[1] and len(runs[0]) == 30
+    other = tokens_of(eagle_session(b, config.replace(seed=8)).generate_ids([1, 5, 6, 7]))
+    assert other != runs[0]
+
+
+@settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    layout=st.sampled_from(LAYOUTS),
+    topk=st.sampled_from([1, 3]),
+    steps=st.sampled_from([1, 4]),
+    draft_tokens=st.sampled_from([2, 8, 32]),
+    prompt=st.lists(st.integers(3, 96), min_size=1, max_size=16),
+    adaptive=st.booleans(),
+    temperature=st.sampled_from([0.6, 1.0, 1.5]),
+    top_p=st.sampled_from([1.0, 0.9]),
+    seed=st.integers(0, 10_000),
+)
+def test_coupled_sampling_gives_the_baselines_sample_whatever_the_drafter(layout, topk, steps, draft_tokens, prompt,
+                                                                          adaptive, temperature, top_p,
+                                                                          seed) -> None:
+    kind, lay = layout
+    b = bundle(kind, lay, 40 if kind == "eagle3" else None)
+    common = {"max_new_tokens": 30, "temperature": temperature, "top_p": top_p, "seed": seed}
+    plain = Session(target(), TinyTokenizer(), SpecConfig(**common), drafters={"none": NoDrafter})
+    config = SpecConfig(method=kind, eagle_topk=topk, num_steps=steps, num_draft_tokens=draft_tokens,
+                        adaptive_draft=adaptive, **common)
+    assert tokens_of(eagle_session(b, config).generate_ids(prompt)) == tokens_of(plain.generate_ids(prompt))

@@ -1,10 +1,11 @@
 """Lossless sampling: speculative output follows the target's distribution, trees and chains alike.
 
 On a 5-token vocabulary the exact joint distribution of the first three answer tokens is
-computed from the target, and a chi-square test compares it with many seeded speculative runs:
-EAGLE-3 trees (point-mass drafts), EAGLE-3 and standalone chains whose drafts are *sampled* and
-verified with min(1, p/q), and a standalone tree. The seeds are fixed, so the test is
-deterministic; a wrong residual or acceptance rule shifts the counts far past the threshold.
+computed from the target, and a chi-square test compares it with many seeded speculative runs.
+Rejection sampling: EAGLE-3 trees (point-mass drafts), EAGLE-3 and standalone chains whose drafts
+are *sampled* and verified with min(1, p/q). Coupled sampling (one seed per run): EAGLE-3 and
+standalone trees drafted with Gumbel-top-k. The seeds are fixed, so the test is deterministic; a
+wrong residual or acceptance rule shifts the counts far past the threshold.
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ from engine.verify import target_probs
 V = 5
 PROMPT = [1, 3, 4]
 NEW = 3
-SAMPLES = 1200
+SAMPLES = 1000
 
 
 @functools.cache
@@ -86,28 +87,32 @@ def standalone_factory():
 
 
 CASES = [
-    # (drafter, topk, steps, draft tokens, temperature, top_p, top_k)
-    ("eagle3", 2, 3, 6, 1.0, 1.0, 0),  # a tree: point-mass drafts
-    ("eagle3", 1, 3, 4, 0.8, 1.0, 3),  # a chain of sampled drafts, target top-k
-    ("standalone", 1, 2, 3, 1.0, 0.9, 0),  # sampled chain, top-p
-    ("standalone", 2, 2, 5, 1.0, 1.0, 0),  # a tree from a draft model
+    # (sampling, drafter, topk, steps, draft tokens, temperature, top_p, top_k)
+    ("rejection", "eagle3", 2, 3, 6, 1.0, 1.0, 0),  # a tree: point-mass drafts
+    ("rejection", "eagle3", 1, 3, 4, 0.8, 1.0, 3),  # a chain of sampled drafts, target top-k
+    pytest.param("rejection", "standalone", 1, 2, 3, 1.0, 0.9, 0, marks=pytest.mark.slow),  # sampled chain, top-p
+    ("coupled", "eagle3", 2, 3, 6, 1.0, 1.0, 0),  # Gumbel-top-k tree
+    # Gumbel-top-k tree from a draft model, top-p and top-k
+    pytest.param("coupled", "standalone", 2, 2, 5, 0.8, 0.9, 3, marks=pytest.mark.slow),
 ]
 
 
-@pytest.mark.parametrize(("method", "topk", "steps", "tokens", "temperature", "top_p", "top_k"), CASES)
-def test_speculative_sampling_keeps_the_target_distribution(method, topk, steps, tokens, temperature, top_p,
-                                                             top_k) -> None:
+@pytest.mark.parametrize(("sampling", "method", "topk", "steps", "tokens", "temperature", "top_p", "top_k"), CASES)
+def test_speculative_sampling_keeps_the_target_distribution(sampling, method, topk, steps, tokens, temperature,
+                                                             top_p, top_k) -> None:
     factory, features = eagle3_factory() if method == "eagle3" else standalone_factory()
     config = SpecConfig(method=method, eagle_topk=topk, num_steps=steps, num_draft_tokens=tokens,
                         max_new_tokens=NEW, temperature=temperature, top_p=top_p, top_k=top_k, seed=1234,
-                        adaptive_draft=False)
+                        adaptive_draft=False, sampling=sampling)
     s = Session(target(), TinyTokenizer(vocab_size=V, stop_ids=frozenset()), config,
                 drafters={"none": NoDrafter, method: factory}, features=features)
     counts: Counter = Counter()
     accepted = 0
-    for _ in range(SAMPLES):
+    for run in range(SAMPLES):
         seq = []
-        for event in s.generate_ids(PROMPT):
+        # coupled sampling is a function of the seed: one seed per sample
+        override = config.replace(seed=run) if sampling == "coupled" else None
+        for event in s.generate_ids(PROMPT, override):
             if isinstance(event, Step):
                 seq += [c.id for c in event.committed]
                 accepted += len(event.accepted)
@@ -120,3 +125,15 @@ def test_the_chi_square_check_detects_a_wrong_distribution() -> None:
     probs = exact(1.0, 1.0, 0)
     wrong = Counter({seq: round(SAMPLES * (0.7 * p + 0.3 / len(probs))) for seq, p in probs.items()})
     assert chi_square_p(wrong, probs, sum(wrong.values())) < 1e-3
+
+
+def test_coupled_sampling_with_the_target_as_draft_accepts_every_draft() -> None:
+    """The drafter uses the noise of the exact positions the target samples at: with q = p every
+    Gumbel-top-1 draft is the token the target samples, at every depth."""
+    draft = target()
+    config = SpecConfig(method="standalone", eagle_topk=1, num_steps=4, num_draft_tokens=5, max_new_tokens=41,
+                        temperature=1.0, seed=3, adaptive_draft=False)
+    s = Session(target(), TinyTokenizer(vocab_size=V, stop_ids=frozenset()), config,
+                drafters={"none": NoDrafter, "standalone": lambda: StandaloneDrafter(draft, V)})
+    events = list(s.generate_ids(PROMPT))
+    assert events[-1].stats.tau > 4.5

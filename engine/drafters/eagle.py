@@ -22,7 +22,7 @@ import torch
 
 from engine.config import SpecConfig
 from engine.drafters.eagle_head import EagleHead
-from engine.drafters.tree_search import Candidates, DraftRandom, grow_tree
+from engine.drafters.tree_search import Candidates, DraftRandom, coupled_scores, grow_tree
 from engine.tree import DraftTree
 
 
@@ -36,6 +36,7 @@ class EagleDrafter:
         self._tokens: list[int] = []  # tokens in the target cache, as far as this drafter knows
         self._pending: list[torch.Tensor] = []  # features of committed positions without a head entry yet
         self._random = DraftRandom()
+        self.noise = None  # the session's coupled-sampling noise for this step (engine/sampling.py)
 
     # -- the Drafter protocol ------------------------------------------------------------------
     def reset(self, history: Sequence[int], features: torch.Tensor | None = None) -> None:
@@ -100,7 +101,8 @@ class EagleDrafter:
 
         tree, _, _ = grow_tree(root, root_logp, expand, head.to_target, num_steps=steps, topk=topk,
                                num_draft_tokens=budget,
-                               sampling=self._random.sampling(config, head.to_target_dist))
+                               sampling=self._random.sampling(config, head.to_target_dist),
+                               coupled=coupled_scores(config, self.noise, n, head.vocab_ids))
         return tree
 
     # -- internals --------------------------------------------------------------------------------

@@ -19,7 +19,7 @@ from collections.abc import Sequence
 import torch
 
 from engine.config import SpecConfig
-from engine.drafters.tree_search import Candidates, DraftRandom, grow_tree
+from engine.drafters.tree_search import Candidates, DraftRandom, coupled_scores, grow_tree
 from engine.tree import DraftTree
 
 
@@ -35,6 +35,7 @@ class StandaloneDrafter:
         self.cache = model.new_cache(512)
         self._tokens: list[int] = []
         self._random = DraftRandom()
+        self.noise = None  # the session's coupled-sampling noise for this step (engine/sampling.py)
         # the last proposal: (tree, scratch slot of each tree row that has an entry)
         self._last: tuple[DraftTree, dict[int, int]] | None = None
 
@@ -123,7 +124,8 @@ class StandaloneDrafter:
 
         tree, _, chosen = grow_tree(root, root_logp, expand, lambda ids: ids, num_steps=steps, topk=topk,
                                     num_draft_tokens=budget,
-                                    sampling=self._random.sampling(config, self._full_vocab))
+                                    sampling=self._random.sampling(config, self._full_vocab),
+                                    coupled=coupled_scores(config, self.noise, n, None))
         slot_of_row = {0: n}
         slot_of_row.update({row: slots[c] for row, c in enumerate(chosen, start=1) if c in slots})
         self._last = (tree, slot_of_row)

@@ -10,7 +10,13 @@ SGLang's knobs keep their meaning: ``num_steps`` is the number of levels (the fi
 the root's own output, so ``num_steps - 1`` tree forwards), ``eagle_topk`` the branching, and
 ``num_draft_tokens`` the tree size with the root. ``topk 1`` is a chain of ``num_steps`` drafts.
 
-With sampling (temperature > 0) and ``topk 1``, each draft is *sampled* from the drafter's
+With coupled sampling (temperature > 0, the default; engine/sampling.py) the children of a node
+are the top-k of the drafter's processed log-probabilities plus the Gumbel noise the target will
+use at that position (Gumbel-top-k: a sample without replacement from q), so a good drafter
+proposes the very token the target is about to sample. Cumulative scores stay plain
+log-probabilities, which keeps selection closed under parents.
+
+With rejection sampling and ``topk 1``, each draft is *sampled* from the drafter's
 distribution processed like the target's (temperature, top-k, top-p), and that distribution
 travels with the tree (``DraftTree.proposals``) so verification can accept with min(1, p/q):
 far more acceptances than treating an argmax draft as a point mass when the drafter is good.
@@ -73,6 +79,13 @@ ToTargetDist = Callable[[torch.Tensor], torch.Tensor]
 
 
 @dataclass
+class Coupled:
+    """Coupled sampling: ``scores(logp rows, child depth)`` -> perturbed scores to take the top-k of."""
+
+    scores: Callable[[torch.Tensor, int], torch.Tensor]
+
+
+@dataclass
 class Sampling:
     """How a chain drafter samples (temperature > 0): see the module docstring."""
 
@@ -82,8 +95,8 @@ class Sampling:
 
 
 def grow_tree(root: int, root_logp: torch.Tensor, expand: Expand, to_target: ToTarget, *,
-              num_steps: int, topk: int, num_draft_tokens: int, sampling: Sampling | None = None
-              ) -> tuple[DraftTree, Candidates, list[int]]:
+              num_steps: int, topk: int, num_draft_tokens: int, sampling: Sampling | None = None,
+              coupled: Coupled | None = None) -> tuple[DraftTree, Candidates, list[int]]:
     """Build one step's tree. Returns (tree, all candidates, the candidate index of each tree node
     after the root) so drafters can map tree nodes back to their own state."""
     k = min(topk, root_logp.shape[-1])
@@ -93,12 +106,12 @@ def grow_tree(root: int, root_logp: torch.Tensor, expand: Expand, to_target: ToT
         return DraftTree.root_only(root), cands, []
     sampled = sampling is not None and k == 1
     proposals: dict[int, torch.Tensor] = {}  # candidate index (-1 = root) -> q its child came from
-    lp, ix = _pick(root_logp[None], k, sampling if sampled else None, [-1], proposals)
+    lp, ix = _pick(root_logp[None], k, sampling if sampled else None, [-1], proposals, coupled, 1)
     lp_list = lp[0].tolist()
     frontier = cands.add(to_target(ix[0]).tolist(), lp_list, lp_list, [-1] * k, 1)
     for level in range(2, num_steps + 1):
         logp = expand(frontier, cands)  # [f, vocab]
-        lp, ix = _pick(logp, k, sampling if sampled else None, frontier, proposals)  # [f, k]
+        lp, ix = _pick(logp, k, sampling if sampled else None, frontier, proposals, coupled, level)  # [f, k]
         parent_scores = torch.tensor([cands.score[i] for i in frontier], dtype=lp.dtype)
         cum = parent_scores[:, None] + lp
         new = cands.add(to_target(ix.flatten()).tolist(), lp.flatten().tolist(), cum.flatten().tolist(),
@@ -118,9 +131,14 @@ def grow_tree(root: int, root_logp: torch.Tensor, expand: Expand, to_target: ToT
 
 
 def _pick(logp: torch.Tensor, k: int, sampling: Sampling | None, owners: list[int],
-          proposals: dict[int, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
-    """Children of each row: the top-k, or (sampling, k = 1) one draw from the processed
-    distribution, recorded in ``proposals`` under the row's owner."""
+          proposals: dict[int, torch.Tensor], coupled: Coupled | None = None, depth: int = 1
+          ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Children of each row: the top-k; with coupled sampling the top-k of the perturbed scores;
+    or (rejection sampling, k = 1) one draw from the processed distribution, recorded in
+    ``proposals`` under the row's owner."""
+    if coupled is not None:
+        ix = coupled.scores(logp, depth).topk(k, dim=-1).indices
+        return logp.gather(-1, ix), ix
     if sampling is None:
         return logp.topk(k, dim=-1)
     q = sampling.process(logp)
@@ -146,8 +164,8 @@ class DraftRandom:
         self.generator = torch.Generator()
 
     def sampling(self, config: SpecConfig, to_target_dist: ToTargetDist) -> Sampling | None:
-        """How to draft under ``config``: None (greedy: deterministic top-k) or a Sampling."""
-        if config.greedy:
+        """Rejection sampling's draft distribution (None when greedy or coupled)."""
+        if config.greedy or config.sampling == "coupled":
             return None
         if config.seed != self._seed:
             self.generator.manual_seed(config.seed if config.seed is not None else random.getrandbits(63))
@@ -158,3 +176,20 @@ class DraftRandom:
             return target_probs(logp, config.temperature, config.top_p, config.top_k)
 
         return Sampling(process, to_target_dist, self.generator)
+
+
+def coupled_scores(config: SpecConfig, noise, first_position: int, head_ids: torch.Tensor | None) -> Coupled | None:
+    """Coupled drafting for a tree whose depth-d children sit at ``first_position + d``.
+
+    ``noise``: the session's engine.sampling.GumbelNoise (None: not coupled). ``head_ids``: the
+    target id of each drafter vocabulary index (None when they coincide)."""
+    if noise is None or config.greedy:
+        return None
+    from engine.sampling import perturbed_scores
+
+    def scores(logp: torch.Tensor, depth: int) -> torch.Tensor:
+        g = noise.at(first_position + depth)
+        g = g[head_ids.to(g.device)] if head_ids is not None else g[: logp.shape[-1]]
+        return perturbed_scores(logp, config.temperature, config.top_p, config.top_k, g)
+
+    return Coupled(scores)

@@ -319,11 +319,11 @@ class Session:
 
             # ---- verify: one target forward over the whole tree
             L = cache.length
-            tokens = torch.tensor(tree.tokens, device=device)
+            tokens = torch.tensor(tree.tokens)  # host tensors: the model sends them over with its own copy
             if tree.is_chain:
                 out = self.model.forward(tokens, cache)
             else:
-                positions = torch.tensor(tree.depths, device=device) + L
+                positions = torch.tensor(tree.depths) + L
                 out = self.model.forward(tokens, cache, positions=positions, tree_mask=tree.ancestor_mask())
             if config.greedy:
                 verdict = verify_greedy(tree, out.logits)

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 
 import torch
 
+from engine.gpu import on_gpu
 from engine.tree import DraftTree
 
 
@@ -28,6 +29,10 @@ class Verdict:
 
 def verify_greedy(tree: DraftTree, logits: torch.Tensor) -> Verdict:
     """logits: [T, V], row i = the target's prediction after node i."""
+    if logits.is_cuda and on_gpu(logits):
+        from engine.gpu.accept import verify_greedy_gpu
+
+        return verify_greedy_gpu(tree, logits)  # the walk on the device, one host sync
     predicted = logits.argmax(dim=-1).tolist()
     if len(tree) == 1:
         return Verdict((), predicted[0])
@@ -67,6 +72,10 @@ def verify_sampling(
     top_p: float,
     generator: torch.Generator | None = None,
 ) -> Verdict:
+    if logits.is_cuda and on_gpu(logits):
+        from engine.gpu.accept import verify_sampling_gpu
+
+        return verify_sampling_gpu(tree, logits, temperature, top_p, generator)
     children = tree.children()
     node, accepted = 0, []
     while True:

@@ -39,7 +39,8 @@ def _add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("model", nargs="?", default=None,
                    help=f"model: '{EMBEDDED_MODEL}' (embedded, default), a local folder or a hub id")
     p.add_argument("--revision", default=None, help="hub model: branch, tag or commit (default: main)")
-    p.add_argument("--dtype", default="float32", help="float32 (reference, default) or bfloat16")
+    p.add_argument("--dtype", default="auto",
+                   help="auto (bfloat16 on a GPU, float32 on a CPU), float32 (the exact reference) or bfloat16")
     p.add_argument("--device", default="auto", help="auto, cpu or cuda[:N]")
     p.add_argument("--backend", default="auto", choices=["auto", "specchat", "hf"],
                    help="specchat: our Llama-family forward; hf: any transformers causal LM")

@@ -56,7 +56,7 @@ def _real_factory(args: argparse.Namespace, config: SpecConfig):
             config,
             progress=progress,
             draft=getattr(args, "draft", None),
-            dtype=getattr(args, "dtype", None) or "float32",
+            dtype=getattr(args, "dtype", None) or "auto",
             device=getattr(args, "device", None) or "auto",
             **extra,
         )

@@ -98,6 +98,11 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--cost-curve", action="store_true",
                        help="time one target forward over n new tokens relative to n = 1")
     bench.add_argument("--context", type=int, default=300, help="cost curve: cached tokens before the tree")
+    bench.add_argument("--random-weights", dest="random_weights", default=None, metavar="SHAPE",
+                       help="no checkpoint: a random model of this shape (llama-3.1-8b, smollm2-135m or a "
+                            "config.json); reports decode tok/s, bandwidth fraction, cost curve, oracle acceptance")
+    bench.add_argument("--peak-bandwidth", dest="peak_bandwidth", type=float, default=None, metavar="GBPS",
+                       help="peak memory bandwidth for the bandwidth fraction (default: looked up by GPU name)")
 
     rep = sub.add_parser("replay", help="play a recorded trace in the TUI, no model needed")
     rep.add_argument("trace", help="a trace written by specchat run --record")
@@ -169,7 +174,7 @@ def _dispatch(args: argparse.Namespace) -> int:
 def _is_user_error(exc: Exception) -> bool:
     names = {"UsageError", "ConfigError", "ModelResolutionError", "CheckpointError", "LoadError",
              "UnsupportedModelError", "PromptFileError", "TraceError", "FileNotFoundError", "TokenizerError",
-             "GGUFConversionError"}
+             "GGUFConversionError", "RandomModelError"}
     return any(cls.__name__ in names for cls in type(exc).__mro__)
 
 

@@ -1,0 +1,76 @@
+"""``specchat bench --random-weights``: models from a config alone, the bandwidth arithmetic, and the
+whole report on CPU with a tiny config (the same code measures the GPU)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from engine.gpu.bandwidth import bandwidth_report, peak_bandwidth_gbps, weight_bytes_per_token
+from engine.models.random_init import NAMED_SHAPES, RandomModelError, random_config, random_model
+from specchat.cli import main
+from tests.tiny import family_config
+
+
+@pytest.fixture
+def tiny_config(tmp_path):
+    path = tmp_path / "tiny" / "config.json"
+    path.parent.mkdir()
+    path.write_text(json.dumps(family_config("qwen2")))
+    return path
+
+
+def test_shapes_by_name_and_by_config(tiny_config) -> None:
+    name, cfg = random_config("llama-3.1-8b")
+    assert name == "llama-3.1-8b" and cfg["hidden_size"] == 4096 and cfg["num_key_value_heads"] == 8
+    assert random_config(str(tiny_config))[0] == "tiny"
+    assert random_config(str(tiny_config.parent))[1]["model_type"] == "qwen2"
+    with pytest.raises(RandomModelError, match="neither a shape name"):
+        random_config("no-such-shape")
+    assert set(NAMED_SHAPES) >= {"llama-3.1-8b", "smollm2-135m"}
+
+
+def test_peak_bandwidth_by_gpu_name() -> None:
+    assert peak_bandwidth_gbps("NVIDIA H100 80GB HBM3") == 3350
+    assert peak_bandwidth_gbps("NVIDIA H100 PCIe") == 2000
+    assert peak_bandwidth_gbps("NVIDIA H200") == 4800
+    assert peak_bandwidth_gbps("NVIDIA A100-SXM4-80GB") == 2039
+    assert peak_bandwidth_gbps("NVIDIA A100-PCIE-40GB") == 1555
+    assert peak_bandwidth_gbps("Some Future GPU") is None
+
+
+def test_weight_bytes_count_every_matrix_once(tiny_config) -> None:
+    _, model = random_model(str(tiny_config), dtype=torch.float32, device="cpu")
+    c = model.config
+    per_layer = (c.hidden_size * (c.num_heads + 2 * c.num_kv_heads) * c.head_dim  # q, k, v
+                 + (c.num_kv_heads * 2 + c.num_heads) * c.head_dim  # qwen2 q/k/v biases
+                 + c.num_heads * c.head_dim * c.hidden_size  # o
+                 + 3 * c.hidden_size * c.intermediate_size  # gate, up, down
+                 + 2 * c.hidden_size)  # norms
+    want = 4 * (c.num_layers * per_layer + c.vocab_size * c.hidden_size + c.hidden_size)
+    assert weight_bytes_per_token(model) == want
+    report = bandwidth_report(10**9, 2.0, 1000.0)  # 1 GB in 2 ms = 500 GB/s of a 1000 GB/s peak
+    assert report["achieved_gbps"] == 500 and report["fraction_of_limit"] == 0.5
+    assert report["limit_tokens_per_s"] == 1000
+
+
+def test_random_weights_bench_on_cpu(tiny_config, tmp_path, capsys) -> None:
+    out = tmp_path / "report.json"
+    rc = main(["bench", "--random-weights", str(tiny_config), "--device", "cpu", "--dtype", "float32",
+               "--context", "20", "--max-new-tokens", "17", "--peak-bandwidth", "31", "--json", str(out)])
+    assert rc == 0
+    report = json.loads(out.read_text())
+    assert report["model"] == "tiny (random weights)" and report["dtype"] == "float32"
+    assert [r["n"] for r in report["cost_curve"]] == [1, 2, 4, 8, 16, 32, 64]
+    assert report["oracle"]["offered"] == 14 and report["oracle"]["rate"] == 1.0  # fp32: every draft kept
+    assert report["baseline"]["deterministic"]
+    assert 0 < report["bandwidth"]["fraction_of_limit"] < 1 and report["bandwidth"]["peak_gbps"] == 31
+    assert "fraction of the limit" in capsys.readouterr().out
+
+
+def test_random_weights_bench_refuses_an_unknown_shape(capsys) -> None:
+    assert main(["bench", "--random-weights", "llama-9000", "--device", "cpu"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("specchat: error:") and "llama-3.1-8b" in err and "\n" not in err

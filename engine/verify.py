@@ -29,7 +29,7 @@ class Verdict:
 
 def verify_greedy(tree: DraftTree, logits: torch.Tensor) -> Verdict:
     """logits: [T, V], row i = the target's prediction after node i."""
-    if logits.is_cuda and on_gpu(logits):
+    if logits.is_cuda and on_gpu(logits, len(tree)):
         from engine.gpu.accept import verify_greedy_gpu
 
         return verify_greedy_gpu(tree, logits)  # the walk on the device, one host sync
@@ -72,7 +72,7 @@ def verify_sampling(
     top_p: float,
     generator: torch.Generator | None = None,
 ) -> Verdict:
-    if logits.is_cuda and on_gpu(logits):
+    if logits.is_cuda and on_gpu(logits, len(tree)):
         from engine.gpu.accept import verify_sampling_gpu
 
         return verify_sampling_gpu(tree, logits, temperature, top_p, generator)

@@ -13,16 +13,18 @@ import os
 from collections.abc import Callable
 from typing import Any
 
+MAX_TREE = 64  # the largest bucket, and the most nodes the GPU acceptance walk takes
+
 
 def triton_available() -> bool:
     """True when the triton package is installed (it is on GPU machines and in the test extra)."""
     return importlib.util.find_spec("triton") is not None
 
 
-def on_gpu(tensor) -> bool:
-    """Whether the engine's GPU hooks (compaction, acceptance walk) take this tensor: a CUDA
-    tensor with triton installed. CPU tensors always keep the CPU path."""
-    return tensor.is_cuda and triton_available()
+def on_gpu(tensor, nodes: int = 1) -> bool:
+    """Whether the engine's GPU hooks (compaction, acceptance walk) take this tensor (and a tree of
+    ``nodes``): a CUDA tensor with triton installed. CPU tensors always keep the CPU path."""
+    return tensor.is_cuda and nodes <= MAX_TREE and triton_available()
 
 
 _built: dict[tuple[str, str], Any] = {}

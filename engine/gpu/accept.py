@@ -21,10 +21,9 @@ from __future__ import annotations
 
 import torch
 
+from engine.gpu import MAX_TREE
 from engine.tree import DraftTree
 from engine.verify import Verdict, target_probs
-
-MAX_TREE = 64
 
 
 def _build():

@@ -65,10 +65,11 @@ def bandwidth_report(weight_bytes: int, ms_per_token: float, peak_gbps: float | 
     achieved = weight_bytes / (ms_per_token / 1e3) / 1e9
     limit = peak_gbps * 1e9 / weight_bytes if peak_gbps else None
     return {
+        "weight_bytes": weight_bytes,
         "weight_gb": round(weight_bytes / 1e9, 4),
         "ms_per_token": round(ms_per_token, 3),
-        "achieved_gbps": round(achieved, 1),
+        "achieved_gbps": round(achieved, 3),
         "peak_gbps": peak_gbps,
         "limit_tokens_per_s": round(limit, 1) if limit else None,
-        "fraction_of_limit": round(achieved / peak_gbps, 3) if peak_gbps else None,
+        "fraction_of_limit": round(achieved / peak_gbps, 5) if peak_gbps else None,
     }

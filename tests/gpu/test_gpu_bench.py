@@ -66,7 +66,11 @@ def test_random_weights_bench_on_cpu(tiny_config, tmp_path, capsys) -> None:
     assert [r["n"] for r in report["cost_curve"]] == [1, 2, 4, 8, 16, 32, 64]
     assert report["oracle"]["offered"] == 14 and report["oracle"]["rate"] == 1.0  # fp32: every draft kept
     assert report["baseline"]["deterministic"]
-    assert 0 < report["bandwidth"]["fraction_of_limit"] < 1 and report["bandwidth"]["peak_gbps"] == 31
+    bandwidth = report["bandwidth"]
+    assert bandwidth["peak_gbps"] == 31 and bandwidth["ms_per_token"] > 0
+    assert bandwidth["fraction_of_limit"] == pytest.approx(bandwidth["achieved_gbps"] / 31, abs=1e-4)
+    assert bandwidth["achieved_gbps"] == pytest.approx(
+        bandwidth["weight_bytes"] / bandwidth["ms_per_token"] / 1e6, rel=0.01, abs=1e-3)
     assert "fraction of the limit" in capsys.readouterr().out
 
 

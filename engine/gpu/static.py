@@ -125,6 +125,7 @@ def static_forward(model, cache, inputs: StepInputs, attention: Attention) -> to
     slots = inputs.length + inputs.slots
     rot = model.rotary.table[inputs.positions].unsqueeze(1)
     add_mask = _torch_mask(inputs, cache.capacity, c.sliding_window, model.dtype) if attention == "torch" else None
+    tree_mask = inputs.mask.to(torch.int8)  # once per forward, not per layer
     x = F.embedding(inputs.tokens, model.embed)
     for li, layer in enumerate(model.layers):
         h = F.rms_norm(x, (c.hidden_size,), layer.ln_attn, eps)
@@ -140,7 +141,7 @@ def static_forward(model, cache, inputs: StepInputs, attention: Attention) -> to
         if attention == "triton":
             from engine.gpu.tree_attention import tree_attention
 
-            att = tree_attention(q, cache.k[li], cache.v[li], inputs.length, inputs.mask, inputs.positions,
+            att = tree_attention(q, cache.k[li], cache.v[li], inputs.length, tree_mask, inputs.positions,
                                  model.scale, c.sliding_window)
         else:
             att = F.scaled_dot_product_attention(

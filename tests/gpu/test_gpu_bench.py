@@ -56,6 +56,16 @@ def test_weight_bytes_count_every_matrix_once(tiny_config) -> None:
     assert report["limit_tokens_per_s"] == 1000
 
 
+def test_bench_bandwidth_line_needs_a_peak_on_cpu(tiny_config) -> None:
+    from specchat.bench import baseline_bandwidth
+
+    _, model = random_model(str(tiny_config), dtype=torch.float32, device="cpu")
+    assert baseline_bandwidth(model, 50.0, None) is None  # no GPU name to look up, no flag
+    assert baseline_bandwidth(model, None, 31.0) is None
+    report = baseline_bandwidth(model, 50.0, 31.0)
+    assert report["ms_per_token"] == 20.0 and report["weight_bytes"] == weight_bytes_per_token(model)
+
+
 def test_random_weights_bench_on_cpu(tiny_config, tmp_path, capsys) -> None:
     out = tmp_path / "report.json"
     rc = main(["bench", "--random-weights", str(tiny_config), "--device", "cpu", "--dtype", "float32",

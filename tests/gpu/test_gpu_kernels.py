@@ -14,6 +14,7 @@ from engine.gpu.accept import (
     sampling_walk,
     sampling_walk_reference,
     verify_greedy_gpu,
+    verify_sampling_gpu,
 )
 from engine.gpu.kv_compact import compact_kv, compact_kv_reference
 from engine.gpu.tree_attention import tree_attention, tree_attention_reference
@@ -132,6 +133,21 @@ def test_sampling_walk_matches_reference(interpret, seed, with_q) -> None:
     tokens, parents = _tree_tensors(tree, torch.device("cpu"))
     got = _verdict(sampling_walk(probs.clone(), tokens, parents, u, q.clone() if with_q else None))
     assert got == sampling_walk_reference(probs, tree, u.tolist(), q)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_verify_sampling_gpu_draws_its_uniforms_from_the_generator(interpret, seed) -> None:
+    """The session-facing wrapper: temperature/top-p applied, T+1 uniforms from the generator, so a
+    seed fixes the verdict, and it is the reference walk's verdict for those uniforms."""
+    g = torch.Generator().manual_seed(seed)
+    tree = random_tree(7, seed, vocab=4)
+    logits = torch.randn(len(tree), 16, generator=g) + 2.0 * (torch.arange(16) < 4)
+    got = verify_sampling_gpu(tree, logits, 0.8, 0.9, torch.Generator().manual_seed(seed))
+    again = verify_sampling_gpu(tree, logits, 0.8, 0.9, torch.Generator().manual_seed(seed))
+    uniforms = torch.rand(len(tree) + 1, generator=torch.Generator().manual_seed(seed)).tolist()
+    from engine.verify import target_probs
+
+    assert got == again == sampling_walk_reference(target_probs(logits, 0.8, 0.9), tree, uniforms)
 
 
 @pytest.mark.parametrize("seed", range(20))

@@ -112,14 +112,18 @@ def _tokens(events) -> list[int]:
     return [c.id for e in events if isinstance(e, Step) for c in e.committed]
 
 
-def test_session_on_the_static_path_equals_the_baseline() -> None:
+@pytest.mark.parametrize("attention", ["torch", "triton"])
+def test_session_on_the_static_path_equals_the_baseline(attention: str, request: pytest.FixtureRequest) -> None:
     """The whole loop with every verify forward (and the short prefill) going through buckets and
-    the static forward gives the plain model's greedy answer, speculative or not."""
+    the static forward gives the plain model's greedy answer, speculative or not (Triton attention
+    under the interpreter too)."""
+    if attention == "triton":
+        request.getfixturevalue("interpret")
     model, _ = our_model("qwen2")
     prompt = [1, 5, 9, 14, 5, 9, 22]
     plain = Session(model, TinyTokenizer(), SpecConfig(max_new_tokens=30), drafters={"none": NoDrafter})
     want = _tokens(plain.generate_ids(prompt))
-    model._static = StaticDecoder(model, graphs=False, attention="torch")
+    model._static = StaticDecoder(model, graphs=False, attention=attention)
     try:
         oracle = {tuple(prompt + want)[:i]: (prompt + want)[i] for i in range(1, len(prompt + want))}
         for method, drafter in (("none", NoDrafter()), ("standalone", RandomTreeDrafter(1, oracle, 0.7))):

@@ -4,7 +4,9 @@ Every query row is one draft-tree node (or a prompt token). It sees the whole co
 (slots ``[0, L)``), and among the tree's own slots ``[L, L+T)`` only its ancestors and itself
 (the ancestor mask), with an optional sliding window over positions. GQA: the ``G`` query heads
 sharing a KV head are stacked as rows of one tile, so each K/V block is read once per KV head, not
-once per query head, and the scores are one ``tl.dot``.
+once per query head, and the scores are one ``tl.dot``. bf16 K/V are upcast and multiplied in
+full fp32: triton's CPU interpreter computes bf16 dots wrongly, so a tensor-core bf16 variant could
+not be tested here; it is a follow-up to make (and measure) where a GPU is lent.
 
 The prefix length is read from a device tensor, not passed as a Python int: the same launch is
 replayed by a CUDA graph step after step while the cache grows underneath it.

@@ -87,10 +87,39 @@ def random_state_dict(config: LlamaConfig, dtype: torch.dtype, device: torch.dev
     return sd
 
 
+def parameter_bytes(config: LlamaConfig, dtype: torch.dtype) -> int:
+    """What the weights of this shape take in ``dtype``."""
+    c = config
+    q, kv = c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim
+    per_layer = c.hidden_size * (2 * q + 2 * kv) + 3 * c.hidden_size * c.intermediate_size + 2 * c.hidden_size
+    tables = c.vocab_size * c.hidden_size * (1 if c.tie_word_embeddings else 2)
+    return (c.num_layers * per_layer + tables + c.hidden_size) * torch.empty((), dtype=dtype).element_size()
+
+
+def free_bytes(device: torch.device) -> int | None:
+    """Memory free on the device (GPU) or available to processes (Linux host), if known."""
+    if device.type == "cuda":
+        return torch.cuda.mem_get_info(device)[0]
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None
+
+
 def random_model(spec: str, *, dtype: torch.dtype, device: torch.device | str, seed: int = 0
                  ) -> tuple[str, LlamaModel]:
-    """(name, model) for a shape name or config.json path, with random weights."""
+    """(name, model) for a shape name or config.json path, with random weights. Refused before
+    anything is allocated when the weights cannot fit."""
     name, raw = random_config(spec)
     config = LlamaConfig.from_dict(raw)
+    device = torch.device(device)
+    need, free = parameter_bytes(config, dtype), free_bytes(device)
+    if free is not None and need * 1.1 > free:
+        raise RandomModelError(f"{name} needs {need / 2**30:.1f} GiB of weights in {str(dtype).replace('torch.', '')}"
+                               f" but {device} has {free / 2**30:.1f} GiB free; use a smaller shape, "
+                               "--dtype bfloat16 or a bigger device")
     state = random_state_dict(config, dtype, device, seed)
     return name, LlamaModel(config, state, dtype=dtype, device=device, consume=True)

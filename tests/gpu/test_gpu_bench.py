@@ -84,6 +84,23 @@ def test_random_weights_bench_on_cpu(tiny_config, tmp_path, capsys) -> None:
     assert "fraction of the limit" in capsys.readouterr().out
 
 
+def test_parameter_bytes_of_the_8b_shape_and_a_refusal_when_it_cannot_fit(monkeypatch) -> None:
+    from engine.models import random_init
+    from engine.models.llama import LlamaConfig
+
+    config = LlamaConfig.from_dict(random_config("llama-3.1-8b")[1])
+    assert random_init.parameter_bytes(config, torch.bfloat16) == 2 * 8_030_261_248  # Llama-3.1-8B's count
+    monkeypatch.setattr(random_init, "free_bytes", lambda device: 2**30)
+    with pytest.raises(RandomModelError, match=r"needs 15.0 GiB .* bfloat16 but cpu has 1.0 GiB free"):
+        random_model("llama-3.1-8b", dtype=torch.bfloat16, device="cpu")
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message on a machine without a GPU")
+def test_random_weights_bench_on_cuda_without_a_gpu_says_so(capsys) -> None:
+    assert main(["bench", "--random-weights", "llama-3.1-8b", "--device", "cuda"]) == 2
+    assert "no CUDA GPU is visible" in capsys.readouterr().err
+
+
 def test_random_weights_bench_refuses_an_unknown_shape(capsys) -> None:
     assert main(["bench", "--random-weights", "llama-9000", "--device", "cpu"]) == 2
     err = capsys.readouterr().err.strip()

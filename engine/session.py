@@ -374,11 +374,11 @@ class Session:
 
             # ---- verify: one target forward over the whole tree
             L = cache.length
-            tokens = torch.tensor(tree.tokens, device=device)
+            tokens = torch.tensor(tree.tokens)  # host tensors: the model sends them over with its own copy
             if tree.is_chain:
                 out = self.model.forward(tokens, cache, **self._forward_kwargs)
             else:
-                positions = torch.tensor(tree.depths, device=device) + L
+                positions = torch.tensor(tree.depths) + L
                 out = self.model.forward(tokens, cache, positions=positions, tree_mask=tree.ancestor_mask(),
                                          **self._forward_kwargs)
             if config.greedy:

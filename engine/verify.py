@@ -23,6 +23,7 @@ from dataclasses import dataclass
 
 import torch
 
+from engine.gpu import on_gpu
 from engine.tree import DraftTree
 
 
@@ -34,6 +35,10 @@ class Verdict:
 
 def verify_greedy(tree: DraftTree, logits: torch.Tensor) -> Verdict:
     """logits: [T, V], row i = the target's prediction after node i."""
+    if logits.is_cuda and on_gpu(logits, len(tree)):
+        from engine.gpu.accept import verify_greedy_gpu
+
+        return verify_greedy_gpu(tree, logits)  # the walk on the device, one host sync
     return verify_predicted(tree, logits.argmax(dim=-1).tolist())
 
 
@@ -83,6 +88,10 @@ def verify_sampling(
     generator: torch.Generator | None = None,
     top_k: int = 0,
 ) -> Verdict:
+    if logits.is_cuda and top_k == 0 and not tree.proposals and on_gpu(logits, len(tree)):
+        from engine.gpu.accept import verify_sampling_gpu
+
+        return verify_sampling_gpu(tree, logits, temperature, top_p, generator)
     children = tree.children()
     proposals = tree.proposals or {}
     node, accepted = 0, []

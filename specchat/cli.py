@@ -39,7 +39,8 @@ def _add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("model", nargs="?", default=None,
                    help=f"model: '{EMBEDDED_MODEL}' (embedded, default), a local folder or a hub id")
     p.add_argument("--revision", default=None, help="hub model: branch, tag or commit (default: main)")
-    p.add_argument("--dtype", default="float32", help="float32 (reference, default) or bfloat16")
+    p.add_argument("--dtype", default="auto",
+                   help="auto (bfloat16 on a GPU, float32 on a CPU), float32 (the exact reference) or bfloat16")
     p.add_argument("--device", default="auto", help="auto, cpu or cuda[:N]")
     p.add_argument("--backend", default="auto", choices=["auto", "specchat", "hf"],
                    help="specchat: our Llama-family forward; hf: any transformers causal LM")
@@ -105,6 +106,11 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--cost-curve", action="store_true",
                        help="time one target forward over n new tokens relative to n = 1")
     bench.add_argument("--context", type=int, default=300, help="cost curve: cached tokens before the tree")
+    bench.add_argument("--random-weights", dest="random_weights", default=None, metavar="SHAPE",
+                       help="no checkpoint: a random model of this shape (llama-3.1-8b, smollm2-135m or a "
+                            "config.json); reports decode tok/s, bandwidth fraction, cost curve, oracle acceptance")
+    bench.add_argument("--peak-bandwidth", dest="peak_bandwidth", type=float, default=None, metavar="GBPS",
+                       help="peak memory bandwidth for the bandwidth fraction (default: looked up by GPU name)")
 
     rep = sub.add_parser("replay", help="play a recorded trace in the TUI, no model needed")
     rep.add_argument("trace", help="a trace written by specchat run --record")
@@ -194,7 +200,7 @@ def _dispatch(args: argparse.Namespace) -> int:
 def _is_user_error(exc: Exception) -> bool:
     names = {"UsageError", "ConfigError", "ModelResolutionError", "CheckpointError", "LoadError",
              "UnsupportedModelError", "PromptFileError", "TraceError", "FileNotFoundError", "TokenizerError",
-             "GGUFConversionError", "DraftLoadError"}
+             "GGUFConversionError", "DraftLoadError", "RandomModelError"}
     return any(cls.__name__ in names for cls in type(exc).__mro__)
 
 

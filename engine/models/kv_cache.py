@@ -45,7 +45,12 @@ class KVCache:
         else:
             offsets = list(keep)
             n = len(offsets)
-            if offsets != list(range(n)):
+            if offsets != list(range(n)) and self.k.is_cuda and _gpu_compaction():
+                from engine.gpu.kv_compact import compact_kv
+
+                both = torch.tensor([n, *offsets], dtype=torch.int32).pin_memory().to(self.k.device, non_blocking=True)
+                compact_kv(self.k, self.v, start, both[1:], both[:1])  # all layers, one launch
+            elif offsets != list(range(n)):
                 src = torch.tensor(offsets, device=self.k.device) + start
                 # advanced indexing copies the source first, so overlapping moves are safe
                 self.k[:, :, start : start + n] = self.k[:, :, src]
@@ -64,6 +69,8 @@ class KVCache:
         """Reallocate to a larger capacity, keeping the committed slots."""
         if capacity <= self.capacity:
             return
+        if self.k.is_cuda:  # CUDA graphs are captured per cache address: grow rarely
+            capacity = max(capacity, 2 * self.capacity)
         layers, heads, _, dim = self.k.shape
         for name in ("k", "v"):
             old = getattr(self, name)
@@ -71,3 +78,9 @@ class KVCache:
             new[:, :, : self.length] = old[:, :, : self.length]
             setattr(self, name, new)
         self.capacity = capacity
+
+
+def _gpu_compaction() -> bool:
+    from engine.gpu import triton_available
+
+    return triton_available()

@@ -183,6 +183,11 @@ class LlamaModel:
         self.rotary = RotaryTable(inv_freq, att_factor, self.device)
         self.scale = config.head_dim**-0.5
         self._ops = self._native_ops()
+        self._static = None  # CUDA: bucketed static-shape forwards replayed from CUDA graphs
+        if self.device.type == "cuda":
+            from engine.gpu.static import StaticDecoder
+
+            self._static = StaticDecoder(self)
 
     def _native_ops(self) -> native.NativeKernel | None:
         """Our CPU kernels for norms, activation and attention, where every shape suits them."""
@@ -214,6 +219,10 @@ class LlamaModel:
 
     def new_cache(self, capacity: int) -> KVCache:
         c = self.config
+        if self._static is not None:
+            from engine.gpu.static import cuda_capacity
+
+            capacity = cuda_capacity(capacity)
         return KVCache(c.num_layers, c.num_kv_heads, c.head_dim, capacity, dtype=self.dtype, device=self.device)
 
     def embed_tokens(self, tokens: torch.Tensor) -> torch.Tensor:
@@ -244,13 +253,19 @@ class LlamaModel:
         prefix_mask: [T, L] bool, which cached entries each new token sees (default: all). Draft
         models growing a tree level by level use it to hide sibling branches' scratch entries.
         """
+        if self._static is not None and not return_hidden and not capture_layers and prefix_mask is None:
+            out = self._static.forward(tokens, cache, positions, tree_mask, logits)
+            if out is not None:
+                return out
         c = self.config
+        tokens = tokens.to(self.device)
         T = tokens.shape[0]
         L = cache.length
         if cache.capacity < L + T:
             raise RuntimeError(f"KV cache full ({L} + {T} > {cache.capacity})")
         if positions is None:
             positions = torch.arange(L, L + T, device=self.device)
+        positions = positions.to(self.device)
         self.rotary.ensure(int(positions.max()) + 1)
         rot = self.rotary.lookup(positions)
         if self._ops is not None and prefix_mask is None:

@@ -58,7 +58,7 @@ def _real_factory(args: argparse.Namespace, config: SpecConfig):
             getattr(args, "model", None),
             config,
             progress=progress,
-            dtype=getattr(args, "dtype", None) or "float32",
+            dtype=getattr(args, "dtype", None) or "auto",
             device=getattr(args, "device", None) or "auto",
             **extra,
         )

@@ -1,0 +1,51 @@
+"""Kernel tests run the Triton kernels on CPU tensors through triton's interpreter.
+
+Triton decides when a function is decorated whether it is compiled or interpreted, and that
+includes its own standard library (``tl.max``, ``tl.sum``...), decorated when ``triton.language``
+is first imported. So on a machine without a GPU this conftest imports triton with
+``TRITON_INTERPRET=1`` before any test module can import it, then restores the variable; the
+``interpret`` fixture sets it again only while a kernel test runs (engine.gpu caches kernels per
+mode). No other test uses triton. With a CUDA GPU the kernels are tested compiled instead.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import pytest
+import torch
+
+from engine.gpu import triton_available
+
+_INTERPRETER_READY = False
+if triton_available() and not torch.cuda.is_available() and "triton" not in sys.modules:
+    _saved = os.environ.get("TRITON_INTERPRET")
+    os.environ["TRITON_INTERPRET"] = "1"
+    import triton.language  # noqa: F401  (the standard library, built for the interpreter)
+
+    _INTERPRETER_READY = True
+    if _saved is None:
+        del os.environ["TRITON_INTERPRET"]
+    else:
+        os.environ["TRITON_INTERPRET"] = _saved
+
+
+@pytest.fixture
+def interpret(monkeypatch: pytest.MonkeyPatch) -> None:
+    if not triton_available():
+        pytest.skip("triton is not installed (pip install -e .[test] installs it)")
+    if torch.cuda.is_available():
+        pytest.skip("a CUDA GPU is present: the kernels are tested compiled (the cuda tests)")
+    if not _INTERPRETER_READY:
+        pytest.skip("triton was imported before tests/gpu/conftest.py could switch on its interpreter")
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+
+
+@pytest.fixture
+def cuda() -> torch.device:
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA GPU")
+    if not triton_available():
+        pytest.skip("triton is not installed")
+    return torch.device("cuda")

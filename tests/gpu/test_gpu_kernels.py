@@ -1,0 +1,207 @@
+"""Each Triton kernel against its torch reference: on CPU under the interpreter (always), and on
+the GPU where one exists. Small shapes: the interpreter runs every program in Python."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from engine.gpu.accept import (
+    _tree_tensors,
+    _verdict,
+    greedy_walk,
+    greedy_walk_reference,
+    sampling_walk,
+    sampling_walk_reference,
+    verify_greedy_gpu,
+    verify_sampling_gpu,
+)
+from engine.gpu.kv_compact import compact_kv, compact_kv_reference
+from engine.gpu.tree_attention import tree_attention, tree_attention_reference
+from engine.tree import DraftTree
+from engine.verify import verify_greedy, verify_sampling
+
+
+def random_tree(n: int, seed: int, vocab: int = 6) -> DraftTree:
+    """Random shape, distinct siblings, tokens from a small vocabulary so walks go deep."""
+    g = torch.Generator().manual_seed(seed)
+    parents = [-1] + [int(torch.randint(0, i, (1,), generator=g)) for i in range(1, n)]
+    tokens = [int(torch.randint(0, vocab, (1,), generator=g))]
+    for i in range(1, n):
+        taken = {tokens[j] for j in range(1, i) if parents[j] == parents[i]}
+        t = int(torch.randint(0, vocab, (1,), generator=g))
+        while t in taken:
+            t = (t + 1) % max(vocab, n)
+        tokens.append(t)
+    return DraftTree(tuple(tokens), tuple(parents), (1.0,) * n)
+
+
+# ---- tree attention ------------------------------------------------------------------------
+@pytest.mark.parametrize(("dtype", "atol"), [(torch.float32, 1e-5), (torch.bfloat16, 2e-2)])
+@pytest.mark.parametrize(("heads", "kv_heads", "head_dim", "window"),
+                         [(4, 4, 16, None), (4, 2, 24, None), (6, 2, 16, 20), (4, 1, 32, 9)])
+def test_tree_attention_matches_reference(interpret, dtype, atol, heads, kv_heads, head_dim, window) -> None:
+    g = torch.Generator().manual_seed(heads * 100 + head_dim)
+    T, L, capacity = 9, 37, 64
+    tree = random_tree(T, seed=head_dim)
+    q = torch.randn(T, heads, head_dim, generator=g).to(dtype)
+    k = torch.randn(kv_heads, capacity, head_dim, generator=g).to(dtype)
+    v = torch.randn(kv_heads, capacity, head_dim, generator=g).to(dtype)
+    positions = torch.tensor(tree.depths) + L
+    mask = tree.ancestor_mask()
+    length = torch.tensor([L], dtype=torch.int32)
+    out = tree_attention(q, k, v, length, mask, positions, head_dim**-0.5, window)
+    ref = tree_attention_reference(q, k, v, L, mask, positions, head_dim**-0.5, window)
+    assert out.dtype == dtype
+    torch.testing.assert_close(out.float(), ref.float(), atol=atol, rtol=atol)
+
+
+def test_tree_attention_prefill_is_causal_and_padded_rows_are_ignored(interpret) -> None:
+    """A causal mask over an empty prefix is a prompt prefill; rows past the tree's real nodes
+    (bucket padding: they see only themselves) do not change the real rows."""
+    g = torch.Generator().manual_seed(5)
+    T, real, hd = 8, 5, 16
+    q = torch.randn(T, 2, hd, generator=g)
+    k = torch.randn(2, 16, hd, generator=g)
+    v = torch.randn(2, 16, hd, generator=g)
+    mask = torch.ones(T, T, dtype=torch.bool).tril_()
+    mask[real:] = torch.eye(T, dtype=torch.bool)[real:]
+    positions = torch.arange(T)
+    out = tree_attention(q, k, v, torch.tensor([0], dtype=torch.int32), mask, positions, hd**-0.5)
+    alone = tree_attention(q[:real].contiguous(), k, v, torch.tensor([0], dtype=torch.int32), mask[:real, :real],
+                           positions[:real], hd**-0.5)
+    torch.testing.assert_close(out[:real], alone, atol=1e-6, rtol=1e-6)
+    ref = torch.nn.functional.scaled_dot_product_attention(
+        q[:real].transpose(0, 1), k[:, :real], v[:, :real], is_causal=True, scale=hd**-0.5).transpose(0, 1)
+    torch.testing.assert_close(out[:real], ref, atol=1e-5, rtol=1e-5)
+
+
+# ---- KV compaction -------------------------------------------------------------------------
+@pytest.mark.parametrize("offsets", [[0], [0, 1, 2], [0, 2, 5, 6], [0, 3, 4, 9, 10]])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_kv_compaction_matches_reference(interpret, offsets, dtype) -> None:
+    g = torch.Generator().manual_seed(len(offsets))
+    k = torch.randn(3, 2, 24, 12, generator=g).to(dtype)
+    v = torch.randn(3, 2, 24, 12, generator=g).to(dtype)
+    k_ref, v_ref = k.clone(), v.clone()
+    padded = torch.tensor([*offsets] + [0] * (12 - len(offsets)), dtype=torch.int32)
+    compact_kv(k, v, 7, padded, torch.tensor([len(offsets)], dtype=torch.int32))
+    compact_kv_reference(k_ref, v_ref, 7, offsets)
+    assert torch.equal(k, k_ref) and torch.equal(v, v_ref)
+
+
+# ---- acceptance walks ----------------------------------------------------------------------
+@pytest.mark.parametrize("seed", range(6))
+def test_greedy_walk_matches_reference_and_verify_greedy(interpret, seed) -> None:
+    g = torch.Generator().manual_seed(seed)
+    tree = random_tree(3 + 10 * (seed % 3), seed, vocab=4)
+    logits = torch.randn(len(tree), 8, generator=g)
+    logits[:, :4] += 2.0  # the argmax usually lands in the tree's vocabulary: deep paths
+    predicted = logits.argmax(-1)
+    tokens, parents = _tree_tensors(tree, torch.device("cpu"))
+    got = _verdict(greedy_walk(predicted, tokens, parents))
+    assert got == greedy_walk_reference(predicted.tolist(), tree) == verify_greedy(tree, logits)
+    assert verify_greedy_gpu(tree, logits) == got
+
+
+def test_greedy_walk_root_only_and_64_nodes(interpret) -> None:
+    root = DraftTree.root_only(5)
+    logits = torch.randn(1, 10)
+    assert verify_greedy_gpu(root, logits) == verify_greedy(root, logits)
+    chain = DraftTree.chain(0, list(range(1, 64)))
+    logits = torch.full((64, 70), -1.0)
+    logits[torch.arange(64), torch.arange(1, 65)] = 1.0  # the target agrees with the whole chain
+    assert verify_greedy_gpu(chain, logits) == verify_greedy(chain, logits)
+    assert len(verify_greedy_gpu(chain, logits).accepted) == 63
+
+
+def _sampling_case(seed: int, with_q: bool):
+    g = torch.Generator().manual_seed(seed)
+    tree = random_tree(4 + 4 * (seed % 3), seed, vocab=5)
+    V = 40
+    bias = 3.0 * (torch.arange(V) < 5)
+    probs = torch.softmax(torch.randn(len(tree), V, generator=g) + bias, -1)
+    q = torch.softmax(torch.randn(len(tree), V, generator=g) + bias, -1) if with_q else None
+    u = torch.rand(len(tree) + 1, generator=g)
+    return tree, probs, q, u
+
+
+@pytest.mark.parametrize("with_q", [False, True])
+@pytest.mark.parametrize("seed", range(8))
+def test_sampling_walk_matches_reference(interpret, seed, with_q) -> None:
+    tree, probs, q, u = _sampling_case(seed, with_q)
+    tokens, parents = _tree_tensors(tree, torch.device("cpu"))
+    got = _verdict(sampling_walk(probs.clone(), tokens, parents, u, q.clone() if with_q else None))
+    assert got == sampling_walk_reference(probs, tree, u.tolist(), q)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_verify_sampling_gpu_draws_its_uniforms_from_the_generator(interpret, seed) -> None:
+    """The session-facing wrapper: temperature/top-p applied, T+1 uniforms from the generator, so a
+    seed fixes the verdict, and it is the reference walk's verdict for those uniforms."""
+    g = torch.Generator().manual_seed(seed)
+    tree = random_tree(7, seed, vocab=4)
+    logits = torch.randn(len(tree), 16, generator=g) + 2.0 * (torch.arange(16) < 4)
+    got = verify_sampling_gpu(tree, logits, 0.8, 0.9, torch.Generator().manual_seed(seed))
+    again = verify_sampling_gpu(tree, logits, 0.8, 0.9, torch.Generator().manual_seed(seed))
+    uniforms = torch.rand(len(tree) + 1, generator=torch.Generator().manual_seed(seed)).tolist()
+    from engine.verify import target_probs
+
+    assert got == again == sampling_walk_reference(target_probs(logits, 0.8, 0.9), tree, uniforms)
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_sampling_reference_accepts_like_engine_verify(seed) -> None:
+    """With the same uniforms, in the same order, the point-mass walk refuses and accepts exactly
+    the nodes engine.verify.verify_sampling does (the final draw uses a different sampler)."""
+    g = torch.Generator().manual_seed(seed)
+    tree = random_tree(6 + seed % 5, seed, vocab=4)
+    logits = torch.randn(len(tree), 12, generator=g) + 2.0 * (torch.arange(12) < 4)
+    reference = verify_sampling(tree, logits, 1.0, 1.0, torch.Generator().manual_seed(seed))
+    uniforms = torch.rand(len(tree) + 1, generator=torch.Generator().manual_seed(seed)).tolist()
+    ours = sampling_walk_reference(torch.softmax(logits, -1), tree, uniforms)
+    assert ours.accepted == reference.accepted
+
+
+def test_sampling_walk_keeps_the_target_distribution() -> None:
+    """The first committed token is distributed as the target's p at the root: with point-mass
+    drafts (any fixed children) and with children drawn from the draft q without replacement
+    (the setting the q rule is for). Monte Carlo on the reference walk."""
+    p = torch.tensor([0.1, 0.4, 0.2, 0.25, 0.05])
+    q = torch.tensor([0.05, 0.1, 0.6, 0.2, 0.05])
+    g = torch.Generator().manual_seed(0)
+    n = 4000
+    for with_q in (False, True):
+        counts = torch.zeros(5)
+        for _ in range(n):
+            if with_q:
+                first, second = torch.multinomial(q, 2, replacement=False, generator=g).tolist()
+            else:
+                first, second = 2, 1
+            tree = DraftTree((0, first, second), (-1, 0, 0), (1.0,) * 3)
+            draft_q = q.repeat(3, 1) if with_q else None
+            verdict = sampling_walk_reference(p.repeat(3, 1), tree, torch.rand(4, generator=g).tolist(), draft_q)
+            token = tree.tokens[verdict.accepted[0]] if verdict.accepted else verdict.bonus
+            counts[token] += 1
+        assert (counts / n - p).abs().max() < 0.03, (with_q, counts / n)
+
+
+# ---- the same kernels on a GPU -------------------------------------------------------------
+def test_kernels_on_cuda(cuda) -> None:
+    tree = random_tree(20, 3)
+    T, L, hd = len(tree), 100, 64
+    g = torch.Generator().manual_seed(0)
+    q = torch.randn(T, 8, hd, generator=g).to(cuda, torch.bfloat16)
+    k = torch.randn(2, 256, hd, generator=g).to(cuda, torch.bfloat16)
+    v = torch.randn(2, 256, hd, generator=g).to(cuda, torch.bfloat16)
+    positions = (torch.tensor(tree.depths) + L).to(cuda)
+    mask = tree.ancestor_mask(cuda)
+    out = tree_attention(q, k, v, torch.tensor([L], dtype=torch.int32, device=cuda), mask, positions, hd**-0.5)
+    ref = tree_attention_reference(q, k, v, L, mask, positions, hd**-0.5)
+    torch.testing.assert_close(out.float(), ref.float(), atol=2e-2, rtol=2e-2)
+    logits = torch.randn(T, 300, generator=g)
+    assert verify_greedy_gpu(tree, logits.to(cuda)) == verify_greedy(tree, logits)
+    tree_s, probs, qd, u = _sampling_case(1, True)
+    tokens, parents = _tree_tensors(tree_s, cuda)
+    got = _verdict(sampling_walk(probs.to(cuda), tokens, parents, u.to(cuda), qd.to(cuda)))
+    assert got == sampling_walk_reference(probs, tree_s, u.tolist(), qd)

@@ -72,7 +72,10 @@ def load_model(
     threads: int | None = None,
     reserve_cores: int = 0,
     revision: str | None = None,
+    weights: str = "stored",
 ) -> LoadedModel:
+    """``weights``: "stored" keeps GGUF blocks / bf16 / f16 as stored (decoded in our kernels, same
+    logits); "fp32" upcasts once (GGUFs go through the cached fp32 safetensors conversion)."""
     from engine.models.checkpoint import load_state_dict, read_config
     from engine.models.llama import LlamaConfig, LlamaModel, UnsupportedModelError
     from engine.models.resolve import resolve_model
@@ -80,7 +83,11 @@ def load_model(
 
     configure_threads(threads, reserve=reserve_cores)
     torch_device, torch_dtype = pick_device(device), pick_dtype(dtype)
-    resolved = resolve_model(model, revision=revision, progress=progress)
+    if weights not in ("stored", "fp32"):
+        raise LoadError(f"unknown --weights {weights!r}; choose stored or fp32")
+    stored = (weights == "stored" and torch_device.type == "cpu" and torch_dtype == torch.float32
+              and backend != "hf")
+    resolved = resolve_model(model, revision=revision, progress=progress, weights="stored" if stored else "fp32")
     raw_config = read_config(resolved.path)
     tokenizer = Tokenizer.from_dir(resolved.path)
     if backend in ("auto", "specchat"):
@@ -93,8 +100,14 @@ def load_model(
         else:
             if progress:
                 progress("loading weights", 0, 1)
-            state = load_state_dict(resolved.path, allow_pickle=allow_pickle)
-            net = LlamaModel(config, state, dtype=torch_dtype, device=torch_device, consume=True)
+            if resolved.gguf is not None:
+                from engine.models.gguf_weights import load_gguf_state
+
+                state = load_gguf_state(resolved.gguf)[1]
+            else:
+                state = load_state_dict(resolved.path, allow_pickle=allow_pickle)
+            net = LlamaModel(config, state, dtype=torch_dtype, device=torch_device, consume=True,
+                             weights="stored" if stored else "fp32")
             del state
             if progress:
                 progress("loading weights", 1, 1)
@@ -119,6 +132,7 @@ def load_session(
     threads: int | None = None,
     reserve_cores: int = 0,
     revision: str | None = None,
+    weights: str = "stored",
 ):
     """Load everything a chat needs; raises LoadError / ModelResolutionError / ConfigError."""
     from engine.session import Session, default_drafters
@@ -127,6 +141,6 @@ def load_session(
         raise LoadError("draft models (EAGLE heads, standalone drafts) are not supported yet; use --method ngram")
     loaded = load_model(model, dtype=dtype, device=device, backend=backend, allow_pickle=allow_pickle,
                         progress=progress, threads=threads, reserve_cores=reserve_cores,
-                        revision=revision)
+                        revision=revision, weights=weights)
     return Session(loaded.model, loaded.tokenizer, config, model_name=loaded.name, model_path=loaded.path,
                    drafters=default_drafters(), system_prompt=system_prompt)

@@ -41,6 +41,9 @@ def _add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--revision", default=None, help="hub model: branch, tag or commit (default: main)")
     p.add_argument("--dtype", default="float32", help="float32 (reference, default) or bfloat16")
     p.add_argument("--device", default="auto", help="auto, cpu or cuda[:N]")
+    p.add_argument("--weights", default="stored",
+                   help="stored (default: GGUF blocks / bf16 / f16 kept as stored, decoded in the CPU kernels; "
+                        "same answers) or fp32 (upcast once; GGUFs via the cached fp32 conversion)")
     p.add_argument("--backend", default="auto", choices=["auto", "specchat", "hf"],
                    help="specchat: our Llama-family forward; hf: any transformers causal LM")
     p.add_argument("--threads", type=int, default=None,

@@ -94,7 +94,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_spec_args(bench, default_method=None)
     bench.add_argument("--prompts", help="JSON-lines prompt file (messages | turns | prompt)")
     bench.add_argument("--methods", default="none,ngram", help="comma list; 'none' (baseline) is always run")
-    bench.add_argument("--peers", default="", help="comma list of reference implementations: hf")
+    bench.add_argument("--peers", default="", help="comma list of reference implementations: hf, llamacpp")
     bench.add_argument("--limit", type=int, default=None, help="use only the first N prompts")
     bench.add_argument("--json", dest="json_out", default=None, help="write results to this JSON file")
     bench.add_argument("--cost-curve", action="store_true",

@@ -227,3 +227,8 @@ def load() -> NativeKernel | None:
 
 
 why_not = "not loaded yet"
+
+
+def variant() -> str:
+    """Which kernel variant runs here: "avx2" (the only one built today) or "torch" (the fallback)."""
+    return "avx2" if load() is not None else "torch"

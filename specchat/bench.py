@@ -346,7 +346,7 @@ def print_table(report: dict[str, Any]) -> None:
     table = Table(title=f"{report['model']} on {machine['cpu']} ({machine['threads']} threads{kernels})")
     for col in ("method", "tokens/s", "tau", "speedup", "decode tok/s", "decode speedup", "identical", "tokens",
                 "seconds"):
-        table.add_column(col, justify="left" if col == "method" else "right")
+        table.add_column(col, justify="left" if col == "method" else "right", no_wrap=col == "method")
     multi = len(report.get("weights") or ()) > 1
     for r in report["results"]:
         table.add_row(
@@ -357,7 +357,10 @@ def print_table(report: dict[str, Any]) -> None:
             f"{r['decode_speedup']:.2f}x" if r["decode_speedup"] else "-",
             f"{r['identical_prompts']}/{r['prompts']}", str(r["tokens"]), f"{r['seconds']:.1f}",
         )
-    Console().print(table)
+    console = Console()
+    if not console.is_terminal:  # a pipe or file: do not squeeze the table into 80 columns
+        console = Console(width=160)
+    console.print(table)
 
 
 def measure_cost_curve(model, context: int, sizes=(1, 2, 4, 8, 16, 32, 64)) -> list[dict[str, float]]:

@@ -18,6 +18,9 @@
  * Each output is one FMA chain over k = 0..K-1 from zero, like skinny.c: the accumulators are
  * kept in memory between chunks (a store and reload is exact), so a row's result equals the fp32
  * kernel on the dequantized weights and does not depend on how many rows share the call.
+ *
+ * Up to six rows (plain decoding, small trees) take a fused path instead: the decoded vectors go
+ * straight into the FMAs from registers, the same chain without the buffer's stores and loads.
  */
 #include <immintrin.h>
 #include <stdint.h>
@@ -147,6 +150,89 @@ static AVX2 void decode_q4(const uint8_t *codes, const float *scales, const floa
     }
 }
 
+/* ---- fused decode + tile for one pass (M <= 6): the decoded vectors never leave registers ---- */
+
+#define FROW(r, kk)                                                  \
+    if (MR > r) {                                                    \
+        const __m256 b = _mm256_broadcast_ss(x + r * ldx + (kk));    \
+        a##r##0 = _mm256_fmadd_ps(b, w0, a##r##0);                   \
+        a##r##1 = _mm256_fmadd_ps(b, w1, a##r##1);                   \
+    }
+#define FROWS(kk) FROW(0, kk) FROW(1, kk) FROW(2, kk) FROW(3, kk) FROW(4, kk) FROW(5, kk)
+#define FSTORE(r)                                                    \
+    if (MR > r) {                                                    \
+        _mm256_storeu_ps(out + r * PANEL, a##r##0);                  \
+        _mm256_storeu_ps(out + r * PANEL + 8, a##r##1);              \
+    }
+#define FZERO                                                        \
+    __m256 a00, a01, a10, a11, a20, a21, a30, a31, a40, a41, a50, a51; \
+    a00 = a01 = a10 = a11 = a20 = a21 = a30 = a31 = a40 = a41 = a50 = a51 = _mm256_setzero_ps();
+
+static inline __attribute__((always_inline)) AVX2 void
+ftile_q4(const int MR, const float *x, long ldx, const uint8_t *codes, const float *scales, const float *offsets,
+         long group, long K, float *out) {
+    FZERO
+    const __m128i low = _mm_set1_epi8(0x0F);
+    for (long g = 0; g < K / group; g++) {
+        const __m256 s0 = _mm256_loadu_ps(scales + g * PANEL), s1 = _mm256_loadu_ps(scales + g * PANEL + 8);
+        const __m256 o0 = _mm256_loadu_ps(offsets + g * PANEL), o1 = _mm256_loadu_ps(offsets + g * PANEL + 8);
+        for (long k = g * group; k < (g + 1) * group; k += 2) {
+            const __m128i bytes = _mm_loadu_si128((const __m128i *)(codes + k / 2 * PANEL));
+            const __m128i c0 = _mm_and_si128(bytes, low);
+            const __m128i c1 = _mm_and_si128(_mm_srli_epi16(bytes, 4), low);
+            {
+                const __m256 w0 = _mm256_fmadd_ps(s0, _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(c0)), o0);
+                const __m256 w1 = _mm256_fmadd_ps(s1, _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(c0, 8))), o1);
+                FROWS(k)
+            }
+            {
+                const __m256 w0 = _mm256_fmadd_ps(s0, _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(c1)), o0);
+                const __m256 w1 = _mm256_fmadd_ps(s1, _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(c1, 8))), o1);
+                FROWS(k + 1)
+            }
+        }
+    }
+    FSTORE(0) FSTORE(1) FSTORE(2) FSTORE(3) FSTORE(4) FSTORE(5)
+}
+
+static inline __attribute__((always_inline)) AVX2 void
+ftile_q8(const int MR, const float *x, long ldx, const int8_t *codes, const float *scales, const float *offsets,
+         long group, long K, float *out) {
+    FZERO
+    for (long g = 0; g < K / group; g++) {
+        const __m256 s0 = _mm256_loadu_ps(scales + g * PANEL), s1 = _mm256_loadu_ps(scales + g * PANEL + 8);
+        if (offsets) {
+            const __m256 o0 = _mm256_loadu_ps(offsets + g * PANEL), o1 = _mm256_loadu_ps(offsets + g * PANEL + 8);
+            for (long k = g * group; k < (g + 1) * group; k++) {
+                const __m128i c = _mm_loadu_si128((const __m128i *)(codes + k * PANEL));
+                const __m256 w0 = _mm256_fmadd_ps(s0, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(c)), o0);
+                const __m256 w1 = _mm256_fmadd_ps(s1, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(c, 8))), o1);
+                FROWS(k)
+            }
+        } else {
+            for (long k = g * group; k < (g + 1) * group; k++) {
+                const __m128i c = _mm_loadu_si128((const __m128i *)(codes + k * PANEL));
+                const __m256 w0 = _mm256_mul_ps(s0, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(c)));
+                const __m256 w1 = _mm256_mul_ps(s1, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(c, 8))));
+                FROWS(k)
+            }
+        }
+    }
+    FSTORE(0) FSTORE(1) FSTORE(2) FSTORE(3) FSTORE(4) FSTORE(5)
+}
+
+typedef void (*ftile_fn)(const float *, long, const void *, const float *, const float *, long, long, float *);
+#define FTILE(n)                                                                                              \
+    static AVX2 void ftile_q4_##n(const float *x, long ldx, const void *c, const float *s, const float *o,     \
+                                  long g, long K, float *out) { ftile_q4(n, x, ldx, c, s, o, g, K, out); }    \
+    static AVX2 void ftile_q8_##n(const float *x, long ldx, const void *c, const float *s, const float *o,     \
+                                  long g, long K, float *out) { ftile_q8(n, x, ldx, c, s, o, g, K, out); }
+FTILE(1) FTILE(2) FTILE(3) FTILE(4) FTILE(5) FTILE(6)
+static const ftile_fn FTILES_Q4[MAX_ROWS + 1] = {0, ftile_q4_1, ftile_q4_2, ftile_q4_3, ftile_q4_4, ftile_q4_5,
+                                                 ftile_q4_6};
+static const ftile_fn FTILES_Q8[MAX_ROWS + 1] = {0, ftile_q8_1, ftile_q8_2, ftile_q8_3, ftile_q8_4, ftile_q8_5,
+                                                 ftile_q8_6};
+
 int stored_supported(void) {
     __builtin_cpu_init();
     return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
@@ -174,8 +260,12 @@ void stored_linear(const float *x, long M, long K, int kind, long group, const v
             const char *pc = (const char *)codes + p * panel_bytes;
             const float *ps = scales ? scales + p * ngroups * PANEL : 0;
             const float *po = offsets ? offsets + p * ngroups * PANEL : 0;
-            for (long i = 0; i < M * PANEL; i++) acc[i] = 0.0f;
-            for (long k0 = 0; k0 < K; k0 += KC) {
+            const int fused = M <= MAX_ROWS && (kind == KIND_Q4 || kind == KIND_Q8);
+            if (fused)
+                (kind == KIND_Q4 ? FTILES_Q4 : FTILES_Q8)[M](x, K, pc, ps, po, group, K, acc);
+            else
+                for (long i = 0; i < M * PANEL; i++) acc[i] = 0.0f;
+            for (long k0 = 0; k0 < K && !fused; k0 += KC) {
                 const long kc = K - k0 < KC ? K - k0 : KC;
                 switch (kind) {
                 case KIND_F32: decode_f32((const float *)pc, k0, kc, buf); break;

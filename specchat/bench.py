@@ -321,7 +321,7 @@ def run_bench(args: argparse.Namespace) -> int:
             "seconds": round(row.seconds, 3),
         })
     machine = machine_info(first.model)
-    machine["weights"] = {w: {"kernels": sessions[w].model.kernels,
+    machine["weights"] = {w: {"kernels": getattr(sessions[w].model, "kernels", None),
                               "weight_bytes": getattr(sessions[w].model, "weight_bytes", None)} for w in modes}
     report = {"machine": machine, "model": first.model_name, "prompts_file": str(args.prompts),
               "dtype": args.dtype, "weights": modes, "max_new_tokens": base_config.max_new_tokens,

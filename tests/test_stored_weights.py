@@ -248,3 +248,17 @@ def test_embedded_model_stored_logits_equal_fp32_path() -> None:
     a, b = (m.forward(tokens, c, positions=positions, tree_mask=tree.ancestor_mask()).logits
             for m, c in zip((stored, fp32), caches, strict=True))
     assert torch.equal(a, b)
+
+
+def test_kernel_variant_follows_cpu_flags() -> None:
+    """AVX-512 tiles only where /proc/cpuinfo lists avx512f, avx512bw and avx512vl."""
+    if not NATIVE:
+        assert native.variant() == "torch"
+        return
+    flags = set()
+    for line in Path("/proc/cpuinfo").read_text().splitlines():
+        if line.startswith("flags"):
+            flags = set(line.split(":", 1)[1].split())
+            break
+    wide = {"avx512f", "avx512bw", "avx512vl"} <= flags
+    assert native.variant() == ("avx512" if wide else "avx2")

@@ -31,6 +31,7 @@ if TYPE_CHECKING:
 SOURCES = tuple(Path(__file__).with_name(n) for n in ("skinny.c", "ops.c", "stored.c"))
 FLAGS = ("-O3", "-shared", "-fPIC", "-fopenmp")
 ENV_SWITCH = "SPECCHAT_LINEAR"  # "torch" turns the native kernel off
+VARIANT_SWITCH = "SPECCHAT_KERNEL_VARIANT"  # "avx2" keeps an AVX-512 CPU on the AVX2 tiles
 
 
 _p, _i, _l, _f = ctypes.c_void_p, ctypes.c_int, ctypes.c_long, ctypes.c_float
@@ -52,6 +53,7 @@ class NativeKernel:
 
     def __init__(self, lib: ctypes.CDLL, path: Path) -> None:
         self.path = path
+        self.variant = "avx2"  # "avx512" where stored.c's wide tiles run (set by load())
         for name, args in _SIGNATURES.items():
             fn = getattr(lib, name)
             fn.argtypes = args
@@ -223,12 +225,19 @@ def load() -> NativeKernel | None:
         why_not = "this CPU lacks AVX2/FMA/F16C"
         return None
     why_not = ""
-    return NativeKernel(lib, path)
+    kernel = NativeKernel(lib, path)
+    lib.stored_variant.argtypes = [_i]
+    lib.stored_variant.restype = _i
+    forced = os.environ.get(VARIANT_SWITCH, "").lower()
+    kernel.variant = "avx512" if lib.stored_variant(2 if forced == "avx2" else 0) == 512 else "avx2"
+    return kernel
 
 
 why_not = "not loaded yet"
 
 
 def variant() -> str:
-    """Which kernel variant runs here: "avx2" (the only one built today) or "torch" (the fallback)."""
-    return "avx2" if load() is not None else "torch"
+    """Which kernel variant runs here: "avx512" (stored-weight tiles of 12 rows, on CPUs with
+    AVX-512 F/BW/VL; untested on hardware so far), "avx2", or "torch" (no native kernel)."""
+    kernel = load()
+    return kernel.variant if kernel is not None else "torch"

@@ -233,6 +233,78 @@ static const ftile_fn FTILES_Q4[MAX_ROWS + 1] = {0, ftile_q4_1, ftile_q4_2, ftil
 static const ftile_fn FTILES_Q8[MAX_ROWS + 1] = {0, ftile_q8_1, ftile_q8_2, ftile_q8_3, ftile_q8_4, ftile_q8_5,
                                                  ftile_q8_6};
 
+/* ---- AVX-512 (F, BW, VL): one zmm is a whole 16-column panel line, so one pass holds up to 12
+ * rows (12 accumulators + weights + broadcasts of the 32 registers). Chosen at run time only on
+ * CPUs that report the three flags; the per-element chain is the same FMA over k = 0..K-1, so the
+ * answers equal the AVX2 kernel's. NOT tested on hardware yet (the dev machine has no AVX-512). */
+#define MAX_ROWS_512 12
+#define AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx2,fma,f16c")))
+
+static inline __attribute__((always_inline)) AVX512 void
+ftile512(const int MR, const int q4, const float *x, long ldx, const void *codes, const float *scales,
+         const float *offsets, long group, long K, float *out) {
+    __m512 a[MAX_ROWS_512];
+#pragma GCC unroll 12
+    for (int r = 0; r < MAX_ROWS_512; r++)
+        if (r < MR) a[r] = _mm512_setzero_ps();
+    const __m128i low = _mm_set1_epi8(0x0F);
+    for (long g = 0; g < K / group; g++) {
+        const __m512 s = _mm512_loadu_ps(scales + g * PANEL);
+        const __m512 o = offsets ? _mm512_loadu_ps(offsets + g * PANEL) : _mm512_setzero_ps();
+        for (long k = g * group; k < (g + 1) * group; k += 2) {
+            __m512 w[2];
+            if (q4) {
+                const __m128i bytes = _mm_loadu_si128((const __m128i *)((const uint8_t *)codes + k / 2 * PANEL));
+                w[0] = _mm512_fmadd_ps(s, _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_and_si128(bytes, low))), o);
+                w[1] = _mm512_fmadd_ps(
+                    s, _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_and_si128(_mm_srli_epi16(bytes, 4), low))), o);
+            } else {
+                const int8_t *c = (const int8_t *)codes + k * PANEL;
+                const __m512 q0 = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)c)));
+                const __m512 q1 =
+                    _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(c + PANEL))));
+                w[0] = offsets ? _mm512_fmadd_ps(s, q0, o) : _mm512_mul_ps(s, q0);
+                w[1] = offsets ? _mm512_fmadd_ps(s, q1, o) : _mm512_mul_ps(s, q1);
+            }
+#pragma GCC unroll 2
+            for (int i = 0; i < 2; i++) {
+#pragma GCC unroll 12
+                for (int r = 0; r < MAX_ROWS_512; r++)
+                    if (r < MR) a[r] = _mm512_fmadd_ps(_mm512_set1_ps(x[r * ldx + k + i]), w[i], a[r]);
+            }
+        }
+    }
+#pragma GCC unroll 12
+    for (int r = 0; r < MAX_ROWS_512; r++)
+        if (r < MR) _mm512_storeu_ps(out + r * PANEL, a[r]);
+}
+
+typedef void (*ftile512_fn)(const float *, long, const void *, const float *, const float *, long, long, float *);
+#define FTILE512(n)                                                                                            \
+    static AVX512 void ftile512_q4_##n(const float *x, long ldx, const void *c, const float *s, const float *o, \
+                                       long g, long K, float *out) { ftile512(n, 1, x, ldx, c, s, o, g, K, out); } \
+    static AVX512 void ftile512_q8_##n(const float *x, long ldx, const void *c, const float *s, const float *o, \
+                                       long g, long K, float *out) { ftile512(n, 0, x, ldx, c, s, o, g, K, out); }
+FTILE512(1) FTILE512(2) FTILE512(3) FTILE512(4) FTILE512(5) FTILE512(6)
+FTILE512(7) FTILE512(8) FTILE512(9) FTILE512(10) FTILE512(11) FTILE512(12)
+static const ftile512_fn FTILES512_Q4[MAX_ROWS_512 + 1] = {
+    0, ftile512_q4_1, ftile512_q4_2, ftile512_q4_3, ftile512_q4_4, ftile512_q4_5, ftile512_q4_6,
+    ftile512_q4_7, ftile512_q4_8, ftile512_q4_9, ftile512_q4_10, ftile512_q4_11, ftile512_q4_12};
+static const ftile512_fn FTILES512_Q8[MAX_ROWS_512 + 1] = {
+    0, ftile512_q8_1, ftile512_q8_2, ftile512_q8_3, ftile512_q8_4, ftile512_q8_5, ftile512_q8_6,
+    ftile512_q8_7, ftile512_q8_8, ftile512_q8_9, ftile512_q8_10, ftile512_q8_11, ftile512_q8_12};
+
+static int use_avx512 = -1; /* -1: not decided yet */
+
+/* 512 when this CPU runs the AVX-512 tiles, else 2 (AVX2). force: 0 = auto, 2 = AVX2 only. */
+int stored_variant(int force) {
+    __builtin_cpu_init();
+    const int has = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+                    __builtin_cpu_supports("avx512vl");
+    use_avx512 = has && force != 2;
+    return use_avx512 ? 512 : 2;
+}
+
 int stored_supported(void) {
     __builtin_cpu_init();
     return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
@@ -260,8 +332,12 @@ void stored_linear(const float *x, long M, long K, int kind, long group, const v
             const char *pc = (const char *)codes + p * panel_bytes;
             const float *ps = scales ? scales + p * ngroups * PANEL : 0;
             const float *po = offsets ? offsets + p * ngroups * PANEL : 0;
-            const int fused = M <= MAX_ROWS && (kind == KIND_Q4 || kind == KIND_Q8);
-            if (fused)
+            const int quant = kind == KIND_Q4 || kind == KIND_Q8;
+            const int wide = use_avx512 == 1 && quant && M <= MAX_ROWS_512;
+            const int fused = wide || (quant && M <= MAX_ROWS);
+            if (wide)
+                (kind == KIND_Q4 ? FTILES512_Q4 : FTILES512_Q8)[M](x, K, pc, ps, po, group, K, acc);
+            else if (fused)
                 (kind == KIND_Q4 ? FTILES_Q4 : FTILES_Q8)[M](x, K, pc, ps, po, group, K, acc);
             else
                 for (long i = 0; i < M * PANEL; i++) acc[i] = 0.0f;

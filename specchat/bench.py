@@ -350,7 +350,7 @@ def print_table(report: dict[str, Any]) -> None:
     multi = len(report.get("weights") or ()) > 1
     for r in report["results"]:
         table.add_row(
-            f"{r['method']} [{r['weights']}]" if multi and r.get("weights") else r["method"],
+            f"{r['method']} ({r['weights']})" if multi and r.get("weights") else r["method"],
             f"{r['tokens_per_s']:.2f}", "-" if r["tau"] is None else f"{r['tau']:.2f}",
             f"{r['speedup']:.2f}x" if r["speedup"] else "-",
             f"{r['decode_tokens_per_s']:.2f}" if r["decode_tokens_per_s"] else "-",

@@ -78,7 +78,10 @@ def load_model(
     threads: int | None = None,
     reserve_cores: int = 0,
     revision: str | None = None,
+    weights: str = "stored",
 ) -> LoadedModel:
+    """``weights``: "stored" keeps GGUF blocks / bf16 / f16 as stored (decoded in our kernels, same
+    logits); "fp32" upcasts once (GGUFs go through the cached fp32 safetensors conversion)."""
     from engine.models.checkpoint import load_state_dict, read_config
     from engine.models.llama import LlamaConfig, LlamaModel, UnsupportedModelError
     from engine.models.resolve import resolve_model
@@ -87,7 +90,11 @@ def load_model(
     configure_threads(threads, reserve=reserve_cores)
     torch_device = pick_device(device)
     torch_dtype = pick_dtype(dtype, torch_device)
-    resolved = resolve_model(model, revision=revision, progress=progress)
+    if weights not in ("stored", "fp32"):
+        raise LoadError(f"unknown --weights {weights!r}; choose stored or fp32")
+    stored = (weights == "stored" and torch_device.type == "cpu" and torch_dtype == torch.float32
+              and backend != "hf")
+    resolved = resolve_model(model, revision=revision, progress=progress, weights="stored" if stored else "fp32")
     raw_config = read_config(resolved.path)
     tokenizer = Tokenizer.from_dir(resolved.path)
     if backend in ("auto", "specchat"):
@@ -100,8 +107,14 @@ def load_model(
         else:
             if progress:
                 progress("loading weights", 0, 1)
-            state = load_state_dict(resolved.path, allow_pickle=allow_pickle)
-            net = LlamaModel(config, state, dtype=torch_dtype, device=torch_device, consume=True)
+            if resolved.gguf is not None:
+                from engine.models.gguf_weights import load_gguf_state
+
+                state = load_gguf_state(resolved.gguf)[1]
+            else:
+                state = load_state_dict(resolved.path, allow_pickle=allow_pickle)
+            net = LlamaModel(config, state, dtype=torch_dtype, device=torch_device, consume=True,
+                             weights="stored" if stored else "fp32")
             del state
             if progress:
                 progress("loading weights", 1, 1)
@@ -130,6 +143,7 @@ def load_session(
     token_map: str | None = None,
     draft_revision: str | None = None,
     method_from_draft: bool = False,
+    weights: str = "stored",
 ):
     """Load everything a chat needs; raises LoadError / ModelResolutionError / ConfigError /
     DraftLoadError.
@@ -144,7 +158,7 @@ def load_session(
 
     loaded = load_model(model, dtype=dtype, device=device, backend=backend, allow_pickle=allow_pickle,
                         progress=progress, threads=threads, reserve_cores=reserve_cores,
-                        revision=revision)
+                        revision=revision, weights=weights)
     drafters = default_drafters()
     features = None
     description = ""

@@ -90,18 +90,23 @@ def machine_info(model: object | None = None) -> dict[str, Any]:
     kernels = getattr(model, "kernels", None)
     if kernels:
         info["kernels"] = kernels
+        from engine.kernels import native
+
+        info["kernel_variant"] = native.variant() if kernels == "native" else "torch"
     return info
 
 
 @dataclass
 class Row:
     name: str
+    weights: str | None = None  # "stored" / "fp32" for our rows; None for peers
     tokens: int = 0
     seconds: float = 0.0
     steps: int = 0
     produced: int = 0
     prefill_seconds: float | None = 0.0  # None for peers, whose prefill is not reported apart
-    identical: int = 0
+    identical: int = 0  # equal to the baseline of the same weights
+    same_as_reference: int = 0  # equal to the baseline of the first --weights mode
     prompts: int = 0
     outputs: list[list[int]] = field(default_factory=list)
 
@@ -179,21 +184,39 @@ class HFPeer:
         return new, 0, produced, seconds, None
 
 
-def run_bench(args: argparse.Namespace) -> int:
+def weights_modes(args: argparse.Namespace) -> list[str]:
+    """``--weights stored,fp32`` -> ["stored", "fp32"] (order kept, duplicates dropped)."""
+    modes = list(dict.fromkeys(w.strip() for w in (getattr(args, "weights", None) or "stored").split(",")
+                               if w.strip()))
+    bad = [w for w in modes if w not in ("stored", "fp32")]
+    if bad or not modes:
+        raise UsageError(f"--weights takes stored, fp32 or stored,fp32, not {args.weights!r}")
+    return modes
+
+
+def _load_sessions(args: argparse.Namespace, base_config, modes: list[str]) -> dict[str, Any]:
     from engine.loader import load_session
     from engine.models.progress import rich_progress
 
+    sessions = {}
+    with rich_progress() as progress:
+        for w in modes:
+            sessions[w] = load_session(args.model, base_config, dtype=args.dtype, device=args.device,
+                                       backend=args.backend, allow_pickle=args.allow_pickle, progress=progress,
+                                       threads=args.threads, revision=args.revision, weights=w,
+                                       **draft_options(args))
+    return sessions
+
+
+def run_bench(args: argparse.Namespace) -> int:
     if getattr(args, "random_weights", None):
         from specchat.gpu_bench import run_random_bench
 
         return run_random_bench(args)
     base_config = make_config(args, method="none", max_new_tokens=256)
+    modes = weights_modes(args)
     if args.cost_curve:
-        with rich_progress() as progress:
-            session = load_session(args.model, base_config, dtype=args.dtype, device=args.device,
-                                   backend=args.backend, allow_pickle=args.allow_pickle, progress=progress,
-                                   threads=args.threads, revision=args.revision, **draft_options(args))
-        return run_cost_curve(session, args)
+        return run_cost_curve(_load_sessions(args, base_config, modes), args)
     if not args.prompts:
         raise UsageError("bench needs --prompts FILE.jsonl (or --cost-curve)")
     prompts = load_prompts(args.prompts, args.limit)
@@ -204,35 +227,53 @@ def run_bench(args: argparse.Namespace) -> int:
     configs = {m: base_config.replace(method=m) for m in methods}
     peers = [p.strip() for p in args.peers.split(",") if p.strip()]
     for peer in peers:
-        if peer != "hf":
-            raise UsageError(f"unknown peer {peer!r}; available: hf")
+        if peer not in ("hf", "llamacpp"):
+            raise UsageError(f"unknown peer {peer!r}; available: hf, llamacpp")
+    llama_peer = None
+    if "llamacpp" in peers:
+        from specchat.llamacpp_peer import LlamaCppPeer
+
+        llama_peer = LlamaCppPeer.open(args.model, base_config.max_new_tokens, args.threads)
     if not base_config.greedy and base_config.sampling == "coupled":
         print(f"bench: temperature > 0, coupled sampling with seed {base_config.seed}: every method must give "
               "the baseline's sample")
     elif not base_config.greedy:
         print("bench: temperature > 0 with rejection sampling: outputs differ from the baseline's by design")
 
-    with rich_progress() as progress:
-        session = load_session(args.model, base_config, dtype=args.dtype, device=args.device,
-                               backend=args.backend, allow_pickle=args.allow_pickle, progress=progress,
-                               threads=args.threads, revision=args.revision, **draft_options(args))
-        hf = HFPeer(session.model_path, session, base_config.max_new_tokens) if peers else None
-    for m in methods:  # fail fast on an unavailable method, before any timing
-        session._check_available(configs[m])
+    sessions = _load_sessions(args, base_config, modes)
+    first = sessions[modes[0]]
+    hf = None
+    if "hf" in peers:
+        from engine.models.resolve import resolve_model
 
-    rows = {m: Row(m) for m in methods}
+        hf_path = resolve_model(args.model, revision=args.revision, weights="fp32").path
+        hf = HFPeer(hf_path, first, base_config.max_new_tokens)
+    for m in methods:  # fail fast on an unavailable method, before any timing
+        first._check_available(configs[m])
+
+    multi = len(modes) > 1
+    rows: dict[str, Row] = {}
+    for w in modes:
+        for m in methods:
+            rows[f"{m} [{w}]" if multi else m] = Row(m, w)
     if hf:
         rows["hf-generate"] = Row("hf-generate")
         rows["hf-prompt-lookup"] = Row("hf-prompt-lookup")
+    if llama_peer:
+        rows["llamacpp"] = Row("llamacpp")
+        rows["llamacpp-prompt-lookup"] = Row("llamacpp-prompt-lookup")
     # warm-up: one short answer per runner, untimed
     warm = configs["none"].replace(max_new_tokens=8)
-    for m in methods:
-        _run_ours(session, prompts[0], warm.replace(method=m))
+    for w in modes:
+        for m in methods:
+            _run_ours(sessions[w], prompts[0], warm.replace(method=m))
     if hf:
         saved, hf.max_new_tokens = hf.max_new_tokens, 8
         hf.run(prompts[0], False)
         hf.run(prompts[0], True)
         hf.max_new_tokens = saved
+    if llama_peer:
+        llama_peer.warm(first, prompts[0])
 
     from rich.progress import Progress
 
@@ -241,34 +282,42 @@ def run_bench(args: argparse.Namespace) -> int:
     with Progress(transient=True, auto_refresh=False) as bar:
         task = bar.add_task("benchmarking", total=total)
         for prompt in prompts:
-            baseline: list[int] | None = None
+            baselines: dict[str | None, list[int]] = {}
             for name, row in rows.items():
                 bar.update(task, description=f"{prompt.id}: {name}")
-                if name in configs:
-                    tokens, steps, produced, seconds, prefill = _run_ours(session, prompt, configs[name])
+                if row.weights is not None:
+                    tokens, steps, produced, seconds, prefill = _run_ours(sessions[row.weights], prompt,
+                                                                          configs[row.name])
+                elif row.name.startswith("llamacpp"):
+                    tokens, steps, produced, seconds, prefill = llama_peer.run(
+                        first, prompt, lookup=row.name.endswith("lookup"))
                 else:
                     tokens, steps, produced, seconds, prefill = hf.run(prompt, lookup=name == "hf-prompt-lookup")
                 row.prefill_seconds = None if prefill is None or row.prefill_seconds is None else (
                     row.prefill_seconds + prefill)
-                if name == "none":
-                    baseline = tokens
+                if row.name == "none" and row.weights is not None:
+                    baselines[row.weights] = tokens
+                    baselines.setdefault(None, tokens)  # peers compare with the first baseline
                 row.tokens += len(tokens)
                 row.seconds += seconds
                 row.steps += steps
                 row.produced += produced
                 row.prompts += 1
-                row.identical += int(tokens == baseline)
+                row.identical += int(tokens == baselines.get(row.weights, baselines.get(None)))
+                row.same_as_reference += int(tokens == baselines.get(None))
                 row.outputs.append(tokens)
                 bar.advance(task)
                 bar.refresh()
 
-    base_tps = rows["none"].tokens_per_s
-    base_decode = rows["none"].decode_tokens_per_s
     results = []
     for row in rows.values():
+        base = rows.get(f"none [{row.weights}]" if multi and row.weights else "none") or rows[
+            f"none [{modes[0]}]" if multi else "none"]
+        base_tps, base_decode = base.tokens_per_s, base.decode_tokens_per_s
         decode = row.decode_tokens_per_s
         results.append({
             "method": row.name,
+            "weights": row.weights,
             "tokens_per_s": round(row.tokens_per_s, 2),
             "decode_tokens_per_s": round(decode, 2) if decode else None,
             "decode_speedup": round(decode / base_decode, 3) if decode and base_decode else None,
@@ -276,12 +325,16 @@ def run_bench(args: argparse.Namespace) -> int:
             "speedup": round(row.tokens_per_s / base_tps, 3) if base_tps else None,
             "identical_to_baseline": row.identical == row.prompts,
             "identical_prompts": row.identical,
+            f"identical_to_{modes[0]}_baseline": row.same_as_reference,
             "prompts": row.prompts,
             "tokens": row.tokens,
             "seconds": round(row.seconds, 3),
         })
-    report = {"machine": machine_info(session.model), "model": session.model_name, "prompts_file": str(args.prompts),
-              "dtype": args.dtype, "max_new_tokens": base_config.max_new_tokens,
+    machine = machine_info(first.model)
+    machine["weights"] = {w: {"kernels": getattr(sessions[w].model, "kernels", None),
+                              "weight_bytes": getattr(sessions[w].model, "weight_bytes", None)} for w in modes}
+    report = {"machine": machine, "model": first.model_name, "prompts_file": str(args.prompts),
+              "dtype": args.dtype, "weights": modes, "max_new_tokens": base_config.max_new_tokens,
               "config": {k: v for k, v in base_config.to_dict().items() if k != "method"}, "results": results}
     bandwidth = baseline_bandwidth(session.model, base_decode, getattr(args, "peak_bandwidth", None))
     if bandwidth is not None:
@@ -319,19 +372,29 @@ def print_table(report: dict[str, Any]) -> None:
 
     machine = report["machine"]
     kernels = f", {machine['kernels']} kernels" if "kernels" in machine else ""
+    if machine.get("kernel_variant"):
+        kernels += f" ({machine['kernel_variant']})"
+    weights = report.get("weights")
+    if weights:
+        kernels += f", weights {'/'.join(weights)}"
     table = Table(title=f"{report['model']} on {machine['cpu']} ({machine['threads']} threads{kernels})")
     for col in ("method", "tokens/s", "tau", "speedup", "decode tok/s", "decode speedup", "identical", "tokens",
                 "seconds"):
-        table.add_column(col, justify="left" if col == "method" else "right")
+        table.add_column(col, justify="left" if col == "method" else "right", no_wrap=col == "method")
+    multi = len(report.get("weights") or ()) > 1
     for r in report["results"]:
         table.add_row(
-            r["method"], f"{r['tokens_per_s']:.2f}", "-" if r["tau"] is None else f"{r['tau']:.2f}",
+            f"{r['method']} ({r['weights']})" if multi and r.get("weights") else r["method"],
+            f"{r['tokens_per_s']:.2f}", "-" if r["tau"] is None else f"{r['tau']:.2f}",
             f"{r['speedup']:.2f}x" if r["speedup"] else "-",
             f"{r['decode_tokens_per_s']:.2f}" if r["decode_tokens_per_s"] else "-",
             f"{r['decode_speedup']:.2f}x" if r["decode_speedup"] else "-",
             f"{r['identical_prompts']}/{r['prompts']}", str(r["tokens"]), f"{r['seconds']:.1f}",
         )
-    Console().print(table)
+    console = Console()
+    if not console.is_terminal:  # a pipe or file: do not squeeze the table into 80 columns
+        console = Console(width=160)
+    console.print(table)
 
 
 def measure_cost_curve(model, context: int, sizes=(1, 2, 4, 8, 16, 32, 64)) -> list[dict[str, float]]:
@@ -377,29 +440,34 @@ def _sync(model) -> None:
         torch.cuda.synchronize(device)
 
 
-def run_cost_curve(session, args: argparse.Namespace) -> int:
-    """Time one target forward over n new tokens (a tree mask) on top of ~context cached tokens."""
+def run_cost_curve(sessions: dict[str, Any], args: argparse.Namespace) -> int:
+    """Time one target forward over n new tokens (a tree mask) on top of ~context cached tokens,
+    for each --weights mode (and transformers with --peers hf)."""
     from rich.console import Console
     from rich.table import Table
 
-    curves = {"specchat": measure_cost_curve(session.model, args.context)}
+    first = next(iter(sessions.values()))
+    curves = {f"specchat {w}": measure_cost_curve(s.model, args.context) for w, s in sessions.items()}
     if "hf" in [p.strip() for p in args.peers.split(",")]:
         from engine.models.hf import HFModel
+        from engine.models.resolve import resolve_model
 
-        curves["transformers"] = measure_cost_curve(HFModel.from_pretrained(session.model_path),
-                                                    args.context)
-    table = Table(title=f"one target forward over n tree tokens, {args.context} cached ({session.model_name})")
+        path = resolve_model(args.model, revision=args.revision, weights="fp32").path
+        curves["transformers"] = measure_cost_curve(HFModel.from_pretrained(path), args.context)
+    machine = machine_info(first.model)
+    variant = f", {machine['kernel_variant']} kernels" if machine.get("kernel_variant") else ""
+    table = Table(title=f"one target forward over n tree tokens, {args.context} cached ({first.model_name}{variant})")
     table.add_column("n", justify="right")
     for name in curves:
         table.add_column(f"{name} ms", justify="right")
         table.add_column(f"{name} x n=1", justify="right")
-    for i, row in enumerate(curves["specchat"]):
+    for i, row in enumerate(next(iter(curves.values()))):
         cells = [str(row["n"])]
         for curve in curves.values():
             cells += [f"{curve[i]['ms']:.1f}", f"{curve[i]['relative']:.2f}"]
         table.add_row(*cells)
     Console().print(table)
     if args.json_out:
-        Path(args.json_out).write_text(json.dumps({"machine": machine_info(session.model), "model": session.model_name,
+        Path(args.json_out).write_text(json.dumps({"machine": machine, "model": first.model_name,
                                                    "context": args.context, "cost_curve": curves}, indent=2) + "\n")
     return 0

@@ -42,6 +42,9 @@ def _add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dtype", default="auto",
                    help="auto (bfloat16 on a GPU, float32 on a CPU), float32 (the exact reference) or bfloat16")
     p.add_argument("--device", default="auto", help="auto, cpu or cuda[:N]")
+    p.add_argument("--weights", default="stored",
+                   help="stored (default: GGUF blocks / bf16 / f16 kept as stored, decoded in the CPU kernels; "
+                        "same answers) or fp32 (upcast once; GGUFs via the cached fp32 conversion)")
     p.add_argument("--backend", default="auto", choices=["auto", "specchat", "hf"],
                    help="specchat: our Llama-family forward; hf: any transformers causal LM")
     p.add_argument("--threads", type=int, default=None,
@@ -100,7 +103,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_spec_args(bench)
     bench.add_argument("--prompts", help="JSON-lines prompt file (messages | turns | prompt)")
     bench.add_argument("--methods", default="none,ngram", help="comma list; 'none' (baseline) is always run")
-    bench.add_argument("--peers", default="", help="comma list of reference implementations: hf")
+    bench.add_argument("--peers", default="", help="comma list of reference implementations: hf, llamacpp")
     bench.add_argument("--limit", type=int, default=None, help="use only the first N prompts")
     bench.add_argument("--json", dest="json_out", default=None, help="write results to this JSON file")
     bench.add_argument("--cost-curve", action="store_true",

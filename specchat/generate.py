@@ -27,6 +27,13 @@ def read_prompt(args: argparse.Namespace) -> str:
     return text
 
 
+def _one_weights(args: argparse.Namespace) -> str:
+    weights = getattr(args, "weights", None) or "stored"
+    if weights not in ("stored", "fp32"):
+        raise UsageError(f"--weights must be stored or fp32, not {weights!r}")
+    return weights
+
+
 def run_generate(args: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.text import Text
@@ -42,7 +49,8 @@ def run_generate(args: argparse.Namespace) -> int:
     with rich_progress() as progress:
         session = load_session(args.model, config, dtype=args.dtype, device=args.device,
                                backend=args.backend, allow_pickle=args.allow_pickle, progress=progress,
-                               threads=args.threads, revision=args.revision, **draft_options(args))
+                               threads=args.threads, revision=args.revision,
+                               weights=_one_weights(args), **draft_options(args))
     config = session.config
     if args.raw:
         events = session.generate_ids(session.tokenizer.encode(prompt))

@@ -93,6 +93,12 @@ class Linear:
         return y.reshape(*lead, self.out_features)
 
     @property
+    def nbytes(self) -> int:
+        """Bytes of weight a call streams."""
+        w = self._packed if self._packed is not None else self._weight
+        return w.numel() * w.element_size()
+
+    @property
     def dense_weight(self) -> torch.Tensor:
         """The weight as an ordinary [out, in] tensor."""
         if self._packed is None:

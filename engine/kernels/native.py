@@ -1,4 +1,4 @@
-"""Build, cache and load our native CPU kernels (``skinny.c``, ``ops.c``) with the system C compiler.
+"""Build, cache and load our native CPU kernels (``skinny.c``, ``ops.c``, ``stored.c``) with the system C compiler.
 
 Why a plain C library through ctypes rather than a torch C++ extension: the kernel needs no
 torch headers, so it compiles in about a second with ``cc`` (a torch extension takes a minute
@@ -21,17 +21,23 @@ import sys
 import tempfile
 from functools import cache
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 
-SOURCES = tuple(Path(__file__).with_name(n) for n in ("skinny.c", "ops.c"))
+if TYPE_CHECKING:
+    from engine.kernels.stored import StoredPanels
+
+SOURCES = tuple(Path(__file__).with_name(n) for n in ("skinny.c", "ops.c", "stored.c"))
 FLAGS = ("-O3", "-shared", "-fPIC", "-fopenmp")
 ENV_SWITCH = "SPECCHAT_LINEAR"  # "torch" turns the native kernel off
+VARIANT_SWITCH = "SPECCHAT_KERNEL_VARIANT"  # "avx2" keeps an AVX-512 CPU on the AVX2 tiles
 
 
 _p, _i, _l, _f = ctypes.c_void_p, ctypes.c_int, ctypes.c_long, ctypes.c_float
 _SIGNATURES = {
     "skinny_linear": [_p, _l, _l, _p, _l, _p, _p, _i, _i],
+    "stored_linear": [_p, _l, _l, _i, _l, _p, _p, _p, _l, _p, _p, _l, _i, _i],
     "rms_norm": [_p, _l, _l, _p, _f, _p],
     "silu_mul": [_p, _l, _l, _p],
     "tree_attention": [_p, _l, _p, _p, _l, _l, _l, _i, _i, _i, _p, _l, _p, _f, _p, _i],
@@ -47,6 +53,7 @@ class NativeKernel:
 
     def __init__(self, lib: ctypes.CDLL, path: Path) -> None:
         self.path = path
+        self.variant = "avx2"  # "avx512" where stored.c's wide tiles run (set by load())
         for name, args in _SIGNATURES.items():
             fn = getattr(lib, name)
             fn.argtypes = args
@@ -77,6 +84,34 @@ class NativeKernel:
             torch.get_num_threads(),
         )
         return y
+
+    def stored_linear(
+        self,
+        x: torch.Tensor,
+        weight: StoredPanels,
+        bias: torch.Tensor | None,
+        out: torch.Tensor,
+        accumulate: bool,
+    ) -> None:
+        """x: [M, K] contiguous fp32; ``out``: an [M, weight.n] view with unit column stride (a
+        column slice of a bigger output is fine), written or (``accumulate``) added to."""
+        m, k = x.shape
+        self._lib.stored_linear(
+            x.data_ptr(),
+            m,
+            k,
+            weight.kind_id,
+            weight.group,
+            weight.codes.data_ptr(),
+            _ptr(weight.scales),
+            _ptr(weight.offsets),
+            weight.n,
+            _ptr(bias),
+            out.data_ptr(),
+            out.stride(0),
+            int(accumulate),
+            torch.get_num_threads(),
+        )
 
     def rms_norm(self, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
         """x: [T, H] contiguous, H a multiple of 8."""
@@ -186,11 +221,23 @@ def load() -> NativeKernel | None:
         detail = getattr(exc, "stderr", b"") or b""
         why_not = f"build failed: {exc} {detail.decode(errors='replace')[:200]}".strip()
         return None
-    if not lib.skinny_supported():
-        why_not = "this CPU lacks AVX2/FMA"
+    if not (lib.skinny_supported() and lib.stored_supported()):
+        why_not = "this CPU lacks AVX2/FMA/F16C"
         return None
     why_not = ""
-    return NativeKernel(lib, path)
+    kernel = NativeKernel(lib, path)
+    lib.stored_variant.argtypes = [_i]
+    lib.stored_variant.restype = _i
+    forced = os.environ.get(VARIANT_SWITCH, "").lower()
+    kernel.variant = "avx512" if lib.stored_variant(2 if forced == "avx2" else 0) == 512 else "avx2"
+    return kernel
 
 
 why_not = "not loaded yet"
+
+
+def variant() -> str:
+    """Which kernel variant runs here: "avx512" (stored-weight tiles of 12 rows, on CPUs with
+    AVX-512 F/BW/VL; untested on hardware so far), "avx2", or "torch" (no native kernel)."""
+    kernel = load()
+    return kernel.variant if kernel is not None else "torch"

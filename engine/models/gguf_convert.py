@@ -233,12 +233,14 @@ def convert_gguf(
     progress: ProgressCallback | None = None,
     tokenizer: bool = True,
     description: str = "converting GGUF",
+    weights: bool = True,
 ) -> Path:
     """Write ``model.safetensors`` (fp32), ``config.json``, ``generation_config.json`` and (when
     ``tokenizer``) the tokenizer files for ``gguf_path`` into ``out_dir``; returns ``out_dir``.
 
     ``out_dir`` is written in place: callers that need atomicity convert into a temporary folder
-    and rename it (see engine.models.resolve). Progress ticks once per tensor.
+    and rename it (see engine.models.resolve). Progress ticks once per tensor. ``weights=False``
+    writes everything but ``model.safetensors`` (the stored-weights path reads the GGUF itself).
     """
     from gguf import GGUFReader
     from gguf.quants import dequantize
@@ -269,9 +271,9 @@ def convert_gguf(
     config = hf_config(meta, shapes)
 
     tensors: dict[str, torch.Tensor] = {}
-    total = len(reader.tensors)
+    total = len(reader.tensors) if weights else 0
     report(progress, description, 0, total)
-    for done, t in enumerate(reader.tensors, 1):
+    for done, t in enumerate(reader.tensors if weights else (), 1):
         try:
             w = dequantize(t.data, t.tensor_type)
         except NotImplementedError as e:
@@ -287,7 +289,8 @@ def convert_gguf(
         report(progress, description, done, total)
 
     out_dir.mkdir(parents=True, exist_ok=True)
-    save_file(tensors, str(out_dir / "model.safetensors"), metadata={"format": "pt"})
+    if weights:
+        save_file(tensors, str(out_dir / "model.safetensors"), metadata={"format": "pt"})
     del tensors
     _write_json(out_dir / "config.json", config)
 

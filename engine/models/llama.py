@@ -18,10 +18,12 @@ import torch.nn.functional as F
 
 from engine.kernels import native
 from engine.kernels.linear import Linear
+from engine.kernels.stored import QuantRows, StoredEmbedding, StoredLinear
 from engine.models.kv_cache import KVCache
 from engine.models.rope import RotaryTable, apply_rotary_interleaved, interleave_halves, rope_inv_freq
 
 SUPPORTED_TYPES = ("llama", "mistral", "qwen2", "qwen3")
+WeightsMode = Literal["stored", "fp32"]
 
 
 class UnsupportedModelError(ValueError):
@@ -108,17 +110,17 @@ class ForwardOutput:
 class _Layer:
     __slots__ = ("down", "gate_up", "k_norm", "ln_attn", "ln_mlp", "o", "q_norm", "qkv")
 
-    def __init__(self, sd: Mapping[str, torch.Tensor], prefix: str, config: LlamaConfig, dtype: torch.dtype,
-                 device: torch.device) -> None:
+    def __init__(self, sd: Mapping[str, Any], prefix: str, config: LlamaConfig, dtype: torch.dtype,
+                 device: torch.device, stored: bool = False) -> None:
         hd = config.head_dim
         heads = {"q": config.num_heads, "k": config.num_kv_heads}
 
-        def w(name: str) -> torch.Tensor:
-            t = sd[prefix + name].to(device=device, dtype=dtype)
+        def w(name: str) -> Any:
+            t = _as_weight(sd[prefix + name], stored and name.endswith("_proj.weight"), dtype, device)
             # q/k rows (and biases, and q/k norm weights) go into the rotation-friendly order
             proj = name.split(".")[1][0] if name.startswith("self_attn.") else ""
             if proj in heads and (name.endswith("_proj.weight") or name.endswith("_proj.bias")):
-                return interleave_halves(t, heads[proj], hd)
+                return _interleave_rows(t, heads[proj], hd)
             if proj in heads and name.endswith("_norm.weight"):
                 return interleave_halves(t, 1, hd)
             return t
@@ -127,22 +129,22 @@ class _Layer:
             return w(name) if prefix + name in sd else None
 
         att = "self_attn."
-        qkv_w = torch.cat([w(att + "q_proj.weight"), w(att + "k_proj.weight"), w(att + "v_proj.weight")])
+        qkv_w = [w(att + "q_proj.weight"), w(att + "k_proj.weight"), w(att + "v_proj.weight")]
         biases = [maybe(att + f"{p}_proj.bias") for p in "qkv"]
         qkv_b = None
         if any(b is not None for b in biases):
             rows = [w(att + f"{p}_proj.weight").shape[0] for p in "qkv"]
             qkv_b = torch.cat([b if b is not None else torch.zeros(r, dtype=dtype, device=device)
                                for b, r in zip(biases, rows, strict=True)])
-        self.qkv = Linear(qkv_w, qkv_b)
-        self.o = Linear(w(att + "o_proj.weight"), maybe(att + "o_proj.bias"))
+        self.qkv = make_linear(qkv_w, qkv_b)
+        self.o = make_linear([w(att + "o_proj.weight")], maybe(att + "o_proj.bias"))
         self.q_norm = maybe(att + "q_norm.weight")
         self.k_norm = maybe(att + "k_norm.weight")
         gate_up_b = maybe("mlp.gate_proj.bias")
         if gate_up_b is not None:
             gate_up_b = torch.cat([gate_up_b, w("mlp.up_proj.bias")])
-        self.gate_up = Linear(torch.cat([w("mlp.gate_proj.weight"), w("mlp.up_proj.weight")]), gate_up_b)
-        self.down = Linear(w("mlp.down_proj.weight"), maybe("mlp.down_proj.bias"))
+        self.gate_up = make_linear([w("mlp.gate_proj.weight"), w("mlp.up_proj.weight")], gate_up_b)
+        self.down = make_linear([w("mlp.down_proj.weight")], maybe("mlp.down_proj.bias"))
         self.ln_attn = w("input_layernorm.weight")
         self.ln_mlp = w("post_attention_layernorm.weight")
 
@@ -150,14 +152,21 @@ class _Layer:
 class LlamaModel:
     """A Llama-family causal LM for batch size 1, driven by the session with a KVCache."""
 
-    def __init__(self, config: LlamaConfig, state_dict: MutableMapping[str, torch.Tensor], *,
+    def __init__(self, config: LlamaConfig, state_dict: MutableMapping[str, Any], *,
                  dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu",
-                 consume: bool = False) -> None:
+                 consume: bool = False, weights: WeightsMode = "fp32") -> None:
         """Build from an HF-named state dict. ``consume=True`` empties ``state_dict`` layer by layer
-        as the fused copies are made, so peak memory stays near one copy of the weights."""
+        as the fused copies are made, so peak memory stays near one copy of the weights.
+
+        ``weights="stored"`` keeps matrix weights in their stored format (GGUF blocks given as
+        ``QuantRows`` values, bf16/f16 tensors) for the decode-in-register kernels; it applies on
+        CPU with fp32 activations and gives the same logits as ``"fp32"`` (the weights upcast
+        once). Elsewhere stored weights are dequantized at load."""
         self.config = config
         self.dtype = dtype
         self.device = torch.device(device)
+        stored = weights == "stored" and self.device.type == "cpu" and dtype == torch.float32
+        self.weights: WeightsMode = "stored" if stored else "fp32"
         sd = _strip_prefixes(state_dict)
         if consume:
             state_dict.clear()
@@ -166,17 +175,30 @@ class LlamaModel:
             missing.append("lm_head.weight")
         if missing:
             raise UnsupportedModelError(f"checkpoint is missing {', '.join(missing)}")
-        self.embed = sd["model.embed_tokens.weight"].to(device=self.device, dtype=dtype)
+        embed = sd["model.embed_tokens.weight"]
+        self.embed: torch.Tensor | None = None  # dense fp32 table (fp32 mode only)
+        self._stored_embed: StoredEmbedding | None = None
+        if stored:
+            rows = embed if isinstance(embed, QuantRows) else QuantRows.from_tensor(embed)
+            self._stored_embed = StoredEmbedding(rows)
+        else:
+            self.embed = _as_weight(embed, False, dtype, self.device)
         self.layers = []
         for i in range(config.num_layers):
             prefix = f"model.layers.{i}."
-            self.layers.append(_Layer(sd, prefix, config, dtype, self.device))
+            self.layers.append(_Layer(sd, prefix, config, dtype, self.device, stored))
             if consume:
                 for key in [k for k in sd if k.startswith(prefix)]:
                     del sd[key]
-        self.norm = sd["model.norm.weight"].to(device=self.device, dtype=dtype)
-        head = self.embed if config.tie_word_embeddings else sd["lm_head.weight"].to(self.device, dtype)
-        self.lm_head = Linear(head)
+        self.norm = _as_weight(sd["model.norm.weight"], False, dtype, self.device)
+        if stored:
+            head = self._stored_embed.rows if config.tie_word_embeddings else _as_weight(sd["lm_head.weight"], True,
+                                                                                          dtype, self.device)
+            self.lm_head: Linear | StoredLinear = make_linear([head], None)
+        else:
+            head = self.embed if config.tie_word_embeddings else _as_weight(sd["lm_head.weight"], False, dtype,
+                                                                            self.device)
+            self.lm_head = Linear(head)
         inv_freq, att_factor = rope_inv_freq(
             config.head_dim, config.rope_theta, config.rope_scaling, config.max_position_embeddings
         )
@@ -226,7 +248,16 @@ class LlamaModel:
         return KVCache(c.num_layers, c.num_kv_heads, c.head_dim, capacity, dtype=self.dtype, device=self.device)
 
     def embed_tokens(self, tokens: torch.Tensor) -> torch.Tensor:
+        if self._stored_embed is not None:
+            return self._stored_embed(tokens).to(tokens.device)
         return F.embedding(tokens, self.embed)
+
+    @property
+    def weight_bytes(self) -> int:
+        """Bytes of matrix weights one token's forward streams (layers + LM head)."""
+        lins = [self.lm_head, *(lin for layer in self.layers for lin in (layer.qkv, layer.o, layer.gate_up,
+                                                                           layer.down))]
+        return sum(lin.nbytes for lin in lins)
 
     def logits_from_hidden(self, hidden: torch.Tensor) -> torch.Tensor:
         """Apply the LM head to post-norm hidden states (what EAGLE-1/2 heads feed)."""
@@ -277,7 +308,7 @@ class LlamaModel:
             mask, causal = self._attention_mask(T, L, positions, tree_mask, prefix_mask)
             tree_u8 = window = None
 
-        x = F.embedding(tokens, self.embed)  # [T, H]
+        x = self.embed_tokens(tokens)  # [T, H]
         nh, nkv, hd = c.num_heads, c.num_kv_heads, c.head_dim
         k_end = (nh + nkv) * hd
         eps = c.rms_norm_eps
@@ -356,6 +387,29 @@ class LlamaModel:
         # an additive float mask, built once per forward: a bool mask is converted in every layer
         mask = torch.zeros(T, L + T, dtype=self.dtype).masked_fill_(~allowed, float("-inf"))
         return mask.to(self.device), False
+
+
+def _as_weight(t: Any, keep_stored: bool, dtype: torch.dtype, device: torch.device) -> Any:
+    """A state-dict value as the model holds it: QuantRows (stored mode, matrix weights; bf16/f16
+    tensors are kept as 2-byte rows), else a dense tensor of ``dtype`` on ``device``."""
+    if keep_stored:
+        return t if isinstance(t, QuantRows) else QuantRows.from_tensor(t)
+    if isinstance(t, QuantRows):
+        t = t.dequantize()
+    return t.to(device=device, dtype=dtype)
+
+
+def _interleave_rows(t: Any, num_heads: int, head_dim: int) -> Any:
+    if isinstance(t, QuantRows):
+        return t.rows(interleave_halves(torch.arange(t.shape[0]), num_heads, head_dim))
+    return interleave_halves(t, num_heads, head_dim)
+
+
+def make_linear(parts: list[Any], bias: torch.Tensor | None) -> Linear | StoredLinear:
+    """One layer from weights stacked by rows: fp32 panels for tensors, stored panels for QuantRows."""
+    if all(isinstance(p, torch.Tensor) for p in parts):
+        return Linear(parts[0] if len(parts) == 1 else torch.cat(parts), bias)
+    return StoredLinear([p if isinstance(p, QuantRows) else QuantRows.from_tensor(p) for p in parts], bias)
 
 
 def _strip_prefixes(sd: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:

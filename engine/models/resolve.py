@@ -74,6 +74,7 @@ class ResolvedModel:
     path: Path  # folder with config.json, weights and tokenizer files
     name: str  # for display (title bar, traces)
     source: Source
+    gguf: Path | None = None  # the GGUF to read weights from as stored (then ``path`` holds no weights)
 
 
 def cache_dir() -> Path:
@@ -89,25 +90,30 @@ def cache_dir() -> Path:
 def resolve_model(
     name: str | None, *, revision: str | None = None, progress: ProgressCallback | None = None,
     allow_pickle: bool = False,
+    weights: Literal["stored", "fp32"] = "fp32",
 ) -> ResolvedModel:
     """Find (converting or downloading on first use) the folder for model ``name``.
 
     ``revision`` (branch, tag or commit) applies to hub ids only. ``progress`` receives
     (description, done, total) while something slow happens. ``allow_pickle`` lets a hub
     repository without safetensors be fetched with its pickle weights (loaded later with
-    ``weights_only=True``; EAGLE heads are often published that way).
+    ``weights_only=True``; EAGLE heads are often published that way). For a GGUF, ``weights="stored"``
+    caches only config and tokenizer (no fp32 conversion) and names the GGUF in ``gguf``.
     """
+    stored = weights == "stored"
     if name is None or name.strip().lower() in EMBEDDED_ALIASES:
         gguf, stamp = embedded_gguf()
-        path = _convert_cached(gguf, EMBEDDED_NAME, stamp, progress, f"preparing {EMBEDDED_DISPLAY} (first run only)")
-        return ResolvedModel(path, f"{EMBEDDED_DISPLAY} (Q4_1, embedded)", "embedded")
+        slug = EMBEDDED_NAME + ("-meta" if stored else "")
+        path = _convert_cached(gguf, slug, stamp, progress, f"preparing {EMBEDDED_DISPLAY} (first run only)",
+                               weights=not stored)
+        return ResolvedModel(path, f"{EMBEDDED_DISPLAY} (Q4_1, embedded)", "embedded", gguf if stored else None)
 
     name = name.strip()
     if not name:  # Path("") is the current folder: never what the user meant
         raise ModelResolutionError(f"unknown model ''; {_ACCEPTED}")
     path = Path(name).expanduser()
     if path.exists():
-        return _resolve_local(path, progress)
+        return _resolve_local(path, progress, stored)
     if _HUB_ID.fullmatch(name) and not name.startswith((".", "~")):
         return _resolve_hub(name, revision, progress, allow_pickle)
     if os.sep in name or name.startswith((".", "~")) or name.endswith(".gguf"):
@@ -141,15 +147,16 @@ def embedded_gguf() -> tuple[Path, str]:
 
 
 # local paths -------------------------------------------------------------------------------
-def _resolve_local(path: Path, progress: ProgressCallback | None) -> ResolvedModel:
+def _resolve_local(path: Path, progress: ProgressCallback | None, stored: bool = False) -> ResolvedModel:
     path = path.resolve()
     if path.is_file():
         if path.suffix.lower() != ".gguf":
             raise ModelResolutionError(f"{path} is a file; {_ACCEPTED}")
         slug = re.sub(r"[^a-z0-9._-]+", "-", path.stem.lower())
-        slug = f"gguf-{slug}-{hashlib.sha256(str(path).encode()).hexdigest()[:10]}"
-        out = _convert_cached(path, slug, "", progress, f"converting {path.name} (first use only)")
-        return ResolvedModel(out, path.stem, "local")
+        slug = f"gguf-{slug}-{hashlib.sha256(str(path).encode()).hexdigest()[:10]}" + ("-meta" if stored else "")
+        what = f"reading {path.name}'s tokenizer" if stored else f"converting {path.name}"
+        out = _convert_cached(path, slug, "", progress, f"{what} (first use only)", weights=not stored)
+        return ResolvedModel(out, path.stem, "local", path if stored else None)
     if not (path / "config.json").is_file():
         raise ModelResolutionError(f"{path} has no config.json; {_ACCEPTED}")
     if not any(any(path.glob(g)) for g in _WEIGHT_GLOBS):
@@ -158,7 +165,7 @@ def _resolve_local(path: Path, progress: ProgressCallback | None) -> ResolvedMod
 
 
 # conversion cache --------------------------------------------------------------------------
-def _source_info(gguf: Path, stamp: str) -> dict[str, Any]:
+def _source_info(gguf: Path, stamp: str, weights: bool = True) -> dict[str, Any]:
     from engine.models.gguf_convert import CONVERTER_VERSION
 
     st = gguf.stat()
@@ -169,6 +176,7 @@ def _source_info(gguf: Path, stamp: str) -> dict[str, Any]:
         "source_size": st.st_size,
         # a RECORD hash survives reinstalls of the same file; otherwise fall back to the mtime
         "source_stamp": stamp or f"mtime_ns:{st.st_mtime_ns}",
+        **({} if weights else {"weights": False}),
     }
 
 
@@ -185,10 +193,11 @@ def _is_complete(folder: Path, expected: dict[str, Any]) -> bool:
         return False
 
 
-def _convert_cached(gguf: Path, slug: str, stamp: str, progress: ProgressCallback | None, description: str) -> Path:
+def _convert_cached(gguf: Path, slug: str, stamp: str, progress: ProgressCallback | None, description: str,
+                    *, weights: bool = True) -> Path:
     from engine.models import gguf_convert
 
-    expected = _source_info(gguf, stamp)
+    expected = _source_info(gguf, stamp, weights)
     target = cache_dir() / "models" / slug
     if _is_complete(target, expected):
         return target
@@ -203,7 +212,7 @@ def _convert_cached(gguf: Path, slug: str, stamp: str, progress: ProgressCallbac
             f"cannot write to the cache folder {parent} ({e.strerror or e}); set SPECCHAT_CACHE_DIR elsewhere"
         ) from e
     try:
-        gguf_convert.convert_gguf(gguf, tmp, progress=progress, description=description)
+        gguf_convert.convert_gguf(gguf, tmp, progress=progress, description=description, weights=weights)
         files = {p.name: p.stat().st_size for p in sorted(tmp.iterdir()) if p.is_file()}
         _write_json_atomic(tmp / MANIFEST, {**expected, "files": files, "created": time.time()})
         _install(tmp, target, expected)

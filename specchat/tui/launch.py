@@ -44,7 +44,7 @@ def _ui_settings(args: argparse.Namespace):
 
 def _real_factory(args: argparse.Namespace, config: SpecConfig):
     # loader options the CLI may carry beyond the documented four; the UI keeps one core for itself
-    passed = ("backend", "allow_pickle", "threads", "revision")
+    passed = ("backend", "allow_pickle", "threads", "revision", "weights")
     extra = {k: getattr(args, k) for k in passed if getattr(args, k, None) is not None}
     extra["reserve_cores"] = 1
     from specchat.cli import draft_options

@@ -1,0 +1,373 @@
+/*
+ * Skinny matrix products on weights kept in their stored format (GGUF quant blocks, f16, bf16):
+ * y[M, N] = x[M, K] @ W[N, K]^T (+ bias), fp32 arithmetic, AVX2 + FMA (+ F16C for f16).
+ *
+ * Why: the fp32 kernel (skinny.c) streams 4 bytes per weight and sits at the memory roofline;
+ * the embedded model's real weights are 4.5-8.5 bits. Here each 16-column panel is stored as
+ * small integer codes plus one fp32 scale (and offset) per group of 16/32 k and per column,
+ * repacked at load so that the 16 columns of one k are adjacent. A panel is decoded chunk by
+ * chunk (KC values of k) into an L1-resident fp32 buffer, once for all rows, then the same
+ * register tile as skinny.c runs over it.
+ *
+ * Exactness: a decoded weight is the float32 value the reference dequantizer (gguf-py) gives:
+ *   kind q8:  scale * code                 (Q8_0: d*q; Q6_K: (d*sc)*(q-32), one rounding)
+ *   kind q4:  fma(scale, code, offset)     (Q4_1: d*q+m; Q4_0: d*q-8d; Q4_K: (d*sc)*q-dmin*m;
+ *                                            scale*code is exact in fp32, so the reference's
+ *                                            mul-then-add rounds once too)
+ *   f16/bf16: the exact conversion.
+ * Each output is one FMA chain over k = 0..K-1 from zero, like skinny.c: the accumulators are
+ * kept in memory between chunks (a store and reload is exact), so a row's result equals the fp32
+ * kernel on the dequantized weights and does not depend on how many rows share the call.
+ *
+ * Up to six rows (plain decoding, small trees) take a fused path instead: the decoded vectors go
+ * straight into the FMAs from registers, the same chain without the buffer's stores and loads.
+ */
+#include <immintrin.h>
+#include <stdint.h>
+#include <stdlib.h>
+
+#define PANEL 16
+#define MAX_ROWS 6
+#define KC 256 /* k values decoded per chunk: 16 KB of fp32, stays in L1 */
+#define AVX2 __attribute__((target("avx2,fma,f16c")))
+
+enum { KIND_F32 = 0, KIND_F16 = 1, KIND_BF16 = 2, KIND_Q8 = 3, KIND_Q4 = 4 };
+
+/* One register tile: MR rows over kc values of k, continuing the chains in acc[MR][16]. */
+static inline __attribute__((always_inline)) AVX2 void
+tile(const int MR, const float *x, long ldx, const float *w, long kc, float *acc) {
+    __m256 a00, a01, a10, a11, a20, a21, a30, a31, a40, a41, a50, a51;
+    a00 = a01 = a10 = a11 = a20 = a21 = a30 = a31 = a40 = a41 = a50 = a51 = _mm256_setzero_ps();
+#define LOAD(r)                                                  \
+    if (MR > r) {                                                \
+        a##r##0 = _mm256_loadu_ps(acc + r * PANEL);              \
+        a##r##1 = _mm256_loadu_ps(acc + r * PANEL + 8);          \
+    }
+    LOAD(0) LOAD(1) LOAD(2) LOAD(3) LOAD(4) LOAD(5)
+#undef LOAD
+#define ROW(r)                                                   \
+    if (MR > r) {                                                \
+        const __m256 b = _mm256_broadcast_ss(x + r * ldx + k);   \
+        a##r##0 = _mm256_fmadd_ps(b, w0, a##r##0);               \
+        a##r##1 = _mm256_fmadd_ps(b, w1, a##r##1);               \
+    }
+    for (long k = 0; k < kc; k++) {
+        const __m256 w0 = _mm256_load_ps(w + k * PANEL);
+        const __m256 w1 = _mm256_load_ps(w + k * PANEL + 8);
+        ROW(0) ROW(1) ROW(2) ROW(3) ROW(4) ROW(5)
+    }
+#undef ROW
+#define STORE(r)                                                 \
+    if (MR > r) {                                                \
+        _mm256_storeu_ps(acc + r * PANEL, a##r##0);              \
+        _mm256_storeu_ps(acc + r * PANEL + 8, a##r##1);          \
+    }
+    STORE(0) STORE(1) STORE(2) STORE(3) STORE(4) STORE(5)
+#undef STORE
+}
+
+typedef void (*tile_fn)(const float *, long, const float *, long, float *);
+#define TILE(n) \
+    static AVX2 void tile##n(const float *x, long ldx, const float *w, long kc, float *a) { tile(n, x, ldx, w, kc, a); }
+TILE(1) TILE(2) TILE(3) TILE(4) TILE(5) TILE(6)
+static const tile_fn TILES[MAX_ROWS + 1] = {0, tile1, tile2, tile3, tile4, tile5, tile6};
+
+/* ---- decoders: panel columns 0..15 of k = k0..k0+kc-1 into buf[kc][16] ---------------------- */
+
+static AVX2 void decode_f32(const float *w, long k0, long kc, float *buf) {
+    for (long k = 0; k < kc; k++) {
+        _mm256_store_ps(buf + k * PANEL, _mm256_loadu_ps(w + (k0 + k) * PANEL));
+        _mm256_store_ps(buf + k * PANEL + 8, _mm256_loadu_ps(w + (k0 + k) * PANEL + 8));
+    }
+}
+
+static AVX2 void decode_f16(const uint16_t *w, long k0, long kc, float *buf) {
+    for (long k = 0; k < kc; k++) {
+        const __m128i *src = (const __m128i *)(w + (k0 + k) * PANEL);
+        _mm256_store_ps(buf + k * PANEL, _mm256_cvtph_ps(_mm_loadu_si128(src)));
+        _mm256_store_ps(buf + k * PANEL + 8, _mm256_cvtph_ps(_mm_loadu_si128(src + 1)));
+    }
+}
+
+static AVX2 void decode_bf16(const uint16_t *w, long k0, long kc, float *buf) {
+    for (long k = 0; k < kc; k++) {
+        const __m128i *src = (const __m128i *)(w + (k0 + k) * PANEL);
+        const __m256i lo = _mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128(src)), 16);
+        const __m256i hi = _mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128(src + 1)), 16);
+        _mm256_store_ps(buf + k * PANEL, _mm256_castsi256_ps(lo));
+        _mm256_store_ps(buf + k * PANEL + 8, _mm256_castsi256_ps(hi));
+    }
+}
+
+/* int8 codes [K][16]; scales/offsets [K/group][16] (offsets may be NULL: a plain product). */
+static AVX2 void decode_q8(const int8_t *codes, const float *scales, const float *offsets, long group,
+                           long k0, long kc, float *buf) {
+    for (long k = 0; k < kc;) {
+        const long g = (k0 + k) / group;
+        const long end = (g + 1) * group - k0 < kc ? (g + 1) * group - k0 : kc;
+        const __m256 s0 = _mm256_loadu_ps(scales + g * PANEL), s1 = _mm256_loadu_ps(scales + g * PANEL + 8);
+        if (offsets) {
+            const __m256 o0 = _mm256_loadu_ps(offsets + g * PANEL), o1 = _mm256_loadu_ps(offsets + g * PANEL + 8);
+            for (; k < end; k++) {
+                const __m128i c = _mm_loadu_si128((const __m128i *)(codes + (k0 + k) * PANEL));
+                const __m256 q0 = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(c));
+                const __m256 q1 = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(c, 8)));
+                _mm256_store_ps(buf + k * PANEL, _mm256_fmadd_ps(s0, q0, o0));
+                _mm256_store_ps(buf + k * PANEL + 8, _mm256_fmadd_ps(s1, q1, o1));
+            }
+        } else {
+            for (; k < end; k++) {
+                const __m128i c = _mm_loadu_si128((const __m128i *)(codes + (k0 + k) * PANEL));
+                const __m256 q0 = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(c));
+                const __m256 q1 = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(c, 8)));
+                _mm256_store_ps(buf + k * PANEL, _mm256_mul_ps(s0, q0));
+                _mm256_store_ps(buf + k * PANEL + 8, _mm256_mul_ps(s1, q1));
+            }
+        }
+    }
+}
+
+/* 4-bit codes, two k per byte: byte [k/2][c] = code[k][c] | code[k+1][c] << 4 (k even);
+ * group is even and k0, kc are multiples of 2. */
+static AVX2 void decode_q4(const uint8_t *codes, const float *scales, const float *offsets, long group,
+                           long k0, long kc, float *buf) {
+    const __m128i low = _mm_set1_epi8(0x0F);
+    for (long k = 0; k < kc;) {
+        const long g = (k0 + k) / group;
+        const long end = (g + 1) * group - k0 < kc ? (g + 1) * group - k0 : kc;
+        const __m256 s0 = _mm256_loadu_ps(scales + g * PANEL), s1 = _mm256_loadu_ps(scales + g * PANEL + 8);
+        const __m256 o0 = _mm256_loadu_ps(offsets + g * PANEL), o1 = _mm256_loadu_ps(offsets + g * PANEL + 8);
+        for (; k < end; k += 2) {
+            const __m128i b = _mm_loadu_si128((const __m128i *)(codes + (k0 + k) / 2 * PANEL));
+            const __m128i c0 = _mm_and_si128(b, low);
+            const __m128i c1 = _mm_and_si128(_mm_srli_epi16(b, 4), low);
+            float *dst = buf + k * PANEL;
+            _mm256_store_ps(dst, _mm256_fmadd_ps(s0, _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(c0)), o0));
+            _mm256_store_ps(dst + 8, _mm256_fmadd_ps(s1, _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(c0, 8))), o1));
+            _mm256_store_ps(dst + 16, _mm256_fmadd_ps(s0, _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(c1)), o0));
+            _mm256_store_ps(dst + 24, _mm256_fmadd_ps(s1, _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(c1, 8))), o1));
+        }
+    }
+}
+
+/* ---- fused decode + tile for one pass (M <= 6): the decoded vectors never leave registers ---- */
+
+#define FROW(r, kk)                                                  \
+    if (MR > r) {                                                    \
+        const __m256 b = _mm256_broadcast_ss(x + r * ldx + (kk));    \
+        a##r##0 = _mm256_fmadd_ps(b, w0, a##r##0);                   \
+        a##r##1 = _mm256_fmadd_ps(b, w1, a##r##1);                   \
+    }
+#define FROWS(kk) FROW(0, kk) FROW(1, kk) FROW(2, kk) FROW(3, kk) FROW(4, kk) FROW(5, kk)
+#define FSTORE(r)                                                    \
+    if (MR > r) {                                                    \
+        _mm256_storeu_ps(out + r * PANEL, a##r##0);                  \
+        _mm256_storeu_ps(out + r * PANEL + 8, a##r##1);              \
+    }
+#define FZERO                                                        \
+    __m256 a00, a01, a10, a11, a20, a21, a30, a31, a40, a41, a50, a51; \
+    a00 = a01 = a10 = a11 = a20 = a21 = a30 = a31 = a40 = a41 = a50 = a51 = _mm256_setzero_ps();
+
+static inline __attribute__((always_inline)) AVX2 void
+ftile_q4(const int MR, const float *x, long ldx, const uint8_t *codes, const float *scales, const float *offsets,
+         long group, long K, float *out) {
+    FZERO
+    const __m128i low = _mm_set1_epi8(0x0F);
+    for (long g = 0; g < K / group; g++) {
+        const __m256 s0 = _mm256_loadu_ps(scales + g * PANEL), s1 = _mm256_loadu_ps(scales + g * PANEL + 8);
+        const __m256 o0 = _mm256_loadu_ps(offsets + g * PANEL), o1 = _mm256_loadu_ps(offsets + g * PANEL + 8);
+        for (long k = g * group; k < (g + 1) * group; k += 2) {
+            const __m128i bytes = _mm_loadu_si128((const __m128i *)(codes + k / 2 * PANEL));
+            const __m128i c0 = _mm_and_si128(bytes, low);
+            const __m128i c1 = _mm_and_si128(_mm_srli_epi16(bytes, 4), low);
+            {
+                const __m256 w0 = _mm256_fmadd_ps(s0, _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(c0)), o0);
+                const __m256 w1 = _mm256_fmadd_ps(s1, _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(c0, 8))), o1);
+                FROWS(k)
+            }
+            {
+                const __m256 w0 = _mm256_fmadd_ps(s0, _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(c1)), o0);
+                const __m256 w1 = _mm256_fmadd_ps(s1, _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(c1, 8))), o1);
+                FROWS(k + 1)
+            }
+        }
+    }
+    FSTORE(0) FSTORE(1) FSTORE(2) FSTORE(3) FSTORE(4) FSTORE(5)
+}
+
+static inline __attribute__((always_inline)) AVX2 void
+ftile_q8(const int MR, const float *x, long ldx, const int8_t *codes, const float *scales, const float *offsets,
+         long group, long K, float *out) {
+    FZERO
+    for (long g = 0; g < K / group; g++) {
+        const __m256 s0 = _mm256_loadu_ps(scales + g * PANEL), s1 = _mm256_loadu_ps(scales + g * PANEL + 8);
+        if (offsets) {
+            const __m256 o0 = _mm256_loadu_ps(offsets + g * PANEL), o1 = _mm256_loadu_ps(offsets + g * PANEL + 8);
+            for (long k = g * group; k < (g + 1) * group; k++) {
+                const __m128i c = _mm_loadu_si128((const __m128i *)(codes + k * PANEL));
+                const __m256 w0 = _mm256_fmadd_ps(s0, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(c)), o0);
+                const __m256 w1 = _mm256_fmadd_ps(s1, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(c, 8))), o1);
+                FROWS(k)
+            }
+        } else {
+            for (long k = g * group; k < (g + 1) * group; k++) {
+                const __m128i c = _mm_loadu_si128((const __m128i *)(codes + k * PANEL));
+                const __m256 w0 = _mm256_mul_ps(s0, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(c)));
+                const __m256 w1 = _mm256_mul_ps(s1, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(c, 8))));
+                FROWS(k)
+            }
+        }
+    }
+    FSTORE(0) FSTORE(1) FSTORE(2) FSTORE(3) FSTORE(4) FSTORE(5)
+}
+
+typedef void (*ftile_fn)(const float *, long, const void *, const float *, const float *, long, long, float *);
+#define FTILE(n)                                                                                              \
+    static AVX2 void ftile_q4_##n(const float *x, long ldx, const void *c, const float *s, const float *o,     \
+                                  long g, long K, float *out) { ftile_q4(n, x, ldx, c, s, o, g, K, out); }    \
+    static AVX2 void ftile_q8_##n(const float *x, long ldx, const void *c, const float *s, const float *o,     \
+                                  long g, long K, float *out) { ftile_q8(n, x, ldx, c, s, o, g, K, out); }
+FTILE(1) FTILE(2) FTILE(3) FTILE(4) FTILE(5) FTILE(6)
+static const ftile_fn FTILES_Q4[MAX_ROWS + 1] = {0, ftile_q4_1, ftile_q4_2, ftile_q4_3, ftile_q4_4, ftile_q4_5,
+                                                 ftile_q4_6};
+static const ftile_fn FTILES_Q8[MAX_ROWS + 1] = {0, ftile_q8_1, ftile_q8_2, ftile_q8_3, ftile_q8_4, ftile_q8_5,
+                                                 ftile_q8_6};
+
+/* ---- AVX-512 (F, BW, VL): one zmm is a whole 16-column panel line, so one pass holds up to 12
+ * rows (12 accumulators + weights + broadcasts of the 32 registers). Chosen at run time only on
+ * CPUs that report the three flags; the per-element chain is the same FMA over k = 0..K-1, so the
+ * answers equal the AVX2 kernel's. NOT tested on hardware yet (the dev machine has no AVX-512). */
+#define MAX_ROWS_512 12
+#define AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx2,fma,f16c")))
+
+static inline __attribute__((always_inline)) AVX512 void
+ftile512(const int MR, const int q4, const float *x, long ldx, const void *codes, const float *scales,
+         const float *offsets, long group, long K, float *out) {
+    __m512 a[MAX_ROWS_512];
+#pragma GCC unroll 12
+    for (int r = 0; r < MAX_ROWS_512; r++)
+        if (r < MR) a[r] = _mm512_setzero_ps();
+    const __m128i low = _mm_set1_epi8(0x0F);
+    for (long g = 0; g < K / group; g++) {
+        const __m512 s = _mm512_loadu_ps(scales + g * PANEL);
+        const __m512 o = offsets ? _mm512_loadu_ps(offsets + g * PANEL) : _mm512_setzero_ps();
+        for (long k = g * group; k < (g + 1) * group; k += 2) {
+            __m512 w[2];
+            if (q4) {
+                const __m128i bytes = _mm_loadu_si128((const __m128i *)((const uint8_t *)codes + k / 2 * PANEL));
+                w[0] = _mm512_fmadd_ps(s, _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_and_si128(bytes, low))), o);
+                w[1] = _mm512_fmadd_ps(
+                    s, _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_and_si128(_mm_srli_epi16(bytes, 4), low))), o);
+            } else {
+                const int8_t *c = (const int8_t *)codes + k * PANEL;
+                const __m512 q0 = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)c)));
+                const __m512 q1 =
+                    _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(c + PANEL))));
+                w[0] = offsets ? _mm512_fmadd_ps(s, q0, o) : _mm512_mul_ps(s, q0);
+                w[1] = offsets ? _mm512_fmadd_ps(s, q1, o) : _mm512_mul_ps(s, q1);
+            }
+#pragma GCC unroll 2
+            for (int i = 0; i < 2; i++) {
+#pragma GCC unroll 12
+                for (int r = 0; r < MAX_ROWS_512; r++)
+                    if (r < MR) a[r] = _mm512_fmadd_ps(_mm512_set1_ps(x[r * ldx + k + i]), w[i], a[r]);
+            }
+        }
+    }
+#pragma GCC unroll 12
+    for (int r = 0; r < MAX_ROWS_512; r++)
+        if (r < MR) _mm512_storeu_ps(out + r * PANEL, a[r]);
+}
+
+typedef void (*ftile512_fn)(const float *, long, const void *, const float *, const float *, long, long, float *);
+#define FTILE512(n)                                                                                            \
+    static AVX512 void ftile512_q4_##n(const float *x, long ldx, const void *c, const float *s, const float *o, \
+                                       long g, long K, float *out) { ftile512(n, 1, x, ldx, c, s, o, g, K, out); } \
+    static AVX512 void ftile512_q8_##n(const float *x, long ldx, const void *c, const float *s, const float *o, \
+                                       long g, long K, float *out) { ftile512(n, 0, x, ldx, c, s, o, g, K, out); }
+FTILE512(1) FTILE512(2) FTILE512(3) FTILE512(4) FTILE512(5) FTILE512(6)
+FTILE512(7) FTILE512(8) FTILE512(9) FTILE512(10) FTILE512(11) FTILE512(12)
+static const ftile512_fn FTILES512_Q4[MAX_ROWS_512 + 1] = {
+    0, ftile512_q4_1, ftile512_q4_2, ftile512_q4_3, ftile512_q4_4, ftile512_q4_5, ftile512_q4_6,
+    ftile512_q4_7, ftile512_q4_8, ftile512_q4_9, ftile512_q4_10, ftile512_q4_11, ftile512_q4_12};
+static const ftile512_fn FTILES512_Q8[MAX_ROWS_512 + 1] = {
+    0, ftile512_q8_1, ftile512_q8_2, ftile512_q8_3, ftile512_q8_4, ftile512_q8_5, ftile512_q8_6,
+    ftile512_q8_7, ftile512_q8_8, ftile512_q8_9, ftile512_q8_10, ftile512_q8_11, ftile512_q8_12};
+
+static int use_avx512 = -1; /* -1: not decided yet */
+
+/* 512 when this CPU runs the AVX-512 tiles, else 2 (AVX2). force: 0 = auto, 2 = AVX2 only. */
+int stored_variant(int force) {
+    __builtin_cpu_init();
+    const int has = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+                    __builtin_cpu_supports("avx512vl");
+    use_avx512 = has && force != 2;
+    return use_avx512 ? 512 : 2;
+}
+
+int stored_supported(void) {
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
+}
+
+/*
+ * x: [M, K] row-major. codes: per panel p (0..ceil(N/16)-1) a block of K*16 codes
+ * (q4: K*8 bytes); scales/offsets: [npanels][K/group][16] fp32 (NULL where the kind has none).
+ * y: row stride ldy; columns 0..N-1 written (accumulate: added). bias: [N] or NULL.
+ */
+void stored_linear(const float *x, long M, long K, int kind, long group, const void *codes, const float *scales,
+                   const float *offsets, long N, const float *bias, float *y, long ldy, int accumulate,
+                   int nthreads) {
+    const long npanels = (N + PANEL - 1) / PANEL;
+    const long code_bytes = kind == KIND_F32 ? 4 : (kind == KIND_F16 || kind == KIND_BF16) ? 2 : 1;
+    const long panel_bytes = kind == KIND_Q4 ? K * PANEL / 2 : K * PANEL * code_bytes;
+    const long ngroups = group > 0 ? K / group : 0;
+    const long passes = (M + MAX_ROWS - 1) / MAX_ROWS;
+#pragma omp parallel num_threads(nthreads)
+    {
+        float buf[KC * PANEL] __attribute__((aligned(64)));
+        float *acc = aligned_alloc(64, ((M * PANEL * sizeof(float)) + 63) / 64 * 64);
+#pragma omp for schedule(static)
+        for (long p = 0; p < npanels; p++) {
+            const char *pc = (const char *)codes + p * panel_bytes;
+            const float *ps = scales ? scales + p * ngroups * PANEL : 0;
+            const float *po = offsets ? offsets + p * ngroups * PANEL : 0;
+            const int quant = kind == KIND_Q4 || kind == KIND_Q8;
+            const int wide = use_avx512 == 1 && quant && M <= MAX_ROWS_512;
+            const int fused = wide || (quant && M <= MAX_ROWS);
+            if (wide)
+                (kind == KIND_Q4 ? FTILES512_Q4 : FTILES512_Q8)[M](x, K, pc, ps, po, group, K, acc);
+            else if (fused)
+                (kind == KIND_Q4 ? FTILES_Q4 : FTILES_Q8)[M](x, K, pc, ps, po, group, K, acc);
+            else
+                for (long i = 0; i < M * PANEL; i++) acc[i] = 0.0f;
+            for (long k0 = 0; k0 < K && !fused; k0 += KC) {
+                const long kc = K - k0 < KC ? K - k0 : KC;
+                switch (kind) {
+                case KIND_F32: decode_f32((const float *)pc, k0, kc, buf); break;
+                case KIND_F16: decode_f16((const uint16_t *)pc, k0, kc, buf); break;
+                case KIND_BF16: decode_bf16((const uint16_t *)pc, k0, kc, buf); break;
+                case KIND_Q8: decode_q8((const int8_t *)pc, ps, po, group, k0, kc, buf); break;
+                default: decode_q4((const uint8_t *)pc, ps, po, group, k0, kc, buf); break;
+                }
+                /* rows spread evenly over passes, as in skinny.c (7 rows go 4 + 3) */
+                for (long pass = 0, m0 = 0; pass < passes; pass++) {
+                    const int mr = (int)((M - m0) / (passes - pass) + ((M - m0) % (passes - pass) != 0));
+                    TILES[mr](x + m0 * K + k0, K, buf, kc, acc + m0 * PANEL);
+                    m0 += mr;
+                }
+            }
+            const long col0 = p * PANEL;
+            const int ncols = (int)(N - col0 < PANEL ? N - col0 : PANEL);
+            for (long r = 0; r < M; r++) {
+                float *yr = y + r * ldy + col0;
+                const float *o = acc + r * PANEL;
+                for (int j = 0; j < ncols; j++) {
+                    const float val = bias ? o[j] + bias[col0 + j] : o[j];
+                    yr[j] = accumulate ? yr[j] + val : val;
+                }
+            }
+        }
+        free(acc);
+    }
+}

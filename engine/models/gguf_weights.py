@@ -1,0 +1,125 @@
+"""Read a llama GGUF's tensors as stored (quant blocks kept), named like a Hugging Face state dict.
+
+Why: the fp32 conversion (gguf_convert) turns a 98 MB Q4_1 file into 538 MB of fp32 that every
+token then streams. Here each 2-D weight becomes a :class:`QuantRows` (integer codes + one fp32
+scale/offset per block), no fp32 copy is made, and the kernels decode blocks in registers.
+
+Each format's unpacking is written from the GGML block layouts; the per-block scale and offset
+are computed in float32 exactly as gguf-py's reference ``dequantize`` computes them, so that
+``QuantRows.dequantize()`` equals the reference bit for bit (the tests check every format).
+Formats without a stored kernel (Q5_*, Q2_K, IQ*, ...) are dequantized to fp32 with gguf-py:
+they work, without the memory saving.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from engine.kernels.stored import QuantRows
+from engine.models.gguf_convert import (
+    GGUFConversionError,
+    hf_config,
+    hf_tensor_name,
+    unpermute_rope_rows,
+)
+from engine.models.gguf_file import GGUFFormatError, read_gguf
+
+STORED_FORMATS = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q4_K", "Q6_K")
+
+
+def _f16(b: np.ndarray) -> np.ndarray:
+    """Little-endian f16 bytes [..., 2] -> float32 [..., 1] (exact)."""
+    return np.ascontiguousarray(b).view(np.float16).astype(np.float32)
+
+
+def _rows(codes: np.ndarray, n: int, k: int, scales: np.ndarray | None = None,
+          offsets: np.ndarray | None = None, *, kind: str, group: int) -> QuantRows:
+    def t(a: np.ndarray | None, cols: int) -> torch.Tensor | None:
+        return None if a is None else torch.from_numpy(np.ascontiguousarray(a).reshape(n, cols))
+    return QuantRows(kind, group, t(codes, k), t(scales, k // max(group, 1)), t(offsets, k // max(group, 1)))
+
+
+def quant_rows(data: np.ndarray, qtype: str, n: int, k: int) -> QuantRows:
+    """One GGUF tensor (``reader.tensors[i].data``, GGML type name ``qtype``) of shape [n, k]."""
+    raw = np.ascontiguousarray(data).reshape(-1).view(np.uint8)  # typed arrays from gguf-py too
+    if qtype == "F32":
+        return QuantRows("f32", 0, torch.from_numpy(raw.view(np.float32).reshape(n, k).copy()))
+    if qtype in ("F16", "BF16"):
+        return QuantRows(qtype.lower(), 0, torch.from_numpy(raw.view(np.int16).reshape(n, k).copy()))
+    if qtype == "Q8_0":
+        b = raw.reshape(-1, 34)
+        return _rows(b[:, 2:].view(np.int8), n, k, _f16(b[:, :2]), kind="q8", group=32)
+    if qtype in ("Q4_0", "Q4_1"):
+        b = raw.reshape(-1, 18 if qtype == "Q4_0" else 20)
+        qs = b[:, -16:]
+        codes = np.concatenate([qs & 15, qs >> 4], axis=1)  # element j < 16: low nibble j; else high
+        d = _f16(b[:, :2])
+        offset = np.float32(-8) * d if qtype == "Q4_0" else _f16(b[:, 2:4])
+        return _rows(codes, n, k, d, offset, kind="q4", group=32)
+    if qtype == "Q4_K":
+        b = raw.reshape(-1, 144)
+        d, dmin = _f16(b[:, 0:2]), _f16(b[:, 2:4])
+        s = b[:, 4:16]
+        lo, mid, hi = s[:, 0:4], s[:, 4:8], s[:, 8:12]  # 8 six-bit scales and mins per super-block
+        sc = np.concatenate([lo & 63, (hi & 15) | ((lo >> 6) << 4)], axis=1).astype(np.float32)
+        mn = np.concatenate([mid & 63, (hi >> 4) | ((mid >> 6) << 4)], axis=1).astype(np.float32)
+        qs = b[:, 16:].reshape(-1, 4, 1, 32)  # 4 chunks of 32 bytes: low nibbles, then high
+        codes = np.concatenate([qs & 15, qs >> 4], axis=2).reshape(-1, 256)
+        return _rows(codes, n, k, d * sc, -(dmin * mn), kind="q4", group=32)
+    if qtype == "Q6_K":
+        b = raw.reshape(-1, 210)
+        ql = b[:, :128].reshape(-1, 2, 1, 64)
+        qh = b[:, 128:192].reshape(-1, 2, 1, 32)
+        low = np.concatenate([ql & 15, ql >> 4], axis=2).reshape(-1, 2, 4, 32)
+        high = np.concatenate([(qh >> s) & 3 for s in (0, 2, 4, 6)], axis=2)  # [-1, 2, 4, 32]
+        codes = ((low | (high << 4)).astype(np.int8) - np.int8(32)).reshape(-1, 256)
+        scale = _f16(b[:, 208:210]) * b[:, 192:208].view(np.int8).astype(np.float32)
+        return _rows(codes, n, k, scale, kind="q8", group=16)
+    from gguf.constants import GGMLQuantizationType
+    from gguf.quants import dequantize
+
+    try:
+        dense = dequantize(raw, GGMLQuantizationType[qtype])
+    except NotImplementedError as e:
+        raise GGUFConversionError(f"cannot read a {qtype} tensor ({e})") from e
+    return QuantRows("f32", 0, torch.from_numpy(np.array(dense, dtype=np.float32).reshape(n, k)))
+
+
+def _permuted(rows: QuantRows, n_heads: int) -> QuantRows:
+    """GGUF's RoPE row order back to Hugging Face's (a row permutation of the stored rows)."""
+    index = unpermute_rope_rows(np.arange(rows.shape[0]), n_heads)
+    return rows.rows(torch.from_numpy(np.ascontiguousarray(index)))
+
+
+def load_gguf_state(path: Path) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(config dict, state dict) of a llama GGUF: 2-D weights as QuantRows, 1-D ones as fp32 tensors."""
+    try:
+        gguf = read_gguf(Path(path))
+    except GGUFFormatError as e:
+        raise GGUFConversionError(str(e)) from e
+    names = {}
+    for t in gguf.tensors:
+        hf = hf_tensor_name(t.name)
+        if hf is None:
+            raise GGUFConversionError(f"{Path(path).name} has tensor {t.name}, which a Llama model does not use")
+        names[t.name] = hf
+    shapes = {names[t.name]: tuple(reversed(t.shape)) for t in gguf.tensors}
+    config = hf_config(gguf.metadata, shapes)
+    state: dict[str, Any] = {}
+    for t in gguf.tensors:
+        shape = shapes[names[t.name]]
+        if len(shape) == 1:
+            state[names[t.name]] = quant_rows(t.data, t.type_name, 1, shape[0]).dequantize().reshape(-1).clone()
+            continue
+        rows = quant_rows(t.data, t.type_name, *shape)
+        kind = t.name.split(".")[-2]
+        if kind == "attn_q":
+            rows = _permuted(rows, config["num_attention_heads"])
+        elif kind == "attn_k":
+            rows = _permuted(rows, config["num_key_value_heads"])
+        state[names[t.name]] = rows
+    return config, state

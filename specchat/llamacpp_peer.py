@@ -1,0 +1,80 @@
+"""``specchat bench --peers llamacpp``: llama.cpp on the same GGUF and the same prompt ids.
+
+Why: llama.cpp is the usual CPU reference for GGUF models, so a user should see it beside our rows
+in one run: plain greedy decoding and its prompt-lookup drafting, tokens/s and whether its greedy
+output equals ours (its quantized dot products round activations to 8 bits, so it may not).
+
+It runs through the optional ``llama-cpp-python`` package (``pip install llama-cpp-python``, or
+the ``llamacpp`` extra); without it the peer refuses with one line saying so.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+from specchat.cli import UsageError
+
+MISSING = ("--peers llamacpp needs the optional llama-cpp-python package: "
+           "pip install llama-cpp-python (or pip install 'specchat[llamacpp]')")
+
+
+def gguf_for(model: str | None) -> Path:
+    """The GGUF file llama.cpp should load for our model name."""
+    from engine.models.resolve import EMBEDDED_ALIASES, embedded_gguf
+
+    if model is None or model.strip().lower() in EMBEDDED_ALIASES:
+        return embedded_gguf()[0]
+    path = Path(model).expanduser()
+    if path.is_file() and path.suffix.lower() == ".gguf":
+        return path
+    raise UsageError("--peers llamacpp compares on a GGUF file: use the embedded model or a path to a .gguf")
+
+
+class LlamaCppPeer:
+    """Two llama.cpp instances on one GGUF: plain greedy, and with prompt-lookup drafting."""
+
+    def __init__(self, plain: Any, lookup: Any, max_new_tokens: int) -> None:
+        self.plain, self.lookup, self.max_new_tokens = plain, lookup, max_new_tokens
+
+    @classmethod
+    def open(cls, model: str | None, max_new_tokens: int, threads: int | None) -> LlamaCppPeer:
+        try:
+            from llama_cpp import Llama
+            from llama_cpp.llama_speculative import LlamaPromptLookupDecoding
+        except ImportError:
+            raise UsageError(MISSING) from None
+        import os
+
+        path = str(gguf_for(model))
+        n = threads or os.cpu_count() or 1
+        common: dict[str, Any] = {"model_path": path, "n_ctx": 4096, "n_threads": n, "n_threads_batch": n,
+                                  "verbose": False}
+        plain = Llama(**common)
+        lookup = Llama(**common, draft_model=LlamaPromptLookupDecoding(num_pred_tokens=10))
+        return cls(plain, lookup, max_new_tokens)
+
+    def warm(self, session, prompt) -> None:
+        saved, self.max_new_tokens = self.max_new_tokens, 8
+        self.run(session, prompt, False)
+        self.run(session, prompt, True)
+        self.max_new_tokens = saved
+
+    def run(self, session, prompt, lookup: bool) -> tuple[list[int], int, int, float, None]:
+        """Greedy answer on our prompt ids: (tokens, steps, produced, seconds, prefill=None)."""
+        tok = session.tokenizer
+        ids = tok.encode(prompt.text) if prompt.text is not None else tok.encode_chat(prompt.messages)
+        stops = set(tok.stop_token_ids)
+        llm = self.lookup if lookup else self.plain
+        out: list[int] = []
+        t0 = time.perf_counter()
+        for token in llm.generate(ids, top_k=1, top_p=1.0, min_p=0.0, temp=0.0, repeat_penalty=1.0, reset=True):
+            out.append(int(token))
+            if token in stops or len(out) >= self.max_new_tokens:
+                break
+        seconds = time.perf_counter() - t0
+        produced = len(out)
+        if out and out[-1] in stops:
+            out = out[:-1]
+        return out, 0, produced, seconds, None

@@ -1,0 +1,264 @@
+"""Stored-format weights: GGUF blocks read as stored and decoded inside the kernels.
+
+The promise under test: for every format, the stored path computes exactly (``torch.equal``) what
+today's fp32 path computes on the dequantized weights (gguf-py's reference ``dequantize``, then
+our fp32 kernel), every row independent of how many rows share the call, and a whole model
+loaded from a GGUF as stored gives the logits of its fp32 conversion.
+"""
+
+from __future__ import annotations
+
+import builtins
+from pathlib import Path
+
+import gguf
+import numpy as np
+import pytest
+import torch
+from gguf import GGMLQuantizationType as Q
+
+from engine.kernels import native
+from engine.kernels.linear import Linear
+from engine.kernels.stored import QuantRows, StoredLinear, StoredPanels
+from engine.models.checkpoint import load_state_dict, read_config
+from engine.models.gguf_convert import GGUFConversionError, convert_gguf, permute_rope_rows
+from engine.models.gguf_weights import load_gguf_state, quant_rows
+from engine.models.llama import LlamaConfig, LlamaModel
+from engine.tree import DraftTree
+
+FORMATS = [Q.F32, Q.F16, Q.BF16, Q.Q8_0, Q.Q4_0, Q.Q4_1, Q.Q4_K, Q.Q6_K]
+NATIVE = native.load() is not None
+
+
+def gguf_bytes(w: np.ndarray, qtype: Q, rng: np.random.Generator) -> np.ndarray:
+    """``w`` [n, k] in GGUF format ``qtype``; K-quants (no numpy quantizer) get random blocks."""
+    if qtype == Q.F32:
+        return w
+    if qtype == Q.F16:
+        return w.astype(np.float16)
+    if qtype in (Q.Q4_K, Q.Q6_K):
+        block, size = gguf.GGML_QUANT_SIZES[qtype]
+        raw = rng.integers(0, 256, size=(w.size // block, size), dtype=np.uint8)
+        scale = (rng.random((raw.shape[0], 1)) * 0.02 + 0.001).astype(np.float16).view(np.uint8)
+        if qtype == Q.Q4_K:
+            raw[:, 0:2], raw[:, 2:4] = scale, scale
+        else:
+            raw[:, 208:210] = scale
+        return raw.reshape(w.shape[0], -1)
+    return gguf.quants.quantize(w, qtype)
+
+
+def reference(data: np.ndarray, qtype: Q, shape: tuple[int, int]) -> torch.Tensor:
+    """Today's fp32 path: gguf-py's dequantize."""
+    return torch.from_numpy(np.array(gguf.quants.dequantize(data, qtype), dtype=np.float32).reshape(shape))
+
+
+@pytest.fixture(params=FORMATS, ids=lambda q: q.name)
+def stored_weight(request) -> tuple[QuantRows, torch.Tensor]:
+    rng = np.random.default_rng(1)
+    n, k = 37, 512  # n: not a multiple of the 16-column panel
+    data = gguf_bytes(rng.standard_normal((n, k)).astype(np.float32) * 0.1, request.param, rng)
+    return quant_rows(data, request.param.name, n, k), reference(data, request.param, (n, k))
+
+
+def test_decoded_values_equal_reference_dequantize(stored_weight) -> None:
+    rows, dense = stored_weight
+    assert torch.equal(rows.dequantize(), dense)
+    assert torch.equal(StoredPanels.from_rows(rows).dequantize(), dense)  # the repacking loses nothing
+
+
+@pytest.mark.parametrize("m", [1, 2, 5, 6, 7, 13, 20])
+def test_stored_product_equals_fp32_path_and_is_row_invariant(stored_weight, m: int) -> None:
+    rows, dense = stored_weight
+    bias = torch.randn(dense.shape[0], generator=torch.Generator().manual_seed(2))
+    ours, fp32 = StoredLinear([rows], bias), Linear(dense, bias)
+    assert ours.layout == fp32.layout
+    x = torch.randn(m, dense.shape[1], generator=torch.Generator().manual_seed(m))
+    y = ours(x)
+    assert torch.equal(y, fp32(x))
+    torch.testing.assert_close(y, x @ dense.T + bias, rtol=1e-4, atol=1e-4)
+    for i in range(m):  # a row alone gets the bits it gets inside a batch (a tree)
+        assert torch.equal(ours(x[i : i + 1])[0], y[i])
+    residual = torch.randn(m, dense.shape[0])
+    expected = residual + fp32(x)
+    assert torch.equal(ours.add_into(residual.clone(), x), expected)
+
+
+def test_mixed_formats_in_one_fused_layer() -> None:
+    """q|k|v of a Q4_K_M file mix Q4_K and Q6_K: each part writes its own columns."""
+    rng = np.random.default_rng(3)
+    parts, dense = [], []
+    for n, qtype in ((64, Q.Q4_K), (32, Q.Q6_K), (32, Q.Q8_0)):
+        data = gguf_bytes(rng.standard_normal((n, 256)).astype(np.float32), qtype, rng)
+        parts.append(quant_rows(data, qtype.name, n, 256))
+        dense.append(reference(data, qtype, (n, 256)))
+    ours, fp32 = StoredLinear(parts), Linear(torch.cat(dense))
+    assert len(ours.parts) == 3
+    x = torch.randn(9, 256)
+    assert torch.equal(ours(x), fp32(x))
+    assert ours.nbytes < fp32.nbytes / 3
+
+
+def test_fallback_without_native_kernel_gives_the_fp32_fallback_answers(stored_weight, monkeypatch) -> None:
+    monkeypatch.setenv(native.ENV_SWITCH, "blocked")
+    rows, dense = stored_weight
+    ours, fp32 = StoredLinear([rows]), Linear(dense)
+    assert ours.layout == "blocked"
+    x = torch.randn(3, dense.shape[1])
+    assert torch.equal(ours(x), fp32(x))
+
+
+# whole models from GGUF files ----------------------------------------------------------------
+HIDDEN, HEADS, KV_HEADS, LAYERS, FFN, VOCAB = 256, 4, 2, 2, 512, 300
+LAYER_FORMATS = {  # one layer Q4_K_M-like, the other Q4_1 like the embedded model
+    0: {"attn_q": Q.Q4_K, "attn_k": Q.Q4_K, "attn_v": Q.Q6_K, "attn_output": Q.Q4_K,
+        "ffn_gate": Q.Q4_K, "ffn_up": Q.Q4_K, "ffn_down": Q.Q6_K},
+    1: {"attn_q": Q.Q4_1, "attn_k": Q.Q4_0, "attn_v": Q.BF16, "attn_output": Q.F16,
+        "ffn_gate": Q.Q4_1, "ffn_up": Q.Q8_0, "ffn_down": Q.F32},
+}  # fmt: skip
+
+
+def write_model_gguf(path: Path, *, tied: bool) -> None:
+    rng = np.random.default_rng(0)
+    w = gguf.GGUFWriter(str(path), "llama")
+    w.add_block_count(LAYERS)
+    w.add_context_length(512)
+    w.add_embedding_length(HIDDEN)
+    w.add_feed_forward_length(FFN)
+    w.add_head_count(HEADS)
+    w.add_head_count_kv(KV_HEADS)
+    w.add_rope_freq_base(10000.0)
+    w.add_layer_norm_rms_eps(1e-5)
+    w.add_vocab_size(VOCAB)
+
+    def add(name: str, shape: tuple[int, int], qtype: Q, heads: int = 0) -> None:
+        arr = rng.standard_normal(shape).astype(np.float32) * 0.05
+        if heads:
+            arr = permute_rope_rows(arr, heads)
+        data = gguf_bytes(arr, qtype, rng)
+        w.add_tensor(name, data, raw_dtype=qtype if qtype not in (Q.F32, Q.F16) else None)
+
+    add("token_embd.weight", (VOCAB, HIDDEN), Q.Q8_0)
+    if not tied:
+        add("output.weight", (VOCAB, HIDDEN), Q.Q6_K)
+    w.add_tensor("output_norm.weight", 1 + 0.1 * rng.standard_normal(HIDDEN).astype(np.float32))
+    shapes = {"attn_q": (HIDDEN, HIDDEN), "attn_k": (KV_HEADS * 64, HIDDEN), "attn_v": (KV_HEADS * 64, HIDDEN),
+              "attn_output": (HIDDEN, HIDDEN), "ffn_gate": (FFN, HIDDEN), "ffn_up": (FFN, HIDDEN),
+              "ffn_down": (HIDDEN, FFN)}
+    for i in range(LAYERS):
+        for kind, qtype in LAYER_FORMATS[i].items():
+            add(f"blk.{i}.{kind}.weight", shapes[kind], qtype, {"attn_q": HEADS, "attn_k": KV_HEADS}.get(kind, 0))
+        for norm in ("attn_norm", "ffn_norm"):
+            w.add_tensor(f"blk.{i}.{norm}.weight", 1 + 0.1 * rng.standard_normal(HIDDEN).astype(np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+
+
+def _models(path: Path, out: Path) -> tuple[LlamaModel, LlamaModel]:
+    convert_gguf(path, out, tokenizer=False)  # today's fp32 path
+    fp32 = LlamaModel(LlamaConfig.from_dict(read_config(out)), load_state_dict(out))
+    config, state = load_gguf_state(path)
+    stored = LlamaModel(LlamaConfig.from_dict(config), state, weights="stored")
+    return stored, fp32
+
+
+@pytest.mark.parametrize("tied", [True, False])
+def test_gguf_model_stored_logits_equal_fp32_conversion(tmp_path: Path, tied: bool) -> None:
+    write_model_gguf(tmp_path / "m.gguf", tied=tied)
+    stored, fp32 = _models(tmp_path / "m.gguf", tmp_path / "fp32")
+    assert stored.weights == "stored" and fp32.weights == "fp32"
+    assert stored.kernels == fp32.kernels
+    assert stored.weight_bytes < fp32.weight_bytes / 3
+    prompt = torch.randint(0, VOCAB, (11,), generator=torch.Generator().manual_seed(0))
+    caches = [m.new_cache(64) for m in (stored, fp32)]
+    outs = [m.forward(prompt, c, return_hidden=True, capture_layers=(0, 1)) for m, c in zip((stored, fp32), caches,
+                                                                                            strict=True)]
+    assert torch.equal(outs[0].logits, outs[1].logits)
+    assert torch.equal(outs[0].hidden, outs[1].hidden)
+    assert all(torch.equal(a, b) for a, b in zip(outs[0].aux, outs[1].aux, strict=True))
+    assert torch.equal(stored.embed_tokens(prompt), fp32.embed_tokens(prompt))
+    assert torch.equal(stored.logits_from_hidden(outs[0].hidden), fp32.logits_from_hidden(outs[1].hidden))
+    for c in caches:
+        c.commit(11)
+    tree = DraftTree((5, 6, 7, 8, 9), (-1, 0, 0, 1, 1), (1.0,) * 5)
+    tokens, positions = torch.tensor(tree.tokens), torch.tensor(tree.depths) + 11
+    trees = [m.forward(tokens, c, positions=positions, tree_mask=tree.ancestor_mask()).logits
+             for m, c in zip((stored, fp32), caches, strict=True)]
+    assert torch.equal(trees[0], trees[1])
+    # the tree's first node is what plain decoding of that token computes
+    plain = stored.forward(tokens[:1], caches[0]).logits
+    assert torch.equal(plain[0], trees[0][0]) or not NATIVE
+
+
+def test_gguf_reader_refuses_a_non_gguf(tmp_path: Path) -> None:
+    bad = tmp_path / "x.gguf"
+    bad.write_bytes(b"not a gguf at all" * 10)
+    with pytest.raises(GGUFConversionError, match="not a GGUF"):
+        load_gguf_state(bad)
+
+
+def test_llamacpp_peer_missing_package_is_one_clear_line(monkeypatch) -> None:
+    from specchat.cli import UsageError
+    from specchat.llamacpp_peer import MISSING, LlamaCppPeer
+
+    real_import = builtins.__import__
+
+    def no_llama(name, *args, **kwargs):
+        if name.startswith("llama_cpp"):
+            raise ImportError(name)
+        return real_import(name, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "__import__", no_llama)
+    with pytest.raises(UsageError) as err:
+        LlamaCppPeer.open(None, 8, 1)
+    assert str(err.value) == MISSING and "\n" not in MISSING
+
+
+def test_bench_weights_modes() -> None:
+    import argparse
+
+    from specchat.bench import weights_modes
+    from specchat.cli import UsageError
+
+    assert weights_modes(argparse.Namespace(weights="stored,fp32")) == ["stored", "fp32"]
+    assert weights_modes(argparse.Namespace(weights=None)) == ["stored"]
+    with pytest.raises(UsageError):
+        weights_modes(argparse.Namespace(weights="int8"))
+
+
+@pytest.mark.slow
+def test_embedded_model_stored_logits_equal_fp32_path() -> None:
+    """The real embedded Q4_1/Q8_0 model: stored-weight logits are bit-identical to the fp32 path."""
+    from engine.loader import load_model
+
+    stored = load_model(None, weights="stored").model
+    fp32 = load_model(None, weights="fp32").model
+    assert stored.weights == "stored" and fp32.weights == "fp32"
+    assert stored.weight_bytes * 4 < fp32.weight_bytes
+    prompt = torch.randint(0, stored.vocab_size, (40,), generator=torch.Generator().manual_seed(0))
+    caches = [m.new_cache(128) for m in (stored, fp32)]
+    a, b = (m.forward(prompt, c).logits for m, c in zip((stored, fp32), caches, strict=True))
+    assert torch.equal(a, b)
+    for c in caches:
+        c.commit(40)
+    tree = DraftTree(tuple(range(100, 108)), (-1, 0, 0, 1, 1, 2, 2, 3), (1.0,) * 8)
+    tokens, positions = torch.tensor(tree.tokens), torch.tensor(tree.depths) + 40
+    a, b = (m.forward(tokens, c, positions=positions, tree_mask=tree.ancestor_mask()).logits
+            for m, c in zip((stored, fp32), caches, strict=True))
+    assert torch.equal(a, b)
+
+
+def test_kernel_variant_follows_cpu_flags() -> None:
+    """AVX-512 tiles only where /proc/cpuinfo lists avx512f, avx512bw and avx512vl."""
+    if not NATIVE:
+        assert native.variant() == "torch"
+        return
+    flags = set()
+    for line in Path("/proc/cpuinfo").read_text().splitlines():
+        if line.startswith("flags"):
+            flags = set(line.split(":", 1)[1].split())
+            break
+    wide = {"avx512f", "avx512bw", "avx512vl"} <= flags
+    assert native.variant() == ("avx512" if wide else "avx2")

@@ -336,7 +336,8 @@ def run_bench(args: argparse.Namespace) -> int:
     report = {"machine": machine, "model": first.model_name, "prompts_file": str(args.prompts),
               "dtype": args.dtype, "weights": modes, "max_new_tokens": base_config.max_new_tokens,
               "config": {k: v for k, v in base_config.to_dict().items() if k != "method"}, "results": results}
-    bandwidth = baseline_bandwidth(session.model, base_decode, getattr(args, "peak_bandwidth", None))
+    reference = rows[f"none [{modes[0]}]" if multi else "none"]
+    bandwidth = baseline_bandwidth(first.model, reference.decode_tokens_per_s, getattr(args, "peak_bandwidth", None))
     if bandwidth is not None:
         report["bandwidth"] = bandwidth
     print_table(report)

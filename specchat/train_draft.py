@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
+import os
 import time
 from pathlib import Path
 
@@ -79,7 +79,7 @@ def run_train_draft(args: argparse.Namespace) -> int:
     )
     card = {"target": target.name, "command": _command_line(), "data_cache": str(folder),
             "data": {"conversations": len(trains), "answer_tokens": n_tok, "held_out": len(held)},
-            "machine": f"{platform.machine()} {platform.processor() or ''} {device} threads={threads}".strip(),
+            "machine": f"{_cpu_name()}, {os.cpu_count()} cores, {device}, torch threads={threads}",
             "settings": {k: v for k, v in vars(settings).items()}}
     result = train(target.hf, trains, held, out, settings, stop_ids=sorted(target.tokenizer.stop_token_ids),
                    resume=args.resume, card=card, deadline=deadline)
@@ -89,6 +89,18 @@ def run_train_draft(args: argparse.Namespace) -> int:
     print(f"head: {out}/config.json + model.safetensors; use it with --method eagle3 --draft {out}")
     json.dumps(card)  # the card must stay serialisable
     return 0
+
+
+def _cpu_name() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    import platform
+
+    return platform.processor() or platform.machine()
 
 
 def _command_line() -> str:

@@ -203,3 +203,71 @@ def test_sample_held_out_split_is_stable() -> None:
     held = [s for s in samples if s.held_out]
     assert 5 < len(held) < 60
     assert not any(Sample(s.ids, s.answer_start, greedy=False).held_out for s in samples)
+
+
+def test_cli_refuses_bad_runs_with_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from specchat.cli import main
+
+    assert main(["train-draft", "--out", str(tmp_path / "none"), "--resume"]) == 2
+    assert "has no checkpoint" in capsys.readouterr().err
+    assert main(["train-draft", "--out", str(tmp_path / "x"), "--tokens", "0"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "must be positive" in err
+    (tmp_path / "run" / "checkpoint").mkdir(parents=True)
+    (tmp_path / "run" / "checkpoint" / "progress.json").write_text("{}")
+    assert main(["train-draft", "--out", str(tmp_path / "run")]) == 2
+    assert "pass --resume" in capsys.readouterr().err
+
+
+def _naive_chain_logits(head, embeds, feats, steps):
+    """The inference contract, one node at a time: the node at depth i over index p reads token
+    x_{p+1+i} and its parent's pre-norm output, sits at RoPE position p+i and attends to the
+    committed entries 0..p and to its own ancestors (depths 1..i-1) and itself."""
+    c, m = head.config, head.midlayer
+    nh, nkv, hd = c.num_attention_heads, c.num_key_value_heads, c.head_dim
+    T = embeds.shape[0]
+
+    def entry(e, h, pos):
+        a = torch.cat([m.input_layernorm(e), m.hidden_norm(h)])
+        q = head._rope(m.self_attn.q_proj(a).view(1, nh, 1, hd), torch.tensor([pos]))[0, :, 0]
+        k = head._rope(m.self_attn.k_proj(a).view(1, nkv, 1, hd), torch.tensor([pos]))[0, :, 0]
+        return q, k.repeat_interleave(nh // nkv, 0), m.self_attn.v_proj(a).view(nkv, hd).repeat_interleave(nh // nkv, 0)
+
+    def finish(h, q, keys, values):
+        w = torch.softmax(torch.einsum("hd,nhd->hn", q, torch.stack(keys)) * hd**-0.5, dim=-1)
+        h1 = h + m.self_attn.o_proj(torch.einsum("hn,nhd->hd", w, torch.stack(values)).reshape(-1))
+        g = h1 + m.mlp(m.post_attention_layernorm(h1))
+        return g, head.lm_head(head.norm(g))
+
+    base = [entry(embeds[p + 1], head.fc(feats[p]), p) for p in range(T - 1)]
+    out = torch.full((steps, T - 1, c.draft_vocab_size), float("nan"))
+    for p in range(T - 1):
+        keys, values = [b[1] for b in base[: p + 1]], [b[2] for b in base[: p + 1]]
+        h, (q, _, _) = head.fc(feats[p]), base[p]
+        for i in range(steps):
+            if i:
+                if p + 1 + i >= T:
+                    break
+                q, k, v = entry(embeds[p + 1 + i], h, p + i)
+                keys, values = [*keys, k], [*values, v]
+            h, logits = finish(h, q, keys, values)
+            out[i, p] = logits
+    return out
+
+
+def test_ttt_forward_is_the_inference_contract() -> None:
+    from engine.train.head import Eagle3Head, HeadConfig
+
+    cfg = HeadConfig(hidden_size=16, intermediate_size=24, num_attention_heads=4, num_key_value_heads=2, head_dim=4,
+                     vocab_size=30, draft_vocab_size=12, aux_layer_ids=[1, 3, 4])
+    torch.manual_seed(0)
+    head = Eagle3Head(cfg, torch.arange(0, 24, 2))
+    with torch.no_grad():
+        for p in head.parameters():
+            p.copy_(torch.randn_like(p) * 0.5)
+        embeds, feats = torch.randn(1, 9, 16), torch.randn(1, 9, 48)
+        fast = head.ttt_forward(embeds, feats, 3)
+        ref = _naive_chain_logits(head, embeds[0], feats[0], 3)
+    for i, lg in enumerate(fast):
+        rows = ~torch.isnan(ref[i, :, 0])
+        torch.testing.assert_close(lg[0][rows], ref[i][rows], atol=1e-5, rtol=1e-5)

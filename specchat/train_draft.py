@@ -20,6 +20,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("model", nargs="?", default=None, help="target model (default: the embedded smollm2-135m)")
     p.add_argument("--out", required=True, help="output folder: config.json + model.safetensors (EAGLE-3 layout)")
     p.add_argument("--resume", action="store_true", help="continue the run whose checkpoint is in --out")
+    p.add_argument("--init-from", default=None,
+                   help="start from an exported head's weights and vocabulary (e.g. the shipped one)")
     p.add_argument("--prompts", default=None,
                    help="extra user prompts, JSON lines (messages | turns | prompt); mixed with self-written ones")
     p.add_argument("--no-builtin-prompts", action="store_true", help="do not mix in specchat's own prompt list")
@@ -82,7 +84,8 @@ def run_train_draft(args: argparse.Namespace) -> int:
             "machine": f"{_cpu_name()}, {os.cpu_count()} cores, {device}, torch threads={threads}",
             "settings": {k: v for k, v in vars(settings).items()}}
     result = train(target.hf, trains, held, out, settings, stop_ids=sorted(target.tokenizer.stop_token_ids),
-                   resume=args.resume, card=card, deadline=deadline)
+                   resume=args.resume, card=card, deadline=deadline,
+                   init_from=args.init_from)
     tau = result.eval.get("tau") if result.eval else None
     print(f"done: {result.steps} steps; held-out tau {tau:.3f} (greedy chain of {args.ttt_steps})" if tau is not None
           else f"done: {result.steps} steps")

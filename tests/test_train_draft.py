@@ -156,6 +156,11 @@ def test_resume_continues_where_it_stopped(target, greedy_data, tmp_path: Path) 
         train_head(hf, None, greedy_data, tmp_path / "b", steps=12)
     with pytest.raises(ResumeError, match="different settings"):
         train_head(hf, None, greedy_data, tmp_path / "b", steps=12, ttt_steps=2, resume=True)
+    # a fresh run may start from an exported head (another machine, no checkpoint)
+    warm = train_head(hf, None, greedy_data, tmp_path / "d", steps=1, init_from=tmp_path / "a")
+    assert warm.steps == 1 and torch.equal(warm.head.d2t, straight.head.d2t)
+    with pytest.raises(ResumeError, match="does not fit"):
+        train_head(hf, None, greedy_data, tmp_path / "e", steps=1, draft_vocab_size=20, init_from=tmp_path / "a")
     with pytest.raises(ResumeError, match="no usable checkpoint"):
         train_head(hf, None, greedy_data, tmp_path / "c", steps=12, resume=True)
 

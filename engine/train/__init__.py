@@ -39,7 +39,7 @@ def train_head(target_model: torch.nn.Module, tokenizer: Any | None, sequences: 
                *, steps: int = 300, draft_vocab_size: int | None = None, ttt_steps: int = 3,
                eval_sequences: Sequence[Any] | None = None, lr: float = 3e-3, batch_tokens: int = 256,
                seed: int = 0, resume: bool = False, export_dtype: str = "float32", deadline: float | None = None,
-               **overrides: Any) -> TrainResult:
+               init_from: str | Path | None = None, **overrides: Any) -> TrainResult:
     """Train an EAGLE-3 head for a (tiny) transformers Llama target in-process and export it.
 
     ``sequences``: token-id lists (every position trained), ``(ids, answer_start)`` pairs or
@@ -67,4 +67,5 @@ def train_head(target_model: torch.nn.Module, tokenizer: Any | None, sequences: 
         eos = getattr(target_model.config, "eos_token_id", None)
         stops = list(eos) if isinstance(eos, list) else ([eos] if isinstance(eos, int) else [])
     return train(target_model, trains, evals, out_dir, settings, stop_ids=stops, resume=resume,
-                 log=lambda _m: None, progress_bar=False, deadline=deadline)
+                 log=lambda _m: None, progress_bar=False, deadline=deadline,
+                 init_from=init_from)

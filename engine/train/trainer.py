@@ -27,7 +27,7 @@ import torch
 import torch.nn.functional as F
 
 from engine.train.data import Sample, iter_batches
-from engine.train.head import Eagle3Head, HeadConfig, draft_vocab, export_head
+from engine.train.head import Eagle3Head, HeadConfig, draft_vocab, export_head, load_exported
 
 
 @dataclass
@@ -258,10 +258,12 @@ def build_head(hf: torch.nn.Module, train: Sequence[Sample], settings: TrainSett
 def train(hf: torch.nn.Module, train_samples: Sequence[Sample], eval_samples: Sequence[Sample], out_dir: str | Path,
           settings: TrainSettings, *, stop_ids: Sequence[int] = (), resume: bool = False,
           card: dict[str, Any] | None = None, log: Callable[[str], None] = print, progress_bar: bool = True,
-          deadline: float | None = None) -> TrainResult:
+          deadline: float | None = None, init_from: str | Path | None = None) -> TrainResult:
     """Train (or continue) a head; export the best-by-tau weights to ``out_dir`` in EAGLE-3 layout.
 
     ``deadline`` (time.time()) stops early after a checkpoint, then evaluates and exports.
+    ``init_from`` starts a new run from an exported head (its weights and draft vocabulary; the
+    optimizer starts afresh): how a run continues on a machine that lacks the checkpoint.
     """
     from tqdm.auto import tqdm
 
@@ -279,7 +281,15 @@ def train(hf: torch.nn.Module, train_samples: Sequence[Sample], eval_samples: Se
     else:
         if (ckpt / "progress.json").exists():
             raise ResumeError(f"{out} already holds a training run; pass --resume to continue it or pick a new --out")
-        head = build_head(hf, train_samples, settings, stop_ids)
+        if init_from is not None:
+            head = load_exported(init_from)
+            if head.config.vocab_size != int(hf.config.vocab_size) or \
+                    head.config.draft_vocab_size != settings.draft_vocab_size:
+                raise ResumeError(f"{init_from} does not fit: vocabulary {head.config.vocab_size}/"
+                                  f"{head.config.draft_vocab_size}, want {hf.config.vocab_size}/"
+                                  f"{settings.draft_vocab_size} (pass the same --draft-vocab-size)")
+        else:
+            head = build_head(hf, train_samples, settings, stop_ids)
         state = {"step": 0, "epoch": 0, "batch": 0, "elapsed_s": 0.0, "train_tokens": 0, "best_tau": None,
                  "history": [], "fingerprint": settings.fingerprint(), "head_config": head.config.to_dict()}
     head.to(device).train()

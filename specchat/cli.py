@@ -120,6 +120,10 @@ def build_parser() -> argparse.ArgumentParser:
     rep.add_argument("--speed", type=float, default=1.0, help="playback speed factor")
     rep.add_argument("--step", action="store_true", help="step through with the keyboard")
     rep.add_argument("--theme", default=None, help="dark, light or colourblind")
+
+    from specchat.train_draft import add_parser as add_train_draft
+
+    add_train_draft(sub)
     return parser
 
 
@@ -193,6 +197,10 @@ def _dispatch(args: argparse.Namespace) -> int:
         from specchat.tui.launch import run_tui
 
         return run_tui(args)
+    if args.command == "train-draft":
+        from specchat.train_draft import run_train_draft
+
+        return run_train_draft(args)
     if args.command == "replay":
         from specchat.tui.launch import replay_tui
 
@@ -203,7 +211,7 @@ def _dispatch(args: argparse.Namespace) -> int:
 def _is_user_error(exc: Exception) -> bool:
     names = {"UsageError", "ConfigError", "ModelResolutionError", "CheckpointError", "LoadError",
              "UnsupportedModelError", "PromptFileError", "TraceError", "FileNotFoundError", "TokenizerError",
-             "GGUFConversionError", "DraftLoadError", "RandomModelError"}
+             "GGUFConversionError", "DraftLoadError", "RandomModelError", "ResumeError"}
     return any(cls.__name__ in names for cls in type(exc).__mro__)
 
 

@@ -19,7 +19,7 @@ from engine.features import FeatureSpec
 
 DRAFT_METHODS = ("eagle", "eagle3", "standalone")
 # The EAGLE-3 head trained for the embedded model (issue 8), used by --method eagle3 without --draft.
-SHIPPED_HEADS = {"smollm2-135m": Path(__file__).resolve().parents[2] / "assets" / "heads" / "smollm2-135m-eagle3"}
+SHIPPED_HEADS = {"smollm2-135m": Path(__file__).resolve().parents[2] / "assets" / "eagle3-smollm2-135m"}
 
 
 @dataclass

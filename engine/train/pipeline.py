@@ -1,0 +1,87 @@
+"""``specchat train-draft``: from a model name to an exported EAGLE-3 head, resumable at every stage.
+
+Stages: resolve the target, generate (or reuse) self-distilled data in the user cache, build the
+draft vocabulary, train with the target's features computed on the fly, export. Every stage can
+be interrupted; ``--resume`` continues from the last checkpoint in the output folder.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from engine.train.data import DataCache, GenSettings, builtin_prompt_file, generate_data, load_prompt_list
+
+
+@dataclass
+class Target:
+    hf: torch.nn.Module  # transformers causal LM: batched generation and training features
+    tokenizer: Any
+    name: str
+    model_id: str  # identifies the exact weights (part of the data cache key)
+
+
+def load_target(name: str | None, *, device: str = "cpu", revision: str | None = None) -> Target:
+    from transformers import AutoModelForCausalLM
+
+    from engine.models.resolve import resolve_model
+    from engine.tokenizer import Tokenizer
+
+    resolved = resolve_model(name, revision=revision)
+    config = (resolved.path / "config.json").read_bytes()
+    weights = sorted(p.stat().st_size for p in resolved.path.glob("*.safetensors"))
+    model_id = hashlib.sha256(config + json.dumps(weights).encode()).hexdigest()[:16]
+    hf = AutoModelForCausalLM.from_pretrained(resolved.path, dtype=torch.float32).to(device).eval()
+    for p in hf.parameters():
+        p.requires_grad_(False)
+    return Target(hf, Tokenizer.from_dir(resolved.path), resolved.name, model_id)
+
+
+def data_folder(target: Target, settings: GenSettings) -> Path:
+    from engine.models.resolve import cache_dir
+
+    return cache_dir() / "train-data" / settings.digest(target.model_id)
+
+
+def prompt_list_and_digest(prompts: str | None, use_builtin: bool = True) -> tuple[list, str]:
+    files = [Path(prompts)] if prompts else []
+    if use_builtin:
+        files.append(builtin_prompt_file())
+    rows: list = []
+    h = hashlib.sha256()
+    for f in files:
+        rows += load_prompt_list(f)
+        h.update(f.read_bytes())
+    return rows, (h.hexdigest()[:16] if files else "")
+
+
+def prepare_data(target: Target, settings: GenSettings, token_budget: int, prompts: str | None = None,
+                 *, use_builtin_prompts: bool = True, log=print):
+    """Generate (resuming) until the cache holds ``token_budget`` answer tokens."""
+    from tqdm.auto import tqdm
+
+    rows, digest = prompt_list_and_digest(prompts, use_builtin_prompts)
+    settings.prompt_digest = digest
+    folder = data_folder(target, settings)
+    cache = DataCache(folder, target.hf.config.vocab_size)
+    (folder / "settings.json").write_text(json.dumps({"model": target.name, "model_id": target.model_id,
+                                                      **settings.__dict__}, indent=2))
+    log(f"data cache: {folder}")
+    bar = tqdm(total=token_budget, desc="generating data (answer tokens)", unit="tok", dynamic_ncols=True)
+    start = time.monotonic()
+
+    def progress(done: int, total: int) -> None:
+        bar.n = done
+        bar.set_postfix(rate=f"{done / max(time.monotonic() - start, 1e-6):.0f}/s", refresh=False)
+        bar.refresh()
+
+    samples = generate_data(target.hf, target.tokenizer, cache, token_budget=token_budget, settings=settings,
+                            prompt_list=rows, progress=progress)
+    bar.close()
+    return samples, folder

@@ -1,0 +1,113 @@
+"""``specchat train-draft MODEL --out DIR``: train an EAGLE-3 head for MODEL on its own answers.
+
+The heavy lifting is in ``engine.train``; this module turns the command line into settings,
+prints where things are kept, and times the run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import time
+from pathlib import Path
+
+from specchat.cli import UsageError
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("train-draft", help="train an EAGLE-3 draft head for a model on its own answers")
+    p.add_argument("model", nargs="?", default=None, help="target model (default: the embedded smollm2-135m)")
+    p.add_argument("--out", required=True, help="output folder: config.json + model.safetensors (EAGLE-3 layout)")
+    p.add_argument("--resume", action="store_true", help="continue the run whose checkpoint is in --out")
+    p.add_argument("--init-from", default=None,
+                   help="start from an exported head's weights and vocabulary (e.g. the shipped one)")
+    p.add_argument("--prompts", default=None,
+                   help="extra user prompts, JSON lines (messages | turns | prompt); mixed with self-written ones")
+    p.add_argument("--no-builtin-prompts", action="store_true", help="do not mix in specchat's own prompt list")
+    p.add_argument("--tokens", type=int, default=300_000, help="answer tokens of self-distilled data to generate")
+    p.add_argument("--draft-vocab-size", type=int, default=8192, help="draft vocabulary (most frequent answer tokens)")
+    p.add_argument("--ttt-steps", type=int, default=5, help="training-time-test steps unrolled per position")
+    p.add_argument("--intermediate-size", type=int, default=None, help="head MLP width (default: the target's)")
+    p.add_argument("--epochs", type=float, default=2.0)
+    p.add_argument("--max-steps", type=int, default=None, help="stop after this many optimizer steps in all")
+    p.add_argument("--hours", type=float, default=None,
+                   help="stop this invocation after N hours (checkpointed; continue with --resume)")
+    p.add_argument("--batch-tokens", type=int, default=1024, help="padded tokens per optimizer step")
+    p.add_argument("--lr", type=float, default=5e-4)
+    p.add_argument("--eval-every", type=int, default=200, help="measure held-out tau and export every N steps")
+    p.add_argument("--checkpoint-every", type=int, default=20)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--export-dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"])
+    p.add_argument("--device", default="cpu", help="cpu or cuda[:N]")
+    p.add_argument("--threads", type=int, default=None, help="CPU threads (default: all cores)")
+    p.add_argument("--revision", default=None, help="hub model: branch, tag or commit")
+
+
+def run_train_draft(args: argparse.Namespace) -> int:
+    from engine.loader import configure_threads, pick_device
+    from engine.train.data import GenSettings
+    from engine.train.pipeline import load_target, prepare_data
+    from engine.train.trainer import TrainSettings, train
+
+    if args.tokens <= 0 or args.draft_vocab_size <= 1 or args.ttt_steps < 1 or args.batch_tokens < 16:
+        raise UsageError("--tokens, --draft-vocab-size, --ttt-steps and --batch-tokens must be positive "
+                         "(batch-tokens at least 16)")
+    out = Path(args.out)
+    if args.resume and not (out / "checkpoint" / "progress.json").is_file():
+        raise UsageError(f"--resume: {out} has no checkpoint; run without --resume to start")
+    if not args.resume and (out / "checkpoint" / "progress.json").is_file():
+        raise UsageError(f"{out} already holds a training run; pass --resume to continue it or pick a new --out")
+    threads = configure_threads(args.threads)
+    device = pick_device(args.device)
+    started = time.time()
+    deadline = started + args.hours * 3600 if args.hours else None
+    target = load_target(args.model, device=str(device), revision=args.revision)
+    print(f"target: {target.name}  device: {device}  threads: {threads}")
+    samples, folder = prepare_data(target, GenSettings(seed=args.seed), args.tokens, args.prompts,
+                                   use_builtin_prompts=not args.no_builtin_prompts)
+    held = [s for s in samples if s.held_out]
+    trains = [s for s in samples if not s.held_out]
+    n_tok = sum(len(s.ids) - s.answer_start for s in trains)
+    print(f"data: {len(trains)} conversations ({n_tok} answer tokens) for training, {len(held)} held out; "
+          f"cache {folder}")
+    if not trains:
+        raise UsageError("no training data was generated; raise --tokens")
+    settings = TrainSettings(
+        draft_vocab_size=min(args.draft_vocab_size, int(target.hf.config.vocab_size)), ttt_steps=args.ttt_steps,
+        intermediate_size=args.intermediate_size, batch_tokens=args.batch_tokens, lr=args.lr, epochs=args.epochs,
+        max_steps=args.max_steps, checkpoint_every=args.checkpoint_every, eval_every=args.eval_every,
+        seed=args.seed, export_dtype=args.export_dtype,
+    )
+    card = {"target": target.name, "command": _command_line(), "data_cache": str(folder),
+            "data": {"conversations": len(trains), "answer_tokens": n_tok, "held_out": len(held)},
+            "machine": f"{_cpu_name()}, {os.cpu_count()} cores, {device}, torch threads={threads}",
+            "settings": {k: v for k, v in vars(settings).items()}}
+    result = train(target.hf, trains, held, out, settings, stop_ids=sorted(target.tokenizer.stop_token_ids),
+                   resume=args.resume, card=card, deadline=deadline,
+                   init_from=args.init_from)
+    tau = result.eval.get("tau") if result.eval else None
+    print(f"done: {result.steps} steps; held-out tau {tau:.3f} (greedy chain of {args.ttt_steps})" if tau is not None
+          else f"done: {result.steps} steps")
+    print(f"head: {out}/config.json + model.safetensors; use it with --method eagle3 --draft {out}")
+    json.dumps(card)  # the card must stay serialisable
+    return 0
+
+
+def _cpu_name() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    import platform
+
+    return platform.processor() or platform.machine()
+
+
+def _command_line() -> str:
+    import shlex
+    import sys
+
+    return "specchat " + " ".join(shlex.quote(a) for a in sys.argv[1:]) if sys.argv[1:] else "specchat train-draft"

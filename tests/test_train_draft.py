@@ -1,0 +1,308 @@
+"""specchat train-draft: features, vocabulary maps, TTT training, export layout, resume, data cache.
+
+Every target here is a tiny random Llama built in the test (8 layers, so the default EAGLE-3
+layers 2/4/5 are distinct); nothing is downloaded.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from engine.models.llama import LlamaConfig, LlamaModel
+from engine.train import load_exported, train_head
+from engine.train.data import DataCache, GenSettings, Sample, generate_batch, generate_data
+from engine.train.head import EXPORT_KEYS, default_aux_layer_ids, draft_vocab, vocab_maps
+from engine.train.trainer import ResumeError, target_features
+from tests.tiny import family_config
+
+VOCAB = 64
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    """One intra-op thread: these tensors are tiny, and on a shared 2-core machine a second thread
+    only adds OpenMP barrier waits."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+def _tiny_target(std: float = 0.1, seed: int = 0):
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    cfg = family_config("llama")
+    cfg.update(num_hidden_layers=8, vocab_size=VOCAB)
+    torch.manual_seed(seed)
+    hf = AutoModelForCausalLM.from_config(AutoConfig.for_model(**cfg)).float().eval()
+    with torch.no_grad():
+        for name, p in hf.named_parameters():
+            p.copy_(1 + 0.1 * torch.randn_like(p) if "norm" in name else std * torch.randn_like(p))
+            p.requires_grad_(False)
+    return hf, cfg
+
+
+@pytest.fixture(scope="module")
+def target():
+    return _tiny_target()
+
+
+@pytest.fixture(scope="module")
+def greedy_data(target):
+    """Greedy continuations of random prompts: the target's own answers."""
+    hf, _ = target
+    g = torch.Generator().manual_seed(0)
+    prompts = [torch.randint(3, VOCAB, (6,), generator=g).tolist() for _ in range(120)]
+    res = generate_batch(hf, prompts, max_new_tokens=40, temperatures=[0.0] * len(prompts),
+                         stop_ids=frozenset({2}), generator=g)
+    return [(p + ids, len(p)) for p, (ids, _) in zip(prompts, res, strict=True)]
+
+
+def test_features_equal_our_forward_capture(target) -> None:
+    hf, cfg = target
+    ours = LlamaModel(LlamaConfig.from_dict(cfg), {k: v.clone() for k, v in hf.state_dict().items()})
+    ids = default_aux_layer_ids(8)
+    tokens = torch.randint(0, VOCAB, (25,), generator=torch.Generator().manual_seed(3))
+    out = ours.forward(tokens, ours.new_cache(32), capture_layers=[i + 1 for i in ids], return_hidden=True)
+    embeds, feats, hidden = target_features(hf, tokens[None], ids)
+    torch.testing.assert_close(feats[0], torch.cat(out.aux, dim=-1), atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(hidden[0], out.hidden, atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(embeds[0], ours.embed_tokens(tokens))
+
+
+def test_default_layers_follow_eagle3() -> None:
+    assert default_aux_layer_ids(30) == [1, 14, 26]  # inputs of layers 2, 15, 27 (SmolLM2-135M)
+    assert default_aux_layer_ids(32) == [1, 15, 28]  # Llama-3.1-8B: inputs of 2, 16, 29
+    with pytest.raises(ValueError, match="at least 5 layers"):
+        default_aux_layer_ids(4)
+
+
+def test_draft_vocab_and_maps() -> None:
+    counts = torch.zeros(20, dtype=torch.int64)
+    counts[[3, 7, 9, 15, 16]] = torch.tensor([50, 10, 10, 40, 1])
+    used = draft_vocab(counts, 4, keep={2})
+    assert used.tolist() == [2, 3, 7, 15]  # stop token kept, ties (7 vs 9) to the lower id, ascending
+    d2t, t2d = vocab_maps(used, 20)
+    assert d2t.dtype == torch.int64 and t2d.dtype == torch.bool
+    assert (torch.arange(4) + d2t).tolist() == used.tolist()
+    assert bool((d2t[1:] >= d2t[:-1]).all()) and int(d2t.min()) >= 0
+    assert t2d.nonzero().flatten().tolist() == used.tolist()
+    with pytest.raises(ValueError):
+        vocab_maps(torch.tensor([5, 3]), 20)
+
+
+def test_tiny_head_learns_the_target(target, greedy_data, tmp_path: Path) -> None:
+    """A few hundred steps on CPU: the held-out chain tau is clearly above a guess."""
+    hf, _ = target
+    res = train_head(hf, None, greedy_data, tmp_path / "head", steps=300)
+    answers = Counter(t for ids, start in greedy_data for t in ids[start:])
+    best_guess = answers.most_common(1)[0][1] / sum(answers.values())  # always drafting the commonest token
+    assert res.eval["tau"] > 1.8, res.eval
+    assert res.eval["step_acceptance"][0] > 2 * best_guess, (res.eval, best_guess)
+    # the exported head, loaded by the inference side, speculates on the same target: features,
+    # token pairing and d2t are wired alike in training and inference
+    _check_inference_tau(hf, tmp_path / "head", greedy_data)
+
+
+def _check_inference_tau(hf, head_dir: Path, data) -> None:
+    from tiny import TinyTokenizer
+
+    from engine.config import SpecConfig
+    from engine.drafters.base import NoDrafter
+    from engine.drafters.loading import load_draft
+    from engine.models.llama import LlamaConfig, LlamaModel
+    from engine.session import Session
+
+    model = LlamaModel(LlamaConfig.from_dict(hf.config.to_dict()),
+                       {k: v.detach().clone() for k, v in hf.state_dict().items()})
+    bundle = load_draft(str(head_dir), model, TinyTokenizer(VOCAB))
+    config = SpecConfig(method="eagle3", eagle_topk=1, num_steps=4, num_draft_tokens=5, max_new_tokens=40,
+                        adaptive_draft=False)
+    s = Session(model, TinyTokenizer(VOCAB), config, drafters={"none": NoDrafter, "eagle3": bundle.factory},
+                features=bundle.features)
+    plain = Session(model, TinyTokenizer(VOCAB), config.replace(method="none"), drafters={"none": NoDrafter})
+    produced = steps = 0
+    for ids, start in data[-10:]:
+        events = list(s.generate_ids(ids[:start]))
+        assert [c.id for e in events if e.kind == "step" for c in e.committed] == [
+            c.id for e in plain.generate_ids(ids[:start]) if e.kind == "step" for c in e.committed]
+        produced += events[-1].stats.tau * events[-1].stats.steps
+        steps += events[-1].stats.steps
+    assert produced / steps > 1.5
+
+
+def test_export_layout_round_trips(target, greedy_data, tmp_path: Path) -> None:
+    hf, _ = target
+    out = tmp_path / "head"
+    res = train_head(hf, None, greedy_data, out, steps=3, draft_vocab_size=40, export_dtype="bfloat16")
+    config = json.loads((out / "config.json").read_text())
+    assert config["architectures"] == ["LlamaForCausalLMEagle3"]
+    for key, value in {"model_type": "llama", "num_hidden_layers": 1, "vocab_size": VOCAB, "draft_vocab_size": 40,
+                       "hidden_size": 32, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 8,
+                       "intermediate_size": 64, "tie_word_embeddings": False, "torch_dtype": "bfloat16",
+                       "rope_theta": 10000.0}.items():
+        assert config[key] == value, key
+    assert config["eagle_config"] == {"eagle_aux_hidden_state_layer_ids": [1, 3, 4], "use_aux_hidden_state": True}
+    sd = load_file(str(out / "model.safetensors"))
+    assert set(sd) == set(EXPORT_KEYS)
+    H, V, Vd = 32, VOCAB, 40
+    shapes = {"fc.weight": (H, 3 * H), "midlayer.self_attn.q_proj.weight": (32, 2 * H),
+              "midlayer.self_attn.k_proj.weight": (16, 2 * H), "midlayer.self_attn.v_proj.weight": (16, 2 * H),
+              "midlayer.self_attn.o_proj.weight": (H, 32), "midlayer.mlp.gate_proj.weight": (64, H),
+              "midlayer.mlp.down_proj.weight": (H, 64), "norm.weight": (H,), "midlayer.hidden_norm.weight": (H,),
+              "lm_head.weight": (Vd, H), "d2t": (Vd,), "t2d": (V,)}
+    for key, shape in shapes.items():
+        assert tuple(sd[key].shape) == shape, key
+    assert sd["d2t"].dtype == torch.int64 and sd["t2d"].dtype == torch.bool
+    assert all(sd[k].dtype == torch.bfloat16 for k in EXPORT_KEYS if k not in ("d2t", "t2d"))
+    assert int(sd["t2d"].sum()) == Vd and 2 in (torch.arange(Vd) + sd["d2t"]).tolist()  # eos kept
+    back = load_exported(out)
+    for k, v in res.head.state_dict().items():
+        torch.testing.assert_close(back.state_dict()[k], v.to(torch.bfloat16).to(v.dtype) if v.is_floating_point()
+                                   else v)
+
+
+def test_resume_continues_where_it_stopped(target, greedy_data, tmp_path: Path) -> None:
+    hf, _ = target
+    straight = train_head(hf, None, greedy_data, tmp_path / "a", steps=12, checkpoint_every=1)
+    # a run that stops after its first step (deadline passed), then a resumed one
+    first = train_head(hf, None, greedy_data, tmp_path / "b", steps=12, checkpoint_every=1, deadline=time.time())
+    assert first.steps == 1
+    progress = json.loads((tmp_path / "b" / "checkpoint" / "progress.json").read_text())
+    assert progress["step"] == 1
+    resumed = train_head(hf, None, greedy_data, tmp_path / "b", steps=12, checkpoint_every=1, resume=True)
+    assert resumed.steps == 12
+    for k, v in straight.head.state_dict().items():
+        torch.testing.assert_close(resumed.head.state_dict()[k], v, atol=1e-6, rtol=1e-5)
+    with pytest.raises(ResumeError, match="already holds"):
+        train_head(hf, None, greedy_data, tmp_path / "b", steps=12)
+    with pytest.raises(ResumeError, match="different settings"):
+        train_head(hf, None, greedy_data, tmp_path / "b", steps=12, ttt_steps=2, resume=True)
+    # a fresh run may start from an exported head (another machine, no checkpoint)
+    warm = train_head(hf, None, greedy_data, tmp_path / "d", steps=1, init_from=tmp_path / "a")
+    assert warm.steps == 1 and torch.equal(warm.head.d2t, straight.head.d2t)
+    with pytest.raises(ResumeError, match="does not fit"):
+        train_head(hf, None, greedy_data, tmp_path / "e", steps=1, draft_vocab_size=20, init_from=tmp_path / "a")
+    with pytest.raises(ResumeError, match="no usable checkpoint"):
+        train_head(hf, None, greedy_data, tmp_path / "c", steps=12, resume=True)
+
+
+class _CharTokenizer:
+    """Chat template over single-character tokens: 3 = user, 4 = assistant, 2 = end of turn."""
+
+    stop_token_ids = frozenset({2})
+
+    def apply_chat_template(self, messages, add_generation_prompt=True):
+        text = "".join(("\x03" if m["role"] == "user" else "\x04") + m["content"] + "\x02" for m in messages)
+        return text + ("\x04" if add_generation_prompt else "")
+
+    def encode(self, text):
+        return [ord(c) if ord(c) < 5 else 5 + ord(c) % (VOCAB - 5) for c in text]
+
+    def decode(self, ids):
+        return "".join(chr(i) if i < 5 else chr(ord("a") + (i - 5) % 26) for i in ids)
+
+
+def test_data_cache_generates_dedups_and_resumes(target, tmp_path: Path) -> None:
+    hf, _ = target
+    tok = _CharTokenizer()
+    settings = GenSettings(batch_size=6, max_user_tokens=8, max_answer_tokens=12, multi_turn_fraction=0.5)
+    prompts = [[{"role": "user", "content": "hello"}], [{"role": "user", "content": "bye"}]]
+    cache = DataCache(tmp_path / "data", VOCAB)
+    samples = generate_data(hf, tok, cache, token_budget=30, settings=settings, prompt_list=prompts)
+    assert sum(len(s.ids) - s.answer_start for s in samples) >= 30
+    assert len({tuple(s.ids) for s in samples}) == len(samples)  # deduplicated
+    for s in samples:  # every answer follows the template's assistant marker
+        assert s.ids[s.answer_start - 1] == 4 and 0 < s.answer_start < len(s.ids)
+    shards = cache.shard_indices()
+    assert cache.samples() == samples  # compact on disk, read back identically
+    with np.load(cache.folder / f"batch-{shards[0]:06d}.npz") as z:
+        assert z["ids"].dtype == np.uint16  # two bytes a token for vocabularies below 65536
+    # a second call with the same budget generates nothing; a larger one appends shards
+    again = generate_data(hf, tok, cache, token_budget=30, settings=settings, prompt_list=prompts)
+    assert again == samples and cache.shard_indices() == shards
+    more = generate_data(hf, tok, cache, token_budget=60, settings=settings, prompt_list=prompts)
+    assert more[: len(samples)] == samples and len(cache.shard_indices()) > len(shards)
+
+
+def test_sample_held_out_split_is_stable() -> None:
+    samples = [Sample(list(range(i, i + 10)), 3, greedy=True) for i in range(400)]
+    held = [s for s in samples if s.held_out]
+    assert 5 < len(held) < 60
+    assert not any(Sample(s.ids, s.answer_start, greedy=False).held_out for s in samples)
+
+
+def test_cli_refuses_bad_runs_with_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from specchat.cli import main
+
+    assert main(["train-draft", "--out", str(tmp_path / "none"), "--resume"]) == 2
+    assert "has no checkpoint" in capsys.readouterr().err
+    assert main(["train-draft", "--out", str(tmp_path / "x"), "--tokens", "0"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "must be positive" in err
+    (tmp_path / "run" / "checkpoint").mkdir(parents=True)
+    (tmp_path / "run" / "checkpoint" / "progress.json").write_text("{}")
+    assert main(["train-draft", "--out", str(tmp_path / "run")]) == 2
+    assert "pass --resume" in capsys.readouterr().err
+
+
+def _naive_chain_logits(head, embeds, feats, steps):
+    """The inference contract, one node at a time: the node at depth i over index p reads token
+    x_{p+1+i} and its parent's pre-norm output, sits at RoPE position p+i and attends to the
+    committed entries 0..p and to its own ancestors (depths 1..i-1) and itself."""
+    c, m = head.config, head.midlayer
+    nh, nkv, hd = c.num_attention_heads, c.num_key_value_heads, c.head_dim
+    T = embeds.shape[0]
+
+    def entry(e, h, pos):
+        a = torch.cat([m.input_layernorm(e), m.hidden_norm(h)])
+        q = head._rope(m.self_attn.q_proj(a).view(1, nh, 1, hd), torch.tensor([pos]))[0, :, 0]
+        k = head._rope(m.self_attn.k_proj(a).view(1, nkv, 1, hd), torch.tensor([pos]))[0, :, 0]
+        return q, k.repeat_interleave(nh // nkv, 0), m.self_attn.v_proj(a).view(nkv, hd).repeat_interleave(nh // nkv, 0)
+
+    def finish(h, q, keys, values):
+        w = torch.softmax(torch.einsum("hd,nhd->hn", q, torch.stack(keys)) * hd**-0.5, dim=-1)
+        h1 = h + m.self_attn.o_proj(torch.einsum("hn,nhd->hd", w, torch.stack(values)).reshape(-1))
+        g = h1 + m.mlp(m.post_attention_layernorm(h1))
+        return g, head.lm_head(head.norm(g))
+
+    base = [entry(embeds[p + 1], head.fc(feats[p]), p) for p in range(T - 1)]
+    out = torch.full((steps, T - 1, c.draft_vocab_size), float("nan"))
+    for p in range(T - 1):
+        keys, values = [b[1] for b in base[: p + 1]], [b[2] for b in base[: p + 1]]
+        h, (q, _, _) = head.fc(feats[p]), base[p]
+        for i in range(steps):
+            if i:
+                if p + 1 + i >= T:
+                    break
+                q, k, v = entry(embeds[p + 1 + i], h, p + i)
+                keys, values = [*keys, k], [*values, v]
+            h, logits = finish(h, q, keys, values)
+            out[i, p] = logits
+    return out
+
+
+def test_ttt_forward_is_the_inference_contract() -> None:
+    from engine.train.head import Eagle3Head, HeadConfig
+
+    cfg = HeadConfig(hidden_size=16, intermediate_size=24, num_attention_heads=4, num_key_value_heads=2, head_dim=4,
+                     vocab_size=30, draft_vocab_size=12, aux_layer_ids=[1, 3, 4])
+    torch.manual_seed(0)
+    head = Eagle3Head(cfg, torch.arange(0, 24, 2))
+    with torch.no_grad():
+        for p in head.parameters():
+            p.copy_(torch.randn_like(p) * 0.5)
+        embeds, feats = torch.randn(1, 9, 16), torch.randn(1, 9, 48)
+        fast = head.ttt_forward(embeds, feats, 3)
+        ref = _naive_chain_logits(head, embeds[0], feats[0], 3)
+    for i, lg in enumerate(fast):
+        rows = ~torch.isnan(ref[i, :, 0])
+        torch.testing.assert_close(lg[0][rows], ref[i][rows], atol=1e-5, rtol=1e-5)

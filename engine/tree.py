@@ -18,13 +18,15 @@ class DraftTree:
     """Tokens and shape of one step's proposal.
 
     ``draft_probs[i]`` is the drafter's probability of node i given its parent (1.0 for the
-    root and for drafters, like n-gram lookup, that have no distribution).
+    root and for drafters, like n-gram lookup, that have no distribution). ``has_probs`` says
+    which: False means the 1.0s are placeholders, so a UI must not show them as probabilities.
     """
 
     tokens: tuple[int, ...]
     parents: tuple[int, ...]
     draft_probs: tuple[float, ...]
     depths: tuple[int, ...] = field(default=())
+    has_probs: bool = True
 
     def __post_init__(self) -> None:
         n = len(self.tokens)
@@ -100,10 +102,12 @@ class DraftTree:
             "parents": list(self.parents),
             "depths": list(self.depths),
             "draft_probs": [round(p, 6) for p in self.draft_probs],
+            "has_probs": self.has_probs,
         }
 
     @classmethod
     def from_dict(cls, data: dict[str, list]) -> DraftTree:
         return cls(
-            tuple(data["tokens"]), tuple(data["parents"]), tuple(data["draft_probs"]), tuple(data["depths"])
+            tuple(data["tokens"]), tuple(data["parents"]), tuple(data["draft_probs"]), tuple(data["depths"]),
+            bool(data.get("has_probs", True)),
         )

@@ -189,6 +189,11 @@ class Session:
             self._cache.truncate(0)
         self._drafters.clear()
 
+    def restore(self, messages: list[Message]) -> None:
+        """Go on from a saved conversation: its messages, an empty cache (the next turn prefills them)."""
+        self.reset()
+        self._messages = [{"role": m["role"], "content": m["content"]} for m in messages]
+
     def chat(self, user_text: str) -> Iterator[Event]:
         self._messages.append({"role": "user", "content": user_text})
         answer: list[str] = []

@@ -390,6 +390,17 @@ class ScriptedSession:
         self._messages.clear()
         self._turn = 0
 
+    def restore(self, messages: list[Message]) -> None:
+        self.reset()
+        self._messages = [dict(m) for m in messages]
+
+    @property
+    def methods(self) -> tuple[str, ...]:
+        """What this fake engine can run (the refused ones left out, like a session without a draft)."""
+        from engine.config import METHODS
+
+        return tuple(m for m in METHODS if m not in self.refuse_methods)
+
     def chat(self, user_text: str) -> Iterator[Event]:
         self.calls.append(("chat", user_text))
         self._messages.append({"role": "user", "content": user_text})

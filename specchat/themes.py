@@ -5,7 +5,8 @@ component classes in ``specchat/tui/specchat.tcss``; switching theme re-resolves
 already on screen is recoloured. Every state also has a non-colour cue in the stylesheet
 (underline, bold, strike-through, dim) and a glyph in the tree, so no state depends on colour alone.
 
-The colour-blind safe theme uses the Okabe-Ito palette (blue / orange / vermillion), which stays
+The colour-blind safe theme uses the Okabe-Ito palette (blue / orange / vermillion; the vermillion
+lightened to read at 4.5:1 on the panels), which stays
 distinguishable under deuteranopia, protanopia and tritanopia.
 
 This module imports Textual's ``Theme`` only; it is imported by the TUI, never by the headless CLI.
@@ -20,10 +21,10 @@ from textual.theme import Theme
 VARIABLE_DEFAULTS: dict[str, str] = {
     "tok-draft": "#4EBF71",  # accepted draft token
     "tok-target": "#58A6FF",  # produced by the target (bonus / correction)
-    "tok-rejected": "#E5534B",  # a draft the target refused
+    "tok-rejected": "#F47067",  # a draft the target refused
     "tok-user": "#C9D1D9",
     "tree-accepted": "#4EBF71",
-    "tree-rejected": "#E5534B",
+    "tree-rejected": "#F47067",
     "tree-unreached": "#848D97",
     "tree-bonus": "#58A6FF",
     "tree-root": "#D29922",
@@ -67,21 +68,21 @@ LIGHT = Theme(
     panel="#EAEEF2",
     dark=False,
     variables={
-        "tok-draft": "#1A7F37",
+        "tok-draft": "#116329",
         "tok-target": "#0550AE",
         "tok-rejected": "#CF222E",
         "tok-user": "#1F2328",
-        "tree-accepted": "#1A7F37",
+        "tree-accepted": "#116329",
         "tree-rejected": "#CF222E",
         "tree-unreached": "#626B75",
         "tree-bonus": "#0550AE",
-        "tree-root": "#9A6700",
+        "tree-root": "#7D4E00",
         "tree-prob": "#57606A",
-        "pending": "#9A6700",
-        "stat-bar": "#1A7F37",
+        "pending": "#7D4E00",
+        "stat-bar": "#116329",
         "stat-bar-empty": "#D0D7DE",
         "label": "#57606A",
-        "footer-key-foreground": "#0969DA",
+        "footer-key-foreground": "#0550AE",
     },
 )
 
@@ -102,10 +103,10 @@ COLOURBLIND = Theme(
     variables={
         "tok-draft": "#56B4E9",
         "tok-target": "#E69F00",
-        "tok-rejected": "#D55E00",
+        "tok-rejected": "#F0782A",
         "tok-user": "#E6E6E6",
         "tree-accepted": "#56B4E9",
-        "tree-rejected": "#D55E00",
+        "tree-rejected": "#F0782A",
         "tree-unreached": "#8C929A",
         "tree-bonus": "#E69F00",
         "tree-root": "#F0E442",

@@ -123,7 +123,7 @@ class SpecChatApp(App[int]):
         self.methods: tuple[str, ...] = ()
         self.prefill: tuple[int, int] | None = None
         self._teach_restore_adaptive = False
-        self._queued_prompt = ""  # sent while the model loaded: goes out once it is ready
+        self._new_chat_when_done = False
         self._user_record = record is not None
         if record is None and replay is None and self.ui.save_sessions and factory is not None:
             from specchat.tui.sessions import new_session_path
@@ -304,16 +304,27 @@ class SpecChatApp(App[int]):
             self.busy_job = self.host.submit("replay", records=self.replay.records)
         elif self.start_in == "compare":
             self.switch_screen("compare")
-        if typed and self.replay is None:
-            target = self.compare_screen if self.start_in == "compare" else self.chat_screen
-            prompt = target.query_one(PromptInput)
-            prompt.load_text(typed)
-            if send_it and self.submit_prompt(typed, "compare" if target is self.compare_screen else "chat"):
-                prompt.load_text("")
+        if typed.strip() and self.replay is None:
+            self.call_after_refresh(self._carry_early_prompt, typed, send_it)
+
+    def _carry_early_prompt(self, typed: str, send_it: bool) -> None:
+        """What the user typed on the loading screen lands in the chat prompt (and is sent if asked)."""
+        target = self.compare_screen if self.start_in == "compare" else self.chat_screen
+        if not target.ready:
+            self.call_after_refresh(self._carry_early_prompt, typed, send_it)
+            return
+        prompt = target.query_one(PromptInput)
+        if send_it and self.submit_prompt(typed.strip("\n"), "compare" if target is self.compare_screen else "chat"):
+            return
+        prompt.load_text(typed)
+        prompt.move_cursor(prompt.document.end)
 
     def _job_done(self, item: JobDone) -> None:
         if item.job == self.busy_job:
             self.busy_job = None
+            if self._new_chat_when_done:
+                self._new_chat_when_done = False
+                self.call_after_refresh(self._new_chat)
         self.gate_waiting = False
         if item.error:
             self.notify(f"{item.kind} failed: {item.error}", severity="error", timeout=10)
@@ -576,22 +587,13 @@ class SpecChatApp(App[int]):
         self._new_chat()
 
     def _confirmed_new_chat(self, yes: bool | None) -> None:
-        if yes:
-            self.host.cancel()
-            self.call_later(self._new_chat_when_idle)
-
-    async def _new_chat_when_idle(self) -> None:
-        deadline = time.monotonic() + 30
-        while self.busy_job is not None and time.monotonic() < deadline:
-            await self._sleep(0.02)
+        if not yes:
+            return
         if self.busy_job is None:
             self._new_chat()
-
-    @staticmethod
-    async def _sleep(seconds: float) -> None:
-        import asyncio
-
-        await asyncio.sleep(seconds)
+            return
+        self._new_chat_when_done = True  # _job_done starts it once the stopped answer is in
+        self.host.cancel()
 
     def _new_chat(self) -> None:
         self.busy_job = self.host.submit("reset")

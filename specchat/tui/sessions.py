@@ -76,9 +76,11 @@ def _summary(path: Path) -> SavedSession | None:
                         return None
                     model = str(head.get("model", ""))
                     continue
-                if '"kind": "user"' not in line:
+                if '"user"' not in line:  # cheap pre-filter; steps are most of the file
                     continue
                 data = json.loads(line)
+                if data.get("kind") != "user" or data.get("mode") != "chat":
+                    continue
                 turns += 1
                 if not title:
                     title = " ".join(str(data.get("text", "")).split())

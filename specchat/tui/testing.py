@@ -18,7 +18,8 @@ CONFIG = SpecConfig(method="eagle3", num_steps=5, eagle_topk=4, num_draft_tokens
 
 
 def ui_settings(**kw) -> UISettings:
-    return UISettings(theme="dark", cursor_blink=False, **kw)
+    kw.setdefault("theme", "dark")
+    return UISettings(cursor_blink=False, **kw)
 
 
 def make_session(**kw) -> ScriptedSession:

@@ -20,7 +20,7 @@ import pytest
 from engine.config import SpecConfig
 from engine.events import Finished
 from specchat.tui.app import SpecChatApp
-from specchat.tui.testing import send, ui_settings, wait_idle, wait_until
+from specchat.tui.testing import send, ui_settings, wait_until
 from specchat.tui.widgets.transcript import AnswerView
 from tests.tui.test_tui_e2e import _embedded_available
 
@@ -62,9 +62,9 @@ async def test_tui_tokens_per_second_match_the_engine(tmp_path):
         for _ in range(3):
             engine.append(headless())
             await pilot.press("ctrl+n")
-            await wait_idle(pilot)
+            await wait_until(pilot, lambda: app.busy_job is None, timeout=60, what="reset")
             await send(pilot, prompt)
-            await wait_idle(pilot)
+            await wait_until(pilot, lambda: app.busy_job is None, timeout=600, what="the answer")
             answer = app.chat_screen.query(AnswerView).last()
             assert answer.finished is not None and answer.finished.tokens > 20
             tui.append(answer.finished.stats.tokens_per_s)

@@ -26,7 +26,7 @@ class DraftTree:
     parents: tuple[int, ...]
     draft_probs: tuple[float, ...]
     depths: tuple[int, ...] = field(default=())
-    has_probs: bool = True
+    has_probs: bool = field(default=True, compare=False)  # metadata: equal trees stay equal
 
     def __post_init__(self) -> None:
         n = len(self.tokens)

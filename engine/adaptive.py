@@ -149,4 +149,5 @@ def subtree(tree: DraftTree, keep: list[int]) -> DraftTree:
         tuple(-1 if i == 0 else index[tree.parents[i]] for i in keep),
         tuple(tree.draft_probs[i] for i in keep),
         proposals=proposals,
+        has_probs=tree.has_probs,
     )

@@ -17,6 +17,29 @@ METHODS: tuple[str, ...] = ("none", "ngram", "eagle", "eagle3", "standalone")
 NgramMatchType = Literal["BFS", "PROB"]
 NgramMode = Literal["tree", "chain"]
 SamplingMode = Literal["coupled", "rejection"]
+ContextOverflow = Literal["refuse", "drop_oldest"]
+CONTEXT_OVERFLOW: tuple[str, ...] = ("refuse", "drop_oldest")
+
+# The settings that act on each method (beyond temperature / top_p / max_new_tokens, which act on
+# all). The CLI and the TUI both read this, so a knob that does nothing is never offered as if it did.
+_NGRAM_KNOBS = ("num_draft_tokens", "ngram_min_match_window_size", "ngram_max_match_window_size",
+                "ngram_min_bfs_breadth", "ngram_max_bfs_breadth", "ngram_match_type", "ngram_max_trie_depth",
+                "ngram_capacity", "ngram_mode")
+_TREE_KNOBS = ("num_steps", "eagle_topk", "num_draft_tokens")
+METHOD_KNOBS: dict[str, tuple[str, ...]] = {
+    "none": (),
+    "ngram": _NGRAM_KNOBS,
+    "eagle": _TREE_KNOBS,
+    "eagle3": _TREE_KNOBS,
+    "standalone": _TREE_KNOBS,
+}
+DRAFT_KNOBS: frozenset[str] = frozenset(k for knobs in METHOD_KNOBS.values() for k in knobs) | {"adaptive_draft"}
+
+
+def knobs_for(method: str) -> tuple[str, ...]:
+    """The drafting knobs that act on ``method`` (adaptive_draft included when it drafts at all)."""
+    knobs = METHOD_KNOBS.get(method, ())
+    return (*knobs, "adaptive_draft") if knobs else ()
 
 
 class ConfigError(ValueError):
@@ -53,6 +76,8 @@ class SpecConfig:
     sampling: SamplingMode = "coupled"
     seed: int | None = None
     max_new_tokens: int = 512
+    # A turn whose prompt does not fit the model's context: refuse it, or drop the oldest turns.
+    context_overflow: ContextOverflow = "refuse"
 
     def __post_init__(self) -> None:
         self.validate()
@@ -96,6 +121,8 @@ class SpecConfig:
         if self.sampling not in ("coupled", "rejection"):
             raise ConfigError(f"sampling must be coupled or rejection, not {self.sampling!r}")
         _at_least("max_new_tokens", self.max_new_tokens, 1)
+        if self.context_overflow not in CONTEXT_OVERFLOW:
+            raise ConfigError(f"context_overflow must be refuse or drop_oldest, not {self.context_overflow!r}")
 
     @property
     def greedy(self) -> bool:

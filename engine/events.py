@@ -62,6 +62,22 @@ class Started:
     config: dict[str, Any] = field(default_factory=dict)
     model: str = ""
     drafter: str = ""
+    context_limit: int = 0  # the model's context length (0: unknown); prompt + answer must fit
+    dropped_turns: int = 0  # oldest messages left out so the prompt fits (context_overflow=drop_oldest)
+
+
+@dataclass(frozen=True)
+class PrefillProgress:
+    """The prompt is being prefilled in chunks: ``done`` of ``total`` new tokens are in the cache.
+
+    Comes before ``Started`` for long prompts; between chunks the session checks cancel(), so a
+    cancelled prefill ends with Finished(reason="cancelled") and no Started.
+    """
+
+    kind: Literal["prefill"] = field(default="prefill", init=False)
+    done: int = 0
+    total: int = 0
+    elapsed_ms: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -111,7 +127,7 @@ class ConfigApplied:
     config: dict[str, Any] = field(default_factory=dict)
 
 
-Event = Started | Step | Finished | ConfigApplied
+Event = Started | PrefillProgress | Step | Finished | ConfigApplied
 
 
 def event_to_dict(event: Event) -> dict[str, Any]:
@@ -128,6 +144,8 @@ def event_from_dict(data: dict[str, Any]) -> Event:
         return Started(**payload)
     if kind == "config":
         return ConfigApplied(**payload)
+    if kind == "prefill":
+        return PrefillProgress(**payload)
     if kind == "finished":
         payload["stats"] = _stats(payload.get("stats", {}))
         return Finished(**payload)

@@ -58,7 +58,8 @@ def configure_threads(threads: int | None = None, *, reserve: int = 0) -> int:
     threads. If another runnable thread (the TUI's event loop, a progress bar) takes one of those
     cores, every barrier waits a scheduler slice. Measured on a 2-core VM with other work running
     beside it: 2 threads gave 46-480 ms per token, 1 thread a steady 54 ms. On a quiet machine 2
-    threads are faster (40 ms), so headless commands use every core and the TUI keeps one free.
+    threads are faster (40 ms). The TUI used to reserve a core for its event loop; it now drains the
+    engine at a frame rate and stays idle between frames, so it too uses every core (reserve 0).
     """
     if threads is None:
         env = os.environ.get("SPECCHAT_THREADS") or os.environ.get("OMP_NUM_THREADS")

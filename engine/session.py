@@ -11,7 +11,7 @@ from __future__ import annotations
 import random
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Generator, Iterator, Sequence
 from dataclasses import dataclass, field
 
 import torch
@@ -24,6 +24,7 @@ from engine.events import (
     ConfigApplied,
     Event,
     Finished,
+    PrefillProgress,
     RunningStats,
     Started,
     Step,
@@ -39,6 +40,11 @@ DrafterFactory = Callable[[], Drafter]
 
 # Extra KV slots allocated beyond the immediate need, so a conversation grows the cache rarely.
 _CACHE_SLACK = 256
+# Prefill runs in chunks sized so one takes about this long: cancel() acts between chunks.
+_PREFILL_CHUNK_S = 0.25
+_PREFILL_CHUNK_MIN, _PREFILL_CHUNK_MAX = 16, 4096
+# A turn must leave the answer at least this much room (or max_new_tokens, if smaller).
+_MIN_ANSWER_ROOM = 64
 
 
 def default_drafters() -> dict[str, DrafterFactory]:
@@ -135,6 +141,7 @@ class Session:
         self._feature_spec = features
         self._features = FeatureStore()
         self._forward_kwargs = features.forward_kwargs() if features is not None else {}
+        self._prefill_chunk = 64  # adapted to the measured speed, see _prefill
 
     # -- the SessionAPI -----------------------------------------------------------------------
     @property
@@ -152,6 +159,26 @@ class Session:
     @property
     def methods(self) -> tuple[str, ...]:
         return tuple(self._factories)
+
+    @property
+    def context_limit(self) -> int:
+        """Tokens the model can attend to: prompt and answer together must fit."""
+        return self._cache_limit()
+
+    @property
+    def context_used(self) -> int:
+        """Tokens of the conversation whose K/V are cached (what the next turn builds on)."""
+        return len(self._cached)
+
+    def rewind_cache(self, length: int) -> None:
+        """Keep only the first ``length`` cached tokens (compare: both runs start from one state)."""
+        if self._busy:
+            raise RuntimeError("cannot rewind the cache while generating")
+        length = max(0, min(length, len(self._cached)))
+        del self._cached[length:]
+        self._features.truncate(length)
+        if self._cache is not None:
+            self._cache.truncate(length)
 
     def update_config(self, config: SpecConfig) -> None:
         config.validate()
@@ -193,35 +220,56 @@ class Session:
             self._cache.truncate(0)
         self._drafters.clear()
 
+    def restore(self, messages: list[Message]) -> None:
+        """Go on from a saved conversation: its messages, an empty cache (the next turn prefills them)."""
+        self.reset()
+        self._messages = [{"role": m["role"], "content": m["content"]} for m in messages]
+
     def chat(self, user_text: str) -> Iterator[Event]:
         self._messages.append({"role": "user", "content": user_text})
         answer: list[str] = []
+        started = False
         for event in self.generate(self._conversation()):
-            if isinstance(event, Step):
+            if isinstance(event, Started):
+                started = True
+            elif isinstance(event, Step):
                 answer.append(event.text)
             elif isinstance(event, Finished):
                 answer = [event.text]
             yield event
+        if not started:
+            # refused (context) or cancelled during the prefill: the conversation is as before the turn
+            self._messages.pop()
+            return
         self._messages.append({"role": "assistant", "content": "".join(answer)})
 
     def generate(self, messages: list[Message], config: SpecConfig | None = None) -> Iterator[Event]:
         if config is not None:
             config.validate()
             self._check_available(config)
-        prompt = self.tokenizer.encode_chat(messages)
-        return self.generate_ids(prompt, config)
+        prompt, dropped, refusal = self._fit_context(messages, config or self._config)
+        if refusal:
+            return _refused(refusal)
+        return self.generate_ids(prompt, config, dropped_turns=dropped)
 
-    def generate_ids(self, prompt: Sequence[int], config: SpecConfig | None = None) -> Iterator[Event]:
+    def generate_ids(self, prompt: Sequence[int], config: SpecConfig | None = None, *, dropped_turns: int = 0
+                     ) -> Iterator[Event]:
         """Answer a raw token prompt (benchmarks with a ``prompt`` field, tests)."""
         if not prompt:
             raise ValueError("the prompt is empty")
+        refusal = self._context_refusal(len(prompt), config or self._config)
+        if refusal:
+            return _refused(refusal)
+        return self._generate_ids(list(prompt), config, dropped_turns)
+
+    def _generate_ids(self, prompt: list[int], config: SpecConfig | None, dropped_turns: int) -> Iterator[Event]:
         with self._lock:
             if self._busy:
                 raise RuntimeError("this session is already generating")
             self._busy = True
             self._cancel.clear()
         try:
-            yield from self._run(list(prompt), config)
+            yield from self._run(prompt, config, dropped_turns)
         finally:
             with self._lock:
                 self._busy = False
@@ -281,7 +329,78 @@ class Session:
             return int(scores.argmax())
         return sample_from(target_probs(logits, config.temperature, config.top_p, config.top_k), self._generator)
 
-    def _run(self, prompt: list[int], override: SpecConfig | None) -> Iterator[Event]:
+    # -- context and prefill (kept out of the step loop) ------------------------------------------
+    def _context_refusal(self, prompt_tokens: int, config: SpecConfig) -> str:
+        """Why a prompt of this length cannot be answered ("" when it can)."""
+        limit = self._cache_limit()
+        room = min(config.max_new_tokens, _MIN_ANSWER_ROOM)
+        if prompt_tokens + room + config.max_tree_tokens <= limit:
+            return ""
+        return (f"the prompt is {prompt_tokens} tokens; with room for an answer it does not fit the model's "
+                f"context of {limit} tokens")
+
+    def _fit_context(self, messages: list[Message], config: SpecConfig) -> tuple[list[int], int, str]:
+        """The prompt for ``messages``, the number of oldest messages dropped to fit, and a refusal.
+
+        With ``context_overflow = "drop_oldest"`` the oldest user/assistant turns are left out of
+        the prompt (the system prompt and the last message always stay) until it fits.
+        """
+        prompt = self.tokenizer.encode_chat(messages)
+        refusal = self._context_refusal(len(prompt), config)
+        if not refusal or config.context_overflow != "drop_oldest":
+            return prompt, 0, refusal
+        head = [m for m in messages[:1] if m.get("role") == "system"]
+        body = messages[len(head):]
+        dropped = 0
+        while refusal and len(body) > 1:
+            cut = 2 if len(body) > 2 and body[0].get("role") == "user" else 1
+            body = body[cut:]
+            dropped += cut
+            prompt = self.tokenizer.encode_chat([*head, *body])
+            refusal = self._context_refusal(len(prompt), config)
+        if refusal:
+            refusal += " even with every earlier turn dropped"
+        return prompt, dropped, refusal
+
+    def _prefill(self, tokens: list[int], cache) -> Generator[PrefillProgress, None, torch.Tensor | None]:
+        """Run ``tokens`` through the target on top of the cache, in chunks; returns the last
+        token's logits, or None when cancel() came first (the cache is then as it was before).
+
+        Why chunks: a long prompt takes tens of seconds on a CPU; between chunks cancel() is
+        honoured and progress is reported. A chunk's size follows the measured speed so that one
+        takes about _PREFILL_CHUNK_S. Rows are computed independently of how many share a forward,
+        so chunking does not change the cached K/V.
+        """
+        start = cache.length
+        device = self.model.device
+        total = len(tokens)
+        done = 0
+        t0 = time.perf_counter()
+        logits = None
+        while done < total:
+            if done and self._cancel.is_set():
+                cache.truncate(start)
+                self._features.truncate(start)
+                return None
+            n = min(self._prefill_chunk, total - done)
+            last = done + n >= total
+            t = time.perf_counter()
+            out = self.model.forward(torch.tensor(tokens[done:done + n], device=device), cache,
+                                     logits="last" if last else "none", **self._forward_kwargs)
+            cache.commit(n)
+            self._keep_features(out, None)
+            done += n
+            dt = time.perf_counter() - t
+            if n == self._prefill_chunk and dt > 0:
+                scaled = int(n * _PREFILL_CHUNK_S / dt)
+                self._prefill_chunk = max(_PREFILL_CHUNK_MIN, min(_PREFILL_CHUNK_MAX, scaled))
+            if last:
+                logits = out.logits[-1]
+            else:
+                yield PrefillProgress(done=done, total=total, elapsed_ms=(time.perf_counter() - t0) * 1e3)
+        return logits
+
+    def _run(self, prompt: list[int], override: SpecConfig | None, dropped_turns: int = 0) -> Iterator[Event]:
         t0 = time.perf_counter()
         config = override or self._config
         # Reuse the cached prefix; at least one prompt token is run to get the next-token logits.
@@ -292,17 +411,17 @@ class Session:
         self._ensure_capacity(budget)
         cache = self._cache
         cache.truncate(reuse)
-        device = self.model.device
-        out = self.model.forward(torch.tensor(prompt[reuse:], device=device), cache, logits="last",
-                                 **self._forward_kwargs)
-        cache.commit(len(prompt) - reuse)
-        self._keep_features(out, None)
+        last_logits = yield from self._prefill(prompt[reuse:], cache)
+        if last_logits is None:
+            yield Finished(reason="cancelled", text="", tokens=0, stats=_Tally(started=t0).snapshot())
+            return
         self._cached.extend(prompt[reuse:])
         self._answer_seed = int(torch.randint(0, 2**62, (), generator=self._generator))
-        root = self._first_token(out.logits[-1], config, len(prompt))
+        root = self._first_token(last_logits, config, len(prompt))
         prefill_ms = (time.perf_counter() - t0) * 1e3
         yield Started(prompt_tokens=len(prompt), reused_tokens=reuse, prefill_ms=prefill_ms,
-                      config=config.to_dict(), model=self.model_name, drafter=config.method)
+                      config=config.to_dict(), model=self.model_name, drafter=config.method,
+                      context_limit=self._cache_limit(), dropped_turns=dropped_turns)
 
         tally = _Tally(started=t0)
         decoder = self.tokenizer.incremental_decoder(prompt[-8:])
@@ -427,6 +546,11 @@ class Session:
 
     def _cache_limit(self) -> int:
         return getattr(self.model.config, "max_position_embeddings", 1 << 30)
+
+
+def _refused(message: str) -> Iterator[Event]:
+    """The whole answer to a prompt that does not fit: nothing is run, nothing changes."""
+    yield Finished(reason="context", text="", tokens=0, error=message)
 
 
 def _common_prefix(a: Sequence[int], b: Sequence[int], limit: int) -> int:

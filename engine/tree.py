@@ -18,7 +18,9 @@ class DraftTree:
     """Tokens and shape of one step's proposal.
 
     ``draft_probs[i]`` is the drafter's probability of node i given its parent (1.0 for the
-    root and for drafters, like n-gram lookup, that have no distribution).
+    root and for drafters, like n-gram lookup, that have no distribution). ``has_probs`` says
+    which: False means the 1.0s are placeholders, so a UI must not show them as probabilities.
+
 
     ``proposals[i]``, where present, is the distribution over target token ids that node i's
     children were *sampled* from; the verifier then accepts with min(1, p/q) and resamples from
@@ -31,6 +33,7 @@ class DraftTree:
     draft_probs: tuple[float, ...]
     depths: tuple[int, ...] = field(default=())
     proposals: Mapping[int, torch.Tensor] | None = field(default=None, compare=False, repr=False)
+    has_probs: bool = field(default=True, compare=False)  # metadata: equal trees stay equal
 
     def __post_init__(self) -> None:
         n = len(self.tokens)
@@ -106,10 +109,12 @@ class DraftTree:
             "parents": list(self.parents),
             "depths": list(self.depths),
             "draft_probs": [round(p, 6) for p in self.draft_probs],
+            "has_probs": self.has_probs,
         }
 
     @classmethod
     def from_dict(cls, data: dict[str, list]) -> DraftTree:
         return cls(
-            tuple(data["tokens"]), tuple(data["parents"]), tuple(data["draft_probs"]), tuple(data["depths"])
+            tuple(data["tokens"]), tuple(data["parents"]), tuple(data["draft_probs"]), tuple(data["depths"]),
+            bool(data.get("has_probs", True)),
         )

@@ -5,7 +5,8 @@ component classes in ``specchat/tui/specchat.tcss``; switching theme re-resolves
 already on screen is recoloured. Every state also has a non-colour cue in the stylesheet
 (underline, bold, strike-through, dim) and a glyph in the tree, so no state depends on colour alone.
 
-The colour-blind safe theme uses the Okabe-Ito palette (blue / orange / vermillion), which stays
+The colour-blind safe theme uses the Okabe-Ito palette (blue / orange / vermillion; the vermillion
+lightened to read at 4.5:1 on the panels), which stays
 distinguishable under deuteranopia, protanopia and tritanopia.
 
 This module imports Textual's ``Theme`` only; it is imported by the TUI, never by the headless CLI.
@@ -20,17 +21,18 @@ from textual.theme import Theme
 VARIABLE_DEFAULTS: dict[str, str] = {
     "tok-draft": "#4EBF71",  # accepted draft token
     "tok-target": "#58A6FF",  # produced by the target (bonus / correction)
-    "tok-rejected": "#E5534B",  # a draft the target refused
+    "tok-rejected": "#F47067",  # a draft the target refused
     "tok-user": "#C9D1D9",
     "tree-accepted": "#4EBF71",
-    "tree-rejected": "#E5534B",
-    "tree-unreached": "#6E7681",
+    "tree-rejected": "#F47067",
+    "tree-unreached": "#848D97",
     "tree-bonus": "#58A6FF",
     "tree-root": "#D29922",
     "tree-prob": "#8B949E",
     "pending": "#D29922",
     "stat-bar": "#4EBF71",
     "stat-bar-empty": "#30363D",
+    "label": "#9DA7B3",  # secondary text (stats labels, meta lines): >= 4.5:1 on every panel colour
 }
 
 DARK = Theme(
@@ -66,20 +68,21 @@ LIGHT = Theme(
     panel="#EAEEF2",
     dark=False,
     variables={
-        "tok-draft": "#1A7F37",
+        "tok-draft": "#116329",
         "tok-target": "#0550AE",
         "tok-rejected": "#CF222E",
         "tok-user": "#1F2328",
-        "tree-accepted": "#1A7F37",
+        "tree-accepted": "#116329",
         "tree-rejected": "#CF222E",
-        "tree-unreached": "#8C959F",
+        "tree-unreached": "#626B75",
         "tree-bonus": "#0550AE",
-        "tree-root": "#9A6700",
+        "tree-root": "#7D4E00",
         "tree-prob": "#57606A",
-        "pending": "#9A6700",
-        "stat-bar": "#1A7F37",
+        "pending": "#7D4E00",
+        "stat-bar": "#116329",
         "stat-bar-empty": "#D0D7DE",
-        "footer-key-foreground": "#0969DA",
+        "label": "#57606A",
+        "footer-key-foreground": "#0550AE",
     },
 )
 
@@ -100,17 +103,18 @@ COLOURBLIND = Theme(
     variables={
         "tok-draft": "#56B4E9",
         "tok-target": "#E69F00",
-        "tok-rejected": "#D55E00",
+        "tok-rejected": "#F0782A",
         "tok-user": "#E6E6E6",
         "tree-accepted": "#56B4E9",
-        "tree-rejected": "#D55E00",
-        "tree-unreached": "#7A8088",
+        "tree-rejected": "#F0782A",
+        "tree-unreached": "#8C929A",
         "tree-bonus": "#E69F00",
         "tree-root": "#F0E442",
         "tree-prob": "#A0A6AD",
         "pending": "#F0E442",
         "stat-bar": "#56B4E9",
         "stat-bar-empty": "#333A42",
+        "label": "#A9B0B8",
         "footer-key-foreground": "#56B4E9",
     },
 )
@@ -135,3 +139,18 @@ def resolve_theme_name(name: str | None) -> str:
     if not name:
         return DEFAULT_THEME
     return ALIASES.get(name.lower(), name)
+
+
+def _luminance(hex_colour: str) -> float:
+    r, g, b = (int(hex_colour.lstrip("#")[i:i + 2], 16) / 255 for i in (0, 2, 4))
+
+    def lin(c: float) -> float:
+        return c / 12.92 if c <= 0.04045 else ((c + 0.055) / 1.055) ** 2.4
+
+    return 0.2126 * lin(r) + 0.7152 * lin(g) + 0.0722 * lin(b)
+
+
+def contrast_ratio(fg: str, bg: str) -> float:
+    """WCAG 2 contrast ratio of two #RRGGBB colours (1 to 21; 4.5 is the bar for body text)."""
+    a, b = sorted((_luminance(fg), _luminance(bg)), reverse=True)
+    return (a + 0.05) / (b + 0.05)

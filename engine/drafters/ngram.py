@@ -309,9 +309,9 @@ class NgramTrie:
                         tokens.append(t)
                         parents.append(pidx)
                         if len(tokens) >= limit:
-                            return DraftTree(tuple(tokens), tuple(parents), (1.0,) * limit)
+                            return DraftTree(tuple(tokens), tuple(parents), (1.0,) * limit, has_probs=False)
                     queue.append((idx, below, child))
-        return DraftTree(tuple(tokens), tuple(parents), (1.0,) * len(tokens))
+        return DraftTree(tuple(tokens), tuple(parents), (1.0,) * len(tokens), has_probs=False)
 
     def build_frequency(
         self, anchors: list[tuple[int, int]], root: int, max_drafts: int, max_breadth: int
@@ -598,7 +598,8 @@ class NgramDrafter:
             if self.extrapolate_chain:
                 period = len(drafts)
                 drafts = (drafts * (max_drafts // period + 1))[:max_drafts]
-        return DraftTree.chain(root, drafts)
+        chain = DraftTree.chain(root, drafts)
+        return DraftTree(chain.tokens, chain.parents, chain.draft_probs, chain.depths, has_probs=False)
 
 
 # A micro-benchmark, not a test: python -m engine.drafters.ngram ---------------------------------

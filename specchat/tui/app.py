@@ -14,8 +14,10 @@ Structure:
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, ClassVar
 
 from textual.app import App, SystemCommand
@@ -24,7 +26,7 @@ from textual.message import Message
 from textual.screen import Screen
 
 from engine.config import ConfigError, SpecConfig
-from engine.events import ConfigApplied, Finished, Started, Step
+from engine.events import ConfigApplied, Finished, PrefillProgress, Started, Step
 from engine.trace import Record, UserTurn
 from specchat.themes import THEMES, VARIABLE_DEFAULTS, resolve_theme_name
 from specchat.tui.commands import SettingsCommands
@@ -42,9 +44,10 @@ from specchat.tui.host import (
 from specchat.tui.keys import APP_KEYS
 from specchat.tui.screens.chat import ChatScreen
 from specchat.tui.screens.compare import CompareScreen
+from specchat.tui.screens.dialogs import ConfirmScreen, SessionsScreen
 from specchat.tui.screens.help import HelpScreen
 from specchat.tui.screens.loading import LoadingScreen
-from specchat.tui.settings_schema import FIELDS, format_value, parse_value, resolve_name
+from specchat.tui.settings_schema import FIELDS, applies, format_value, parse_value, resolve_name, why_not
 from specchat.tui.userconfig import UISettings
 from specchat.tui.widgets.draft_tree import DraftTreePanel, HistoryEntry
 from specchat.tui.widgets.prompt import PromptInput
@@ -54,6 +57,12 @@ from specchat.tui.widgets.title_bar import TitleBar
 
 class EngineWake(Message):
     """Something is waiting in the engine host's mailbox."""
+
+
+# The UI drains the engine's mailbox at most this often: whatever arrived meanwhile is shown in one
+# repaint, so a fast engine costs the UI (and the cores the engine needs) one frame, not one per token.
+FRAME_S = 1 / 20
+NARROW = 100  # columns below which the side panels collapse (F6 shows them, stacked)
 
 
 @dataclass(frozen=True)
@@ -109,6 +118,18 @@ class SpecChatApp(App[int]):
         self.host.gate.set_stepping(self.teaching)
         self._stopping = False
         self._backlog: list[tuple[str, list[Record]]] = []
+        self._last_drain = 0.0
+        self._drain_timer = None
+        self.methods: tuple[str, ...] = ()
+        self.prefill: tuple[int, int] | None = None
+        self._teach_restore_adaptive = False
+        self._new_chat_when_done = False
+        self._user_record = record is not None
+        if record is None and replay is None and self.ui.save_sessions and factory is not None:
+            from specchat.tui.sessions import new_session_path
+
+            record = str(new_session_path())
+        self.host.record_path = record
         for theme in THEMES:
             self.register_theme(theme)
         name = resolve_theme_name(self.ui.theme)
@@ -151,6 +172,16 @@ class SpecChatApp(App[int]):
 
     # engine items ------------------------------------------------------------------------------------
     def on_engine_wake(self, _: EngineWake) -> None:
+        wait = self._last_drain + FRAME_S - time.monotonic()
+        if wait > 0:
+            if self._drain_timer is None:
+                self._drain_timer = self.set_timer(wait, self._drain)
+            return
+        self._drain()
+
+    def _drain(self) -> None:
+        self._drain_timer = None
+        self._last_drain = time.monotonic()
         self._process(self.host.drain())
 
     def _process(self, items: Sequence[Item]) -> None:
@@ -220,17 +251,23 @@ class SpecChatApp(App[int]):
                 self.chat_screen.add_spec_steps(entries)
         if lane == "baseline":
             fin = next((r for r in records if isinstance(r, Finished)), None)
-            if fin is not None and fin.reason == "stop" and fin.stats.tokens_per_s:
+            if fin is not None and fin.reason == "stop" and fin.stats.tokens_per_s and \
+                    not self.compare_screen.stepped:
                 self.baseline_tps = fin.stats.tokens_per_s
                 if self.chat_screen.ready:
                     self.chat_screen.stats.state.baseline_tps = self.baseline_tps
                     self.chat_screen.stats.refresh(layout=True)
 
     def _track(self, lane: str, record: Record) -> None:
-        """Follow the settings in force from what the engine reports."""
+        """Follow the settings in force (and the prefill) from what the engine reports."""
         if isinstance(record, Step):
             self.gate_waiting = False
             return
+        if isinstance(record, PrefillProgress):
+            self.prefill = (record.done, record.total)
+            return
+        if isinstance(record, (Started, Finished)):
+            self.prefill = None
         if isinstance(record, Started) and lane != "baseline" and record.config:
             self._applied(record.config, announce=False)
         elif isinstance(record, ConfigApplied):
@@ -253,6 +290,12 @@ class SpecChatApp(App[int]):
             self.model_name = item.model_name
         if item.config is not None:
             self.applied_config = item.config
+        self.methods = tuple(getattr(self.host.session, "methods", ()) or ())
+        if self.methods and self.chat_screen.ready:
+            self.chat_screen.settings.set_methods(self.methods)
+        if self.teaching and self.replay is None:
+            self._teaching_drafts(True)
+        typed, send_it = self.loading_screen.typed()
         while len(self.screen_stack) > 2 and self.screen is not self.loading_screen:
             self.pop_screen()  # e.g. the help screen, opened while the model loaded
         self.switch_screen("chat")
@@ -261,10 +304,27 @@ class SpecChatApp(App[int]):
             self.busy_job = self.host.submit("replay", records=self.replay.records)
         elif self.start_in == "compare":
             self.switch_screen("compare")
+        if typed.strip() and self.replay is None:
+            self.call_after_refresh(self._carry_early_prompt, typed, send_it)
+
+    def _carry_early_prompt(self, typed: str, send_it: bool) -> None:
+        """What the user typed on the loading screen lands in the chat prompt (and is sent if asked)."""
+        target = self.compare_screen if self.start_in == "compare" else self.chat_screen
+        if not target.ready:
+            self.call_after_refresh(self._carry_early_prompt, typed, send_it)
+            return
+        prompt = target.query_one(PromptInput)
+        if send_it and self.submit_prompt(typed.strip("\n"), "compare" if target is self.compare_screen else "chat"):
+            return
+        prompt.load_text(typed)
+        prompt.move_cursor(prompt.document.end)
 
     def _job_done(self, item: JobDone) -> None:
         if item.job == self.busy_job:
             self.busy_job = None
+            if self._new_chat_when_done:
+                self._new_chat_when_done = False
+                self.call_after_refresh(self._new_chat)
         self.gate_waiting = False
         if item.error:
             self.notify(f"{item.kind} failed: {item.error}", severity="error", timeout=10)
@@ -281,17 +341,26 @@ class SpecChatApp(App[int]):
         if self.replay is not None:
             state = "paused" if self.replay_paused else ("step-through" if self.teaching else "▶")
             replay = f"REPLAY ×{self.host.replay_speed:g} {state}"
-        status = "answering… Esc cancels" if self.busy_job is not None and self.replay is None else ""
+        status = "answering… Esc stops" if self.busy_job is not None and self.replay is None else ""
+        if self.prefill is not None:
+            status = f"reading the prompt {self.prefill[0]:,}/{self.prefill[1]:,} · Esc stops"
         if self.gate_waiting:
-            status = "‖ paused at a step boundary · F8 next step"
+            status = "‖ paused · F8 next step"
+        context = ""
+        if self.chat_screen.ready:
+            st = self.chat_screen.stats.state
+            if st.context_limit:
+                context = f"ctx {st.context_used:,}/{st.context_limit:,}"
         for screen in (self.chat_screen, self.compare_screen):
             if screen.ready:
                 screen.query_one(TitleBar).show(model=self.model_name, applied=self.applied_config,
-                                                pending=self.pending_config, status=status, replay=replay)
+                                                pending=self.pending_config, status=status, replay=replay,
+                                                context=context)
         if self.chat_screen.ready:
             stats = self.chat_screen.stats
-            if stats.state.stepping != self.host.gate.stepping:
+            if stats.state.stepping != self.host.gate.stepping or stats.state.prefill != self.prefill:
                 stats.state.stepping = self.host.gate.stepping
+                stats.state.prefill = self.prefill
                 stats.refresh(layout=True)
             settings = self.chat_screen.settings
             if settings.display:
@@ -313,11 +382,13 @@ class SpecChatApp(App[int]):
             self.notify("replay: no model is loaded", severity="warning")
             return False
         if not self.loaded:
-            self.notify("the model is still loading", severity="warning")
+            self.notify("the model is still loading; your message is kept", severity="warning")
             return False
         if self.busy_job is not None:
             self.notify("still answering · Esc cancels", severity="warning")
             return False
+        if mode == "compare":
+            self.compare_screen.stepped = self.host.gate.stepping
         self.busy_job = self.host.submit(mode, text)
         self._refresh_chrome()
         return True
@@ -329,7 +400,7 @@ class SpecChatApp(App[int]):
     def on_settings_panel_change(self, event: SettingsPanel.Change) -> None:
         self.apply_setting(event.name, event.value)
 
-    def apply_setting(self, name: str, raw: Any) -> str | None:
+    def apply_setting(self, name: str, raw: Any, *, quiet: bool = False) -> str | None:
         """Validate and apply one setting; returns the refusal message (None when accepted)."""
         resolved = resolve_name(name)
         if resolved is None:
@@ -342,7 +413,7 @@ class SpecChatApp(App[int]):
             if field.scope == "ui":
                 self._apply_ui(name, value)
             else:
-                self._apply_engine(name, value)
+                self._apply_engine(name, value, quiet=quiet)
         except ConfigError as exc:
             message = str(exc)
             old = self.ui_values()[name] if field.scope == "ui" else getattr(
@@ -356,12 +427,17 @@ class SpecChatApp(App[int]):
         self._refresh_chrome()
         return None
 
-    def _apply_engine(self, name: str, value: Any) -> None:
+    def _apply_engine(self, name: str, value: Any, *, quiet: bool = False) -> None:
         if self.replay is not None:
             raise ConfigError("replay: the settings are those recorded; no engine to change")
         if not self.loaded:
             raise ConfigError("the model is still loading")
         base = self.pending_config or self.applied_config
+        if not applies(name, base.method):
+            raise ConfigError(f"{name} does nothing here: {why_not(name, base.method)}")
+        if name == "method" and self.methods and value not in self.methods:
+            raise ConfigError(f"method {value!r} cannot run in this session (have: {', '.join(self.methods)}; "
+                              "EAGLE and standalone need a draft model: specchat run --draft PATH)")
         new = base.replace(**{name: value})
         if new == base:
             return
@@ -370,10 +446,11 @@ class SpecChatApp(App[int]):
         if session.pending_config is None and session.config == new:
             # an idle session applies at once (no event comes for it)
             self.applied_config, self.pending_config = new, None
-            self.notify(f"{name} = {format_value(value)} applied", timeout=3)
+            if not quiet:
+                self.notify(f"{name} = {format_value(value)} applied", timeout=3)
             return
         self.pending_config = None if new == self.applied_config else new
-        if self.pending_config is not None:
+        if self.pending_config is not None and not quiet:
             when = "at the next step" if self.busy_job is not None else "when the next answer starts"
             self.notify(f"{name} = {format_value(value)} pending; applies {when}", timeout=3)
 
@@ -398,6 +475,10 @@ class SpecChatApp(App[int]):
                 return
             self.switch_screen("chat")
         self.chat_screen.set_class(True, "-settings")
+        if self.methods:
+            self.chat_screen.settings.set_methods(self.methods)
+        if focus is not None and not applies(focus, (self.pending_config or self.applied_config).method):
+            focus = "method"
         settings = self.chat_screen.settings
         settings.show_values(self.applied_config, self.pending_config, self.ui_values())
         if focus:
@@ -426,12 +507,14 @@ class SpecChatApp(App[int]):
         return True
 
     def action_cancel(self) -> None:
+        # Esc closes an open settings panel first (its title says so); a second Esc stops the answer
+        if self.chat_screen.ready and self.chat_screen.has_class("-settings") and self.screen is self.chat_screen:
+            self.close_settings()
+            return
         if self.busy_job is not None:
             self.host.cancel()
             self._stopping = True
-            self.notify("cancelling at the next step boundary", timeout=2)
-        elif self.chat_screen.ready and self.chat_screen.has_class("-settings"):
-            self.close_settings()
+            self.notify("stopping at the next step (or prefill chunk)", timeout=2)
 
     def action_help(self) -> None:
         if not isinstance(self.screen, HelpScreen):
@@ -453,9 +536,25 @@ class SpecChatApp(App[int]):
         self.switch_screen("chat" if self.screen is self.compare_screen else "compare")
         self._refresh_chrome()
 
+    def _teaching_drafts(self, on: bool) -> None:
+        """Teaching mode verifies the drafter's whole proposal (adaptive drafting off), so each step
+        shows what the drafter guessed; the user's choice comes back when teaching ends."""
+        current = self.pending_config or self.applied_config
+        if on and current.adaptive_draft:
+            if self.apply_setting("adaptive_draft", False, quiet=True) is None:
+                self._teach_restore_adaptive = True
+        elif not on and self._teach_restore_adaptive:
+            self._teach_restore_adaptive = False
+            if not current.adaptive_draft:
+                self.apply_setting("adaptive_draft", True, quiet=True)
+
     def action_toggle_teach(self) -> None:
         self.teaching = not self.teaching
         self.host.gate.set_stepping(self.teaching)
+        if self.replay is None and self.loaded:
+            self._teaching_drafts(self.teaching)
+        if self.teaching and self.chat_screen.ready and self.size.width < NARROW:
+            self.chat_screen.set_class(True, "-side-open")
         if not self.teaching:
             self.gate_waiting = False
         if self.replay is not None:
@@ -482,10 +581,101 @@ class SpecChatApp(App[int]):
 
     def action_new_chat(self) -> None:
         if self.busy_job is not None:
-            self.notify("still answering · Esc cancels first", severity="warning")
+            self.push_screen(ConfirmScreen("An answer is still running. Stop it and start a new conversation?",
+                                           yes="Stop and start anew"), self._confirmed_new_chat)
             return
+        self._new_chat()
+
+    def _confirmed_new_chat(self, yes: bool | None) -> None:
+        if not yes:
+            return
+        if self.busy_job is None:
+            self._new_chat()
+            return
+        self._new_chat_when_done = True  # _job_done starts it once the stopped answer is in
+        self.host.cancel()
+
+    def _new_chat(self) -> None:
         self.busy_job = self.host.submit("reset")
+        if not self._user_record and self.host.record_path is not None:
+            from specchat.tui.sessions import new_session_path
+
+            self.host.set_record_path(str(new_session_path()))
         self.chat_screen.new_conversation()
+
+    async def action_quit(self) -> None:
+        if self.busy_job is not None and self.replay is None and self.loaded:
+            self.push_screen(ConfirmScreen("An answer is still running. Quit anyway? (the conversation so far is "
+                                           "saved)", yes="Quit"), self._confirmed_quit)
+            return
+        self.exit()
+
+    def _confirmed_quit(self, yes: bool | None) -> None:
+        if yes:
+            self.host.cancel()
+            self.exit()
+
+    def action_toggle_panels(self) -> None:
+        """Side panels: hidden by default below NARROW columns (F6 stacks them under the chat)."""
+        if not self.chat_screen.ready:
+            return
+        screen = self.chat_screen
+        if screen.has_class("-narrow"):
+            screen.set_class(not screen.has_class("-side-open"), "-side-open")
+        else:
+            screen.set_class(not screen.has_class("-side-closed"), "-side-closed")
+
+    # saved sessions and exports -----------------------------------------------------------------------
+    def action_open_sessions(self) -> None:
+        from specchat.tui.sessions import list_sessions, sessions_dir
+
+        if self.replay is not None or not self.loaded:
+            self.notify("reopening needs a loaded model", severity="warning")
+            return
+        if self.busy_job is not None:
+            self.notify("still answering · Esc stops it first", severity="warning")
+            return
+        current = self.host.record_path
+        found = [s for s in list_sessions() if str(s.path) != current]
+        self.push_screen(SessionsScreen(found, str(sessions_dir())), self._reopen)
+
+    def _reopen(self, saved) -> None:
+        from specchat.tui.sessions import TraceError, load_session
+
+        if saved is None:
+            return
+        try:
+            records = load_session(saved.path)
+        except TraceError as exc:
+            self.notify(f"cannot reopen: {exc}", severity="error", timeout=8)
+            return
+        if self.screen is not self.chat_screen:
+            self.switch_screen("chat")
+        self.chat_screen.new_conversation()
+        self.host.set_record_path(str(saved.path), records)
+        self.busy_job = self.host.submit("restore", records=records)
+        self.notify(f"reopened {saved.path.name}: the conversation goes on from here", timeout=4)
+
+    def theme_colours(self) -> dict[str, str]:
+        theme = self.current_theme
+        variables = {**VARIABLE_DEFAULTS, **theme.variables}
+        return {**variables, "foreground": theme.foreground or "#D0D7DE",
+                "background": theme.background or "#000000"}
+
+    def action_export(self, what: str = "conversation") -> list[Path]:
+        """Export the conversation (or the last answer) as Markdown, HTML and SVG with token colours."""
+        from specchat.tui.sessions import export_files
+
+        turns = self.chat_screen.turns() if self.chat_screen.ready else []
+        if not turns:
+            self.notify("nothing to export yet", severity="warning")
+            return []
+        if what == "answer":
+            turns = turns[-1:]
+        stem = time.strftime(f"%Y-%m-%d_%H-%M-%S-{what}")
+        paths = export_files(turns, self.theme_colours(), stem, show_rejected=self.ui.show_rejected)
+        self.notify("exported: " + ", ".join(str(p) for p in paths), title="Export", timeout=10)
+        return paths
 
     def action_replay_pause(self) -> None:
         self.replay_paused = not self.replay_paused
@@ -506,6 +696,13 @@ class SpecChatApp(App[int]):
              self.action_toggle_rejected),
             ("Help: how speculative decoding works", "Draft, verify, accept, bonus, tau, knobs", self.action_help),
             ("SGLang launch flags", "The settings in force, as SGLang server arguments", self.show_sglang_args),
+            ("Side panels", "Show / hide the draft tree and stats (F6)", self.action_toggle_panels),
+            ("Reopen a saved conversation", "Conversations are saved as you go (Ctrl+O)",
+             self.action_open_sessions),
+            ("Export conversation", "Markdown, plus HTML and SVG with the token colours (Ctrl+E)",
+             lambda: self.action_export("conversation")),
+            ("Export last answer", "Markdown, plus HTML and SVG with the token colours",
+             lambda: self.action_export("answer")),
         ]
         for title, help_text, callback in commands:
             yield SystemCommand(title, help_text, callback)

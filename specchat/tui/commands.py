@@ -7,7 +7,15 @@ from typing import TYPE_CHECKING, cast
 
 from textual.command import DiscoveryHit, Hit, Hits, Provider
 
-from specchat.tui.settings_schema import ENGINE_FIELDS, FIELDS, UI_FIELDS, format_value, resolve_name
+from specchat.tui.settings_schema import (
+    ENGINE_FIELDS,
+    FIELDS,
+    UI_FIELDS,
+    applies,
+    example_value,
+    format_value,
+    resolve_name,
+)
 
 if TYPE_CHECKING:
     from specchat.tui.app import SpecChatApp
@@ -26,12 +34,18 @@ class SettingsCommands(Provider):
             return app.ui_values()[name]
         return getattr(app.pending_config or app.applied_config, name)
 
+    def _fields(self):
+        """The settings that act on the method in force (knobs of other drafters are left out)."""
+        method = self._app.applied_config.method
+        return [f for f in (*ENGINE_FIELDS, *UI_FIELDS) if applies(f.name, method)]
+
     async def discover(self) -> Hits:
-        for field in (*ENGINE_FIELDS[:4], *UI_FIELDS):
+        for field in self._fields()[:6]:
+            current = self._current(field.name)
             yield DiscoveryHit(
-                f"{field.name} = {format_value(self._current(field.name))}",
+                f"{field.name} = {format_value(current)}",
                 partial(self._app.open_settings, field.name),
-                help=f"{field.help} — type e.g. '{field.name} 3' to change",
+                help=f"{field.help} — type e.g. '{field.name} {example_value(field, current)}' to change",
             )
 
     async def search(self, query: str) -> Hits:
@@ -49,9 +63,10 @@ class SettingsCommands(Provider):
                 )
                 return
         matcher = self.matcher(query)
-        for field in (*ENGINE_FIELDS, *UI_FIELDS):
-            label = f"{field.name} = {format_value(self._current(field.name))}"
+        for field in self._fields():
+            current = self._current(field.name)
+            label = f"{field.name} = {format_value(current)}"
             score = matcher.match(label)
             if score > 0:
                 yield Hit(score, matcher.highlight(label), partial(self._app.open_settings, field.name), text=label,
-                          help=f"{field.help} — type '{field.name} VALUE' to change")
+                          help=f"{field.help} — type e.g. '{field.name} {example_value(field, current)}' to change")

@@ -27,6 +27,7 @@ from engine.events import (
     ConfigApplied,
     Event,
     Finished,
+    PrefillProgress,
     RunningStats,
     Started,
     Step,
@@ -137,6 +138,7 @@ def synthetic_answer(
                        committed=(first,), text=first.text, timing=timing0,
                        stats=stats.add(tree0, (), 1, timing0)))
     root, root_text = first.id, first.text
+    running = events[-1].stats  # a one-token answer has no step after the prefill's
     pos = 1
     index = 1
     while pos < len(pieces):
@@ -160,7 +162,7 @@ def synthetic_answer(
         )
         if config.method == "ngram":
             probs = [1.0] * len(probs)  # n-gram lookup has no distribution (DraftTree docs)
-        tree = DraftTree(tuple(tokens), tuple(parents), tuple(probs))
+        tree = DraftTree(tuple(tokens), tuple(parents), tuple(probs), has_probs=config.method != "ngram")
         timing = StepTiming(
             draft_ms=round(draft_ms * (0.6 + 0.1 * tree.num_drafts) * rng.uniform(0.9, 1.1), 3),
             verify_ms=round(verify_ms * (1 + 0.01 * len(tree)) * rng.uniform(0.95, 1.05), 3),
@@ -302,7 +304,7 @@ def split_answers(events: Sequence[Any]) -> list[list[Event]]:
         if isinstance(ev, Started):
             current = [ev]
             answers.append(current)
-        elif current is not None and isinstance(ev, (Step, ConfigApplied, Finished)):
+        elif current is not None and isinstance(ev, (Step, ConfigApplied, Finished, PrefillProgress)):
             current.append(ev)
             if isinstance(ev, Finished):
                 current = None
@@ -345,6 +347,7 @@ class ScriptedSession:
         self.threads: set[int] = set()
         self.runs: list[float] = []  # seconds from the first to the last event of each answer
         self.calls: list[tuple[str, str]] = []
+        self._started = False
 
     @classmethod
     def from_trace(cls, path: str, **kwargs: Any) -> ScriptedSession:
@@ -390,13 +393,28 @@ class ScriptedSession:
         self._messages.clear()
         self._turn = 0
 
+    def restore(self, messages: list[Message]) -> None:
+        self.reset()
+        self._messages = [dict(m) for m in messages]
+
+    @property
+    def methods(self) -> tuple[str, ...]:
+        """What this fake engine can run (the refused ones left out, like a session without a draft)."""
+        from engine.config import METHODS
+
+        return tuple(m for m in METHODS if m not in self.refuse_methods)
+
     def chat(self, user_text: str) -> Iterator[Event]:
         self.calls.append(("chat", user_text))
         self._messages.append({"role": "user", "content": user_text})
         answer = self._answers[self._turn % len(self._answers)]
         self._turn += 1
         text_parts: list[str] = []
+        self._started = False
         yield from self._play(answer, None, text_parts)
+        if not self._started:  # refused or cancelled in the prefill: as before the turn, like the engine
+            self._messages.pop()
+            return
         self._messages.append({"role": "assistant", "content": "".join(text_parts)})
 
     def generate(self, messages: list[Message], config: SpecConfig | None = None) -> Iterator[Event]:
@@ -444,7 +462,16 @@ class ScriptedSession:
         tokens = 0
         stats = RunningStats()
         for ev in answer:
-            if isinstance(ev, Started):
+            if isinstance(ev, PrefillProgress):
+                if self._cancel.is_set():  # like the engine: cancel acts between prefill chunks
+                    yield from self._yield(Finished(reason="cancelled", text="", tokens=0, stats=stats))
+                    return
+                delay = self.step_delay if self.step_delay is not None else ev.elapsed_ms / 1000 * self.time_scale
+                if delay > 0:
+                    time.sleep(delay)
+                yield from self._yield(ev)
+            elif isinstance(ev, Started):
+                self._started = True
                 cfg = (config or self._config).to_dict()
                 yield from self._yield(dataclasses.replace(ev, config=cfg, model=self.model_name))
             elif isinstance(ev, Step):

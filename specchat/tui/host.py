@@ -82,7 +82,7 @@ Item = LoadProgress | Loaded | LoadFailed | Delivery | JobDone | GateWaiting
 # jobs -------------------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class Job:
-    kind: Literal["chat", "compare", "replay", "reset"]
+    kind: Literal["chat", "compare", "replay", "reset", "restore"]
     text: str = ""
     records: Sequence[Record] = ()
     id: int = field(default=0)
@@ -188,6 +188,21 @@ class EngineHost:
         self.replay_speed = replay_speed
         self.thread_id: int | None = None
         self.running_job: int | None = None
+        self.compares = 0  # compare jobs run; odd ones run the baseline first, even ones speculative first
+        self._last_started: Started | None = None
+
+    def set_record_path(self, path: str | None, records: Sequence[Record] = ()) -> None:
+        """Record from now on into ``path`` (a new conversation, or a reopened one: ``records`` first).
+
+        Called from the UI thread between jobs (the app refuses while an answer runs)."""
+        if self._writer is not None:
+            self._writer.close()
+            self._writer = None
+        self.record_path = path
+        if path is not None and records:
+            self._open_writer()
+            for record in records:
+                self._writer.write(record)  # type: ignore[union-attr]
 
     # called from the UI thread -------------------------------------------------------------
     def submit(self, kind: str, text: str = "", records: Sequence[Record] = ()) -> int:
@@ -257,15 +272,20 @@ class EngineHost:
                 self.running_job = None
             self.mailbox.put(JobDone(job.id, job.kind, error))
 
+    def _open_writer(self) -> None:
+        cfg = self.session.config if self.session is not None else None
+        name = getattr(self.session, "model_name", "")
+        self._writer = TraceWriter(self.record_path, model=name, drafter=cfg.method if cfg else "",  # type: ignore[arg-type]
+                                   config=cfg.to_dict() if cfg else None)
+        self._writer.open()
+
     def _deliver(self, job: Job, lane: Lane, record: Record) -> None:
-        if self.record_path is not None and job.kind != "replay":
+        if self.record_path is not None and job.kind not in ("replay", "restore"):
             if self._writer is None:
-                cfg = self.session.config if self.session is not None else None
-                name = getattr(self.session, "model_name", "")
-                self._writer = TraceWriter(self.record_path, model=name, drafter=cfg.method if cfg else "",
-                                           config=cfg.to_dict() if cfg else None)
-                self._writer.open()
-            self._writer.write(record)
+                self._open_writer()
+            self._writer.write(record)  # type: ignore[union-attr]
+        if isinstance(record, Started):
+            self._last_started = record
         self.mailbox.put(Delivery(job.id, lane, record))
 
     def _pump(self, job: Job, lane: Lane, events: Iterator[Event]) -> Finished | None:
@@ -291,14 +311,43 @@ class EngineHost:
         self._pump(job, "chat", self.session.chat(job.text))
 
     def _job_compare(self, job: Job) -> None:
-        """Baseline, then speculative: one after the other, each timed alone on this thread."""
+        """Baseline and speculative one after the other, each timed alone on this thread, fairly:
+
+        * both start from the same cache state: after the first run the cache is cut back to the
+          prefix it reused (``Started.reused_tokens``), so the second pays the same prefill
+          (both cold on a first turn, both warm after), instead of reusing the first run's prompt;
+        * the order alternates from one compare to the next (odd: baseline first).
+        """
         self._deliver(job, "spec", UserTurn(text=job.text, mode="compare"))
         messages = [*self.session.messages, {"role": "user", "content": job.text}]
         baseline = self.session.config.replace(method="none")
-        self._pump(job, "baseline", self.session.generate(messages, baseline))
-        if self._cancelled.is_set() or self._stop.is_set():
-            return
-        self._pump(job, "spec", self.session.generate(messages, None))
+        self.compares += 1
+        runs: list[tuple[Lane, SpecConfig | None]] = [("baseline", baseline), ("spec", None)]
+        if self.compares % 2 == 0:
+            runs.reverse()
+        rewind = getattr(self.session, "rewind_cache", None)
+        mark: int | None = None
+        for lane, config in runs:
+            if self._cancelled.is_set() or self._stop.is_set():
+                return
+            if mark is not None and rewind is not None:
+                rewind(mark)
+            self._last_started = None
+            self._pump(job, lane, self.session.generate(messages, config))
+            if self._last_started is None:  # refused or cancelled before it started
+                return
+            mark = self._last_started.reused_tokens
+
+    def _job_restore(self, job: Job) -> None:
+        """Reopen a saved conversation: the session goes on from its messages, the UI shows its turns."""
+        from specchat.tui.sessions import chat_records, conversation
+
+        restore = getattr(self.session, "restore", None)
+        if restore is None:
+            raise RuntimeError("this session cannot reopen conversations")
+        restore(conversation(job.records))
+        for record in chat_records(job.records):
+            self.mailbox.put(Delivery(job.id, "chat", record))
 
     def _job_reset(self, job: Job) -> None:
         self.session.reset()

@@ -43,10 +43,12 @@ def _ui_settings(args: argparse.Namespace):
 
 
 def _real_factory(args: argparse.Namespace, config: SpecConfig):
-    # loader options the CLI may carry beyond the documented four; the UI keeps one core for itself
+    # loader options the CLI may carry beyond the documented four. The engine gets every core, as in
+    # `generate`/`bench`: the UI drains the engine's output at a frame rate (app.FRAME_S) and does no
+    # per-token layout work, so it is idle between frames and does not preempt the forward's threads.
     passed = ("backend", "allow_pickle", "threads", "revision", "weights")
     extra = {k: getattr(args, k) for k in passed if getattr(args, k, None) is not None}
-    extra["reserve_cores"] = 1
+    extra["reserve_cores"] = 0
     from specchat.cli import draft_options
 
     extra.update(draft_options(args))

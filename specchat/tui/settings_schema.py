@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from engine.config import METHODS, ConfigError
+from engine.config import CONTEXT_OVERFLOW, DRAFT_KNOBS, METHODS, ConfigError, knobs_for
 
 FieldKind = Literal["int", "float", "choice", "bool"]
 
@@ -30,9 +30,13 @@ ENGINE_FIELDS: tuple[SettingField, ...] = (
     SettingField("ngram_max_match_window_size", "ngram max window", "int", help="n-gram: longest suffix matched"),
     SettingField("ngram_min_bfs_breadth", "ngram min breadth", "int", help="n-gram: fewest branches per level"),
     SettingField("ngram_max_bfs_breadth", "ngram max breadth", "int", help="n-gram: most branches per level"),
+    SettingField("adaptive_draft", "adaptive draft", "bool",
+                 help="verify only the part of each tree expected to pay (off in teaching mode)"),
     SettingField("temperature", "temperature", "float", help="0 = greedy (identical to baseline)"),
     SettingField("top_p", "top_p", "float", help="nucleus sampling cut-off"),
     SettingField("max_new_tokens", "max_new_tokens", "int", help="answer length limit"),
+    SettingField("context_overflow", "context overflow", "choice", choices=CONTEXT_OVERFLOW,
+                 help="a turn that does not fit the context: refuse it, or drop the oldest turns"),
 )
 
 UI_FIELDS: tuple[SettingField, ...] = (
@@ -53,7 +57,34 @@ ALIASES: dict[str, str] = {
     "temp": "temperature",
     "t": "temperature",
     "rejected": "show_rejected",
+    "adaptive": "adaptive_draft",
+    "overflow": "context_overflow",
 }
+
+
+def applies(name: str, method: str) -> bool:
+    """Whether setting ``name`` acts on ``method`` (drafting knobs act only on their drafters)."""
+    return name not in DRAFT_KNOBS or name in knobs_for(method)
+
+
+def why_not(name: str, method: str) -> str:
+    """One line: why ``name`` is greyed out for ``method``."""
+    users = [m for m in METHODS if m != "none" and name in knobs_for(m)]
+    if method == "none":
+        return f"not used by the baseline (no drafter); acts on {', '.join(users)}"
+    return f"not used by {method}; acts on {', '.join(users)}"
+
+
+def example_value(field: SettingField, current: Any = None) -> str:
+    """A value to show in 'type NAME VALUE' hints that fits the field (not 'method 3')."""
+    if field.kind == "choice":
+        options = [c for c in field.choices if c != current] or list(field.choices)
+        return options[0] if options else "dark"
+    if field.kind == "bool":
+        return "off" if current else "on"
+    if field.kind == "float":
+        return "0.7"
+    return "3"
 
 
 def resolve_name(name: str) -> str | None:

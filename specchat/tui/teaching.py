@@ -14,26 +14,51 @@ def _quote(pieces: list[str]) -> str:
     return "‹" + "".join(pieces).replace("\n", "↵") + "›"
 
 
-def explain_step(step: Step, method: str = "") -> str:
-    """What happened in one step, for a newcomer."""
+# Where each drafter's guesses come from, in one plain sentence.
+DRAFT_SOURCES: dict[str, str] = {
+    "ngram": "n-gram drafts are copied from earlier text (the prompt and the answer so far) where the last "
+             "few tokens matched the current ones; they come with no probabilities.",
+    "eagle": "EAGLE drafts come from a small head that reads the target's own hidden state and predicts the "
+             "next tokens; the numbers are its probabilities.",
+    "eagle3": "EAGLE-3 drafts come from a small head fed with several of the target's layers; the numbers are "
+              "its probabilities.",
+    "standalone": "Standalone drafts come from a small language model running on its own; the numbers are its "
+                  "probabilities.",
+}
+
+PROBABILITIES = ("A number beside a draft is the drafter's probability for it given its parent: how sure the "
+                 "drafter was. The target keeps a draft only if it would have produced it itself.")
+
+
+def draft_source(method: str) -> str:
+    return DRAFT_SOURCES.get(method, "")
+
+
+def explain_step(step: Step, method: str = "", *, prompt_tokens: int = 0) -> str:
+    """What happened in one step, for a newcomer. Step 0 is the prefill."""
     tree = step.tree
-    lines = [f"Step {step.index + 1}."]
-    drafts = tree.num_drafts
-    n_commit = len(step.committed)
-    ended = n_commit < step.accepted_len + 1  # a stop token cut the step short
-    bonus = step.committed[-1].text if step.committed and not ended else ""
     t = step.timing
+    n_commit = len(step.committed)
+    if step.index == 0:
+        first = step.committed[0].text if step.committed else ""
+        read = f"the {_plural(prompt_tokens, 'token')} of the prompt" if prompt_tokens else "the prompt"
+        return (f"Prefill. Before any drafting, the target read {read} in one pass ({t.verify_ms:.0f} ms) and "
+                f"produced the first token of the answer, {_quote([first])}. This is a one-off cost, not the "
+                "cost of a token; the steps after it are the speculative ones.")
+    lines = [f"Step {step.index}."]
+    drafts = tree.num_drafts
+    ended = n_commit < step.accepted_len + 1  # a stop token cut the step short
+    own = step.committed[-1].text if step.committed and not ended else ""
     pruned = max(0, step.proposed - len(tree))
     if drafts == 0:
-        lines.append(
-            f"No draft this step: the target model produced one token the ordinary way, "
-            f"{_quote([bonus])} ({t.verify_ms:.1f} ms)."
-        )
         if pruned:
             lines.append(
-                f"(The drafter offered {_plural(pruned, 'token')}, but the adaptive budget judged that "
-                "checking them would cost more time than they were likely to save.)"
+                f"The drafter offered {_plural(pruned, 'token')}, but the adaptive budget judged that checking "
+                "them would cost more time than they were likely to save, so"
             )
+        else:
+            lines.append("The drafter had nothing to offer (no earlier text matched), so")
+        lines.append(f"the target produced one token the ordinary way, {_quote([own])} ({t.verify_ms:.1f} ms).")
         return " ".join(lines)
     who = f"The {method} drafter" if method and method != "none" else "The drafter"
     shape = "a chain" if tree.is_chain else "a tree"
@@ -41,6 +66,9 @@ def explain_step(step: Step, method: str = "") -> str:
         f"{who} proposed {shape} of {_plural(drafts, 'token')} over {_plural(tree.max_depth, 'level')} "
         f"in {t.draft_ms:.1f} ms."
     )
+    source = draft_source(method)
+    if source:
+        lines.append(source[0].upper() + source[1:])
     if pruned:
         lines.append(f"The adaptive budget dropped {_plural(pruned, 'less likely token')} before checking.")
     lines.append(f"The target checked all of them in one forward pass ({t.verify_ms:.1f} ms).")
@@ -52,15 +80,15 @@ def explain_step(step: Step, method: str = "") -> str:
     rejected = [visible(step.tree_text[i]) for i in step.rejected if i < len(step.tree_text)]
     if ended:
         lines.append("and then the answer ended.")
+        lines.append("It ended at a stop token or the length limit, so only the tokens before that were kept.")
     elif rejected:
         lines.append(
             f"refused {', '.join('‹' + r + '›' for r in rejected)} at the next position, "
-            f"and put its own token {_quote([bonus])} there instead (the bonus token)."
+            f"and put its own token {_quote([own])} there instead (a correction)."
         )
     else:
-        lines.append(f"and added its own next token {_quote([bonus])} (the bonus token).")
-    if ended:
-        lines.append("It ended at a stop token or the length limit, so only the tokens before that were kept.")
+        lines.append(f"and, the drafts having run out, added its own next token {_quote([own])} for free "
+                     "(the bonus token).")
     lines.append(
         f"Result: {_plural(n_commit, 'token')} for one target forward"
         + (f"; tau so far {step.stats.tau:.2f}." if step.stats.steps else ".")
@@ -86,11 +114,23 @@ would have produced there (greedy), or passes a rejection-sampling test (samplin
 tokens form the *accepted path*; in the tree panel it is highlighted and marked ✓. Drafts the
 target refused at the next position are marked ✗; deeper nodes were never reached.
 
-**Bonus** — after the accepted path the target's own prediction is free (it came out of the
-same forward pass), so every step adds at least one token. In the stream, accepted drafts are
-underlined, target tokens are bold, and refused drafts (when shown) are struck through.
+**Bonus or correction** — after the accepted path the target's own prediction is free (it came
+out of the same forward pass), so every step adds at least one token. Where the target refused the
+drafts at that position its token is a **correction**; where every draft on the path was accepted
+and the drafts ran out it is a **bonus**. Both are marked ★ in the tree.
 
-**tau** — the mean number of tokens each target forward produces (accepted drafts + the bonus).
+**Probabilities** — EAGLE and standalone drafters give each draft a probability (how sure the
+drafter was), shown beside it in the tree. N-gram drafts are copied from earlier text where the
+last few tokens matched, so they have none and the tree shows no numbers for them.
+
+**Prefill** — before the first step the target reads the whole prompt in one pass (in chunks for a
+long prompt; Esc stops it). That one-off cost produces the first token and is shown as its own step.
+
+**In the stream** accepted drafts are underlined, the target's own tokens are bold, and refused
+drafts (F5 shows them) are struck through.
+
+**tau** — the mean number of tokens each target forward produces (accepted drafts + the
+target's own token).
 Baseline decoding has tau = 1. Speed-up is roughly tau times (target forward time) divided by
 (draft time + verify time); the compare screen measures it for real.
 

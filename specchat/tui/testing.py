@@ -18,7 +18,8 @@ CONFIG = SpecConfig(method="eagle3", num_steps=5, eagle_topk=4, num_draft_tokens
 
 
 def ui_settings(**kw) -> UISettings:
-    return UISettings(theme="dark", cursor_blink=False, **kw)
+    kw.setdefault("theme", "dark")
+    return UISettings(cursor_blink=False, **kw)
 
 
 def make_session(**kw) -> ScriptedSession:
@@ -100,10 +101,12 @@ async def _shot(pilot, title: str) -> str:
     return app.export_screenshot(title=title)
 
 
-async def scenario_chat(trace: str | Path, size: tuple[int, int] = SIZE) -> str:
-    """Two chat turns replayed; the tree panel browsed back to a branching step."""
+async def scenario_chat(trace: str | Path, size: tuple[int, int] = SIZE, theme: str = "dark",
+                        panels: bool = False) -> str:
+    """Two chat turns replayed; the tree panel browsed back to a branching step (``panels``: F6 pressed,
+    which at a narrow size stacks the side panels under the chat)."""
     _, records = read_trace(trace)
-    app = replay_app(trace, _until_compare(records))
+    app = replay_app(trace, _until_compare(records), ui=ui_settings(theme=theme))
     async with app.run_test(size=size) as pilot:
         await wait_loaded(pilot)
         await wait_idle(pilot)
@@ -112,11 +115,13 @@ async def scenario_chat(trace: str | Path, size: tuple[int, int] = SIZE) -> str:
         best = max(range(len(entries)), key=lambda i: (entries[i].step.accepted_len > 0 and
                                                       bool(entries[i].step.rejected), len(entries[i].step.tree)))
         tree.browse(best - (len(entries) - 1))
+        if panels:
+            await pilot.press("f6")
         return await _shot(pilot, "specchat · chat")
 
 
-async def scenario_compare(trace: str | Path, size: tuple[int, int] = SIZE) -> str:
-    app = replay_app(trace)
+async def scenario_compare(trace: str | Path, size: tuple[int, int] = SIZE, theme: str = "dark") -> str:
+    app = replay_app(trace, ui=ui_settings(theme=theme))
     async with app.run_test(size=size) as pilot:
         await wait_loaded(pilot)
         await wait_idle(pilot)
@@ -124,10 +129,11 @@ async def scenario_compare(trace: str | Path, size: tuple[int, int] = SIZE) -> s
         return await _shot(pilot, "specchat · compare")
 
 
-async def scenario_teaching(trace: str | Path, size: tuple[int, int] = SIZE, steps: int = 4) -> str:
+async def scenario_teaching(trace: str | Path, size: tuple[int, int] = SIZE, steps: int = 4,
+                            theme: str = "colourblind") -> str:
     """Step-through of the first answer, paused after a few steps, in the colour-blind safe theme."""
     _, records = read_trace(trace)
-    app = replay_app(trace, _first_answer(records), step=True, ui=ui_settings().replace(theme="colourblind"))
+    app = replay_app(trace, _first_answer(records), step=True, ui=ui_settings(theme=theme))
     async with app.run_test(size=size) as pilot:
         await wait_loaded(pilot)
         for n in range(1, steps + 1):
@@ -138,10 +144,10 @@ async def scenario_teaching(trace: str | Path, size: tuple[int, int] = SIZE, ste
         return await _shot(pilot, "specchat · teaching")
 
 
-async def scenario_settings(size: tuple[int, int] = SIZE) -> str:
+async def scenario_settings(size: tuple[int, int] = SIZE, theme: str = "light") -> str:
     """A live (scripted) answer, then the settings panel with a pending change, light theme."""
     session = make_session()
-    app = make_app(session, ui=ui_settings().replace(theme="light"), teach=True)
+    app = make_app(session, ui=ui_settings(theme=theme, save_sessions=False), teach=True)
     async with app.run_test(size=size) as pilot:
         await wait_loaded(pilot)
         app.submit_prompt("What is speculative decoding?")

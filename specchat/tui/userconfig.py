@@ -4,8 +4,9 @@ Path: ``$SPECCHAT_CONFIG`` if set, else ``$XDG_CONFIG_HOME/specchat/config.toml`
 Example::
 
     theme = "colourblind"      # dark | light | colourblind | any registered theme name
-    show_rejected = true
+    show_rejected = false      # F5 toggles
     cursor_blink = true
+    save_sessions = true       # conversations saved under the user data dir
     tree_history = 64          # steps kept for browsing with prev/next
 
     [keys]                     # binding id = keys (comma separated); see specchat/tui/keys.py
@@ -32,9 +33,10 @@ ENV_VAR = "SPECCHAT_CONFIG"
 @dataclass(frozen=True)
 class UISettings:
     theme: str = "dark"
-    show_rejected: bool = True
+    show_rejected: bool = False  # F5 shows the refused drafts; off, the answer reads as plain text
     cursor_blink: bool = True
     tree_history: int = 64
+    save_sessions: bool = True  # record every conversation under the user data dir (Ctrl+O reopens)
     keymap: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
 
     def replace(self, **changes: Any) -> UISettings:
@@ -73,7 +75,7 @@ def load_ui_settings(path: Path | None = None) -> tuple[UISettings, list[str]]:
 
     warnings: list[str] = []
     values: dict[str, Any] = {}
-    types = {"theme": str, "show_rejected": bool, "cursor_blink": bool, "tree_history": int}
+    types = {"theme": str, "show_rejected": bool, "cursor_blink": bool, "tree_history": int, "save_sessions": bool}
     for key, value in data.items():
         if key == "keys":
             continue

@@ -36,21 +36,32 @@ def check(name: str, svg: str, tmp_path: Path) -> None:
                     "(SPECCHAT_UPDATE_SNAPSHOTS=1 accepts the new look)")
 
 
-async def test_snapshot_chat(tmp_path):
-    check("chat", await testing.scenario_chat(TRACE), tmp_path)
+SIZES = {"120x40": (120, 40), "80x24": (80, 24)}
+THEMES = ("dark", "light", "colourblind")
 
 
-async def test_snapshot_chat_80x24(tmp_path):
-    check("chat-80x24", await testing.scenario_chat(TRACE, size=(80, 24)), tmp_path)
+@pytest.mark.parametrize("theme", THEMES)
+@pytest.mark.parametrize("size", SIZES)
+async def test_snapshot_chat(tmp_path, size, theme):
+    check(f"chat-{size}-{theme}", await testing.scenario_chat(TRACE, size=SIZES[size], theme=theme), tmp_path)
 
 
-async def test_snapshot_compare(tmp_path):
-    check("compare", await testing.scenario_compare(TRACE), tmp_path)
+async def test_snapshot_chat_80x24_panels_stacked(tmp_path):
+    check("chat-80x24-panels", await testing.scenario_chat(TRACE, size=(80, 24), panels=True), tmp_path)
 
 
-async def test_snapshot_teaching(tmp_path):
-    check("teaching", await testing.scenario_teaching(TRACE), tmp_path)
+@pytest.mark.parametrize("theme", THEMES)
+@pytest.mark.parametrize("size", SIZES)
+async def test_snapshot_compare(tmp_path, size, theme):
+    check(f"compare-{size}-{theme}", await testing.scenario_compare(TRACE, size=SIZES[size], theme=theme),
+          tmp_path)
 
 
-async def test_snapshot_settings(tmp_path):
-    check("settings", await testing.scenario_settings(), tmp_path)
+@pytest.mark.parametrize("size", SIZES)
+async def test_snapshot_teaching(tmp_path, size):
+    check(f"teaching-{size}", await testing.scenario_teaching(TRACE, size=SIZES[size]), tmp_path)
+
+
+@pytest.mark.parametrize("size", SIZES)
+async def test_snapshot_settings(tmp_path, size):
+    check(f"settings-{size}", await testing.scenario_settings(size=SIZES[size]), tmp_path)

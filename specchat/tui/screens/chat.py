@@ -11,7 +11,7 @@ from textual.content import Content
 from textual.screen import Screen
 from textual.widgets import Footer, Static
 
-from engine.events import ConfigApplied, Finished, Started, Step
+from engine.events import ConfigApplied, Finished, PrefillProgress, Started, Step
 from engine.trace import Record, UserTurn
 from specchat.tui.teaching import explain_step
 from specchat.tui.widgets.draft_tree import DraftTreePanel, HistoryEntry
@@ -19,7 +19,7 @@ from specchat.tui.widgets.prompt import PromptInput
 from specchat.tui.widgets.settings_panel import SettingsPanel
 from specchat.tui.widgets.stats import StatsView
 from specchat.tui.widgets.title_bar import TitleBar
-from specchat.tui.widgets.transcript import AnswerView, Transcript
+from specchat.tui.widgets.transcript import AnswerView, Transcript, UserTurnView
 
 
 def answer_method(ev: Started) -> str:
@@ -40,6 +40,7 @@ class ChatScreen(Screen):
         self.answers = 0
         self.method = ""
         self.ready = False  # composed and mounted: records can be shown
+        self._answer_open = False  # a Started came and its Finished not yet
 
     def compose(self) -> ComposeResult:
         yield TitleBar(id="title")
@@ -108,30 +109,55 @@ class ChatScreen(Screen):
             if isinstance(rec, Step):
                 steps.append(rec)
                 stats.add(rec)
-                entries.append(HistoryEntry(f"answer {self.answers}", self.method, rec))
+                entries.append(HistoryEntry(f"answer {self.answers}", self.method, rec, stats.prompt_tokens))
                 continue
             flush()
             if isinstance(rec, UserTurn):
                 self.transcript.add_user(rec.text)
+                self._answer_open = False
+            elif isinstance(rec, PrefillProgress):
+                stats.prefill = (rec.done, rec.total)
             elif isinstance(rec, Started):
                 self.answers += 1
+                self._answer_open = True
                 self.method = answer_method(rec)
                 self.answer = self.transcript.add_answer(label="assistant", show_rejected=self.show_rejected)
                 self.answer.started(rec)
+                self.tree.follow_live()
                 stats.reset_answer()
-                stats.prefill_ms = rec.prefill_ms
-                stats.prompt_tokens = rec.prompt_tokens
+                stats.started(rec)
+                if rec.dropped_turns:
+                    self.transcript.add_note(
+                        f"{rec.dropped_turns} oldest message{'s' if rec.dropped_turns != 1 else ''} left out of "
+                        "the prompt so it fits the context (settings: context overflow)")
             elif isinstance(rec, ConfigApplied):
                 if self.answer is not None and self.answer.finished is None:
-                    self.answer.stream.add_text(f" ⚙v{rec.version} ", "marker")
+                    self.answer.stream.add_text(" ⚙ new settings from here ", "marker")
             elif isinstance(rec, Finished):
+                stats.prefill = None
+                if not self._answer_open:
+                    self._not_answered(rec)
+                    continue
+                self._answer_open = False
                 if self.answer is not None:
-                    self.answer.finish(rec)
-                stats.finished = rec.reason if rec.reason != "stop" else "done"
+                    self.answer.finish(rec, stepped=stats.stepped)
+                stats.finish(rec)
         flush()
         if entries:
             self.tree.add_steps(entries)
         self.stats.refresh(layout=True)
+
+    def _not_answered(self, rec: Finished) -> None:
+        """A turn that ended before its answer started: refused for the context, or cancelled in prefill."""
+        if rec.reason == "context":
+            self.transcript.add_note(
+                f"not sent: {rec.error}. Ctrl+N starts a new conversation; or shorten the message, or set "
+                "context overflow to drop_oldest (F2).", classes="note -error")
+        elif rec.reason == "cancelled":
+            self.transcript.add_note("cancelled during the prefill; the conversation is as it was before this "
+                                     "message")
+        else:
+            self.transcript.add_note(f"no answer: {rec.reason} {rec.error}".strip())
 
     def add_spec_steps(self, entries: list[HistoryEntry]) -> None:
         """Steps of a compare run's speculative side join the tree history too."""
@@ -145,10 +171,30 @@ class ChatScreen(Screen):
     def new_conversation(self) -> None:
         self.transcript.remove_children()
         self.answer = None
+        self._answer_open = False
         self.tree.clear()
         self.stats.state.reset_answer()
         self.stats.state.stats = None
+        self.stats.state.context_used = 0
         self.stats.refresh(layout=True)
+
+    def turns(self) -> list:
+        """What the transcript shows, as exportable turns (question, label, coloured pieces)."""
+        from specchat.tui.sessions import Turn
+
+        out: list[Turn] = []
+        user = ""
+        for child in self.transcript.children:
+            if isinstance(child, UserTurnView):
+                user = child.text
+            elif isinstance(child, AnswerView):
+                out.append(Turn(user, child.label, tuple(child.stream.pieces)))
+        return out
+
+    def on_resize(self, event) -> None:
+        narrow = event.size.width < 100
+        if narrow != self.has_class("-narrow"):
+            self.set_class(narrow, "-narrow")
 
     # teaching ------------------------------------------------------------------------------------
     def show_teaching(self, on: bool, *, waiting: bool, replay: bool) -> None:
@@ -161,11 +207,11 @@ class ChatScreen(Screen):
             body = "Teaching mode: send a prompt; the engine will pause after every step and this panel " \
                    "will explain it in plain words."
         else:
-            body = explain_step(entry.step, entry.method)
+            body = explain_step(entry.step, entry.method, prompt_tokens=entry.prompt_tokens)
         if not self.tree.live:
-            hint = "browsing an earlier step · F8 forward · F7 back"
+            hint = "browsing an earlier step · F8 forward · F7 back · End: live"
         elif waiting:
-            hint = "‖ paused after this step · F8 next step · F7 previous · F4 leaves teaching mode"
+            hint = "‖ paused · F8 next step · F7 back · F4 ends teaching"
         else:
-            hint = "F8 next step · F7 previous · F1 explains the words"
-        panel.update(Content.assemble(("Teaching · ", "bold"), body, "\n", (hint, "italic")))
+            hint = "F8 next step · F7 back · F1 explains the words"
+        panel.update(Content.assemble((hint, "bold"), "\n", ("Teaching · ", "bold"), body))

@@ -32,6 +32,16 @@ class LaneResult:
     finished: Finished | None = None
     last_tps: float = 0.0
 
+    def tps(self, engine_time: bool) -> float:
+        """Tokens per second: wall clock, or (teaching pauses in between) draft + verify time only."""
+        if self.finished is None:
+            return 0.0
+        s = self.finished.stats
+        if not engine_time:
+            return s.tokens_per_s
+        ms = s.draft_ms + s.verify_ms
+        return self.finished.tokens / (ms / 1000) if ms > 0 else 0.0
+
     @property
     def greedy(self) -> bool:
         return self.started is not None and float(self.started.config.get("temperature", 0.0) or 0.0) == 0.0
@@ -60,7 +70,7 @@ class ComparePane(Vertical):
         self._stats("waiting")
 
     def _stats(self, text: str) -> None:
-        self.query_one(".pane-stats", Static).update(Content.styled(text, "dim"))
+        self.query_one(".pane-stats", Static).update(Content(text))
 
     def show(self, records: Sequence[Record]) -> None:
         steps = 0
@@ -70,7 +80,7 @@ class ComparePane(Vertical):
                 self.result = LaneResult(started=rec)
                 method = rec.config.get("method") or rec.drafter
                 self.query_one(".pane-title", Static).update(
-                    Content.assemble((self.title, "bold"), (f" · {method}", "dim")))
+                    Content.assemble((self.title, "bold"), f" · {method}"))
                 self._stats("running…")
             elif isinstance(rec, Step):
                 self.stream.add_step(rec, refresh=False)
@@ -96,11 +106,14 @@ class CompareScreen(Screen):
         self._blink = blink
         self._replay = replay
         self.badge_text = ""
+        self.first = ""  # the lane that ran first in the current compare
+        self.stepped = False  # teaching paused the runs: compare engine time, not wall clock
         self.ready = False  # composed and mounted: records can be shown
 
     def compose(self) -> ComposeResult:
         yield TitleBar(id="title")
-        yield Static(Content.styled("Compare: type a prompt; baseline runs first, then speculative.", "dim"),
+        yield Static(Content("Compare: type a prompt; baseline and speculative run one after the other "
+                             "(alternating which goes first), each from the same cache state."),
                      id="compare-question")
         with Horizontal(id="panes"):
             yield ComparePane("baseline", "Baseline (no drafter)", show_rejected=self._show_rejected)
@@ -124,6 +137,9 @@ class CompareScreen(Screen):
             prompt.focus()
         self.app.refresh_chrome()  # type: ignore[attr-defined]
 
+    def on_resize(self, event) -> None:
+        self.set_class(event.size.width < 100, "-narrow")
+
     def pane(self, lane: str) -> ComparePane:
         return self.query_one(f"#{lane}-pane", ComparePane)
 
@@ -135,14 +151,19 @@ class CompareScreen(Screen):
                     Content.assemble(("you ", "bold"), rec.text))
                 self.pane("baseline").reset()
                 self.pane("spec").reset()
-                self._badge("baseline running…", "")
+                self.first = ""
+                self._badge("starting…", "")
             else:
+                if isinstance(rec, Started) and not self.first:
+                    self.first = lane
                 rest.append(rec)
         if rest:
             self.pane(lane).show(rest)
         base, spec = self.pane("baseline").result, self.pane("spec").result
-        if lane == "spec" and spec.started is not None and spec.finished is None:
-            self._badge("speculative running…", "")
+        running = lane if self.pane(lane).result.started is not None and self.pane(lane).result.finished is None \
+            else ""
+        if running:
+            self._badge(f"{'baseline' if running == 'baseline' else 'speculative'} running…", "")
         if base.finished is not None and spec.finished is not None:
             self._verdict(base, spec)
 
@@ -153,13 +174,25 @@ class CompareScreen(Screen):
         for k in ("-identical", "-different", "-info"):
             badge.set_class(k == f"-{kind}", k)
 
+    def fairness(self, base: LaneResult, spec: LaneResult) -> str:
+        """How the two runs were timed: who went first, and the cache state both started from."""
+        first = "baseline first" if self.first != "spec" else "speculative first"
+        reused = {r.started.reused_tokens for r in (base, spec) if r.started is not None}
+        if reused == {0}:
+            cache = "both cold"
+        elif len(reused) == 1:
+            cache = f"both warm ({reused.pop():,} cached tokens)"
+        else:
+            cache = "unequal cache state"
+        return f"{cache}, {first}"
+
     def _verdict(self, base: LaneResult, spec: LaneResult) -> None:
         assert base.finished is not None and spec.finished is not None
         speed = ""
-        if base.finished.stats.tokens_per_s and spec.finished.stats.tokens_per_s:
-            ratio = spec.finished.stats.tokens_per_s / base.finished.stats.tokens_per_s
-            speed = (f" · speed-up {ratio:.2f}× ({base.finished.stats.tokens_per_s:.1f} → "
-                     f"{spec.finished.stats.tokens_per_s:.1f} tok/s, each timed alone)")
+        b, p = base.tps(self.stepped), spec.tps(self.stepped)
+        if b and p:
+            clock = "engine time, teaching pauses excluded; " if self.stepped else ""
+            speed = f" · speed-up {p / b:.2f}× ({b:.1f} → {p:.1f} tok/s; {clock}{self.fairness(base, spec)})"
         if "cancelled" in (base.finished.reason, spec.finished.reason):
             self._badge("cancelled: nothing to compare" + speed, "info")
             return

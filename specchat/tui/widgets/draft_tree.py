@@ -3,11 +3,11 @@
 Each node shows its token (escaped, whitespace visible), its draft probability and its fate:
 
     ◆ ‹·the›                    root (the last token the target produced)
-    ├─✓ ‹·cat›  0.91            accepted (highlighted)
+    ├─✓ ‹·cat›  0.91            accepted (highlighted); no numbers for drafters without probabilities
     │ ├─✓ ‹·sat›  0.84
     │ │ ├─✗ ‹·down›  0.40       refused by the target at the next position
     │ │ │ └─· ‹·on›  0.30       never reached (dimmed)
-    │ │ └─★ ‹·on›  target       the bonus token the target added
+    │ │ └─★ ‹·on›  correction   the target's own token (a correction, or a bonus where drafts ran out)
     │ └─· ‹·ran›  0.08
     └─· ‹·dog›  0.05
 
@@ -87,20 +87,25 @@ class DraftTreeView(Widget):
         def label(i: int) -> str:
             return f"‹{visible(texts[i]) if i < len(texts) else '?'}›"
 
+        # the target's own token: a "correction" where it refused the drafts at that position,
+        # a "bonus" where the drafts ran out (every draft on the path accepted, nothing deeper)
+        own = "correction" if children[last] else "bonus"
+        has_probs = tree.has_probs
+
         def walk(node: int, guide: str) -> None:
             kids: list[int | None] = list(children[node])
             if node == last and step.committed:
-                kids.append(None)  # the bonus token, drawn as the last child of the accepted path
+                kids.append(None)  # the target's token, drawn as the last child of the accepted path
             for n, kid in enumerate(kids):
                 end = n == len(kids) - 1
                 branch = "└─" if end else "├─"
                 if kid is None:
-                    rows.append((guide + branch, f"{self.GLYPH['bonus']} ‹{visible(bonus_text)}›", "target",
+                    rows.append((guide + branch, f"{self.GLYPH['bonus']} ‹{visible(bonus_text)}›", own,
                                  "bonus"))
                     continue
                 state = self.states[kid]
                 rows.append((guide + branch, f"{self.GLYPH[state]} {label(kid)}",
-                             f"{tree.draft_probs[kid]:.2f}", state))
+                             f"{tree.draft_probs[kid]:.2f}" if has_probs else "", state))
                 walk(kid, guide + ("  " if end else "│ "))
 
         rows.append(("", f"{self.GLYPH['root']} {label(0)}", "", "root"))
@@ -134,6 +139,7 @@ class HistoryEntry:
     answer: str  # which answer: "answer 3", "compare"
     method: str
     step: Step
+    prompt_tokens: int = 0  # of the answer's prompt (the prefill step explains it)
 
 
 class DraftTreePanel(Vertical, can_focus=True):
@@ -193,6 +199,21 @@ class DraftTreePanel(Vertical, can_focus=True):
         self.cursor = None
         self._update()
 
+    def follow_live(self) -> None:
+        """A new answer starts: stop browsing, show its steps as they come."""
+        if self.cursor is not None:
+            self.cursor = None
+            self._update()
+
+    def on_key(self, event) -> None:
+        # typing while the tree has focus goes to the prompt instead of vanishing
+        if event.is_printable and event.character:
+            prompt = self.screen.query("PromptInput").first()
+            if prompt is not None and not prompt.disabled:
+                event.stop()
+                prompt.focus()
+                prompt.insert(event.character)
+
     def action_browse(self, delta: int) -> None:
         self.browse(delta)
 
@@ -223,18 +244,18 @@ class DraftTreePanel(Vertical, can_focus=True):
             if self.cursor is None:
                 where = ("live", "")
             else:
-                where = (f"◀ browsing {self.cursor + 1}/{len(self.history)}", "italic")
+                back = len(self.history) - 1 - self.cursor
+                where = (f"◀ {back} step{'s' if back != 1 else ''} back · End: live", "italic")
+            what = "prefill" if step.index == 0 else f"step {step.index}"
+            drafts = step.tree.num_drafts
             title.update(
                 Content.assemble(
                     ("Draft tree", "bold"),
                     " · ",
                     where,
                     "\n",
-                    (
-                        f"{entry.answer} · step {step.index + 1} · {step.tree.num_drafts} drafts · "
-                        f"depth {step.tree.max_depth} · kept {step.accepted_len}+1",
-                        "dim",
-                    ),
+                    f"{entry.answer} · {what} · {drafts} draft{'s' if drafts != 1 else ''} · "
+                    f"depth {step.tree.max_depth} · kept {step.accepted_len}+1",
                 )
             )
         self.post_message(self.Browsed(entry, self.cursor is None))

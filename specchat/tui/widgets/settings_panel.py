@@ -16,7 +16,7 @@ from textual.message import Message
 from textual.widgets import Input, Label, Select, Static, Switch
 
 from engine.config import SpecConfig
-from specchat.tui.settings_schema import ENGINE_FIELDS, UI_FIELDS, SettingField, format_value
+from specchat.tui.settings_schema import ENGINE_FIELDS, UI_FIELDS, SettingField, applies, format_value, why_not
 
 
 class SettingsPanel(VerticalScroll):
@@ -34,6 +34,8 @@ class SettingsPanel(VerticalScroll):
         self._themes = themes
         self._draft_model = draft_model
         self._shown: dict[str, Any] = {}
+        self._methods: tuple[str, ...] = ()
+        self._method = ""
 
     def compose(self):
         yield Static("Settings · Enter applies · Esc closes", classes="panel-title")
@@ -45,7 +47,7 @@ class SettingsPanel(VerticalScroll):
         with Horizontal(classes="setting-row"):
             yield Label("draft model", classes="setting-label")
             yield Label(self._draft_model or "(drafter's default)", id="draft-model", classes="setting-readonly")
-        yield Static(Content.styled("changing the draft model needs a restart", "dim"), classes="setting-note")
+        yield Static(Content("changing the draft model needs a restart"), classes="setting-note")
 
     def _editor(self, field: SettingField):
         wid = f"set-{field.name}"
@@ -59,12 +61,35 @@ class SettingsPanel(VerticalScroll):
         return editor
 
     # showing values ------------------------------------------------------------------------------
+    def set_methods(self, methods: tuple[str, ...]) -> None:
+        """Offer only the methods the session can build (no EAGLE without a draft model)."""
+        if methods and methods != self._methods:
+            self._methods = tuple(methods)
+            select = self.query_one("#set-method", Select)
+            with self.prevent(Select.Changed):
+                select.set_options([(m, m) for m in methods])
+            self._shown.pop("method", None)
+
     def show_values(self, applied: SpecConfig, pending: SpecConfig | None, ui: dict[str, Any]) -> None:
         current = pending or applied
+        method_changed = current.method != self._method
+        self._method = current.method
         for field in ENGINE_FIELDS:
             value = getattr(current, field.name)
             self._set_editor(field, value)
             status = self.query_one(f"#status-{field.name}", Static)
+            usable = applies(field.name, current.method)
+            row = self.query_one(f"#row-{field.name}")
+            if row.has_class("-unused") == usable or method_changed:
+                row.set_class(not usable, "-unused")
+                self.query_one(f"#set-{field.name}").disabled = not usable
+                status.set_class(not usable, "-unused")
+                if not usable:
+                    status.update(why_not(field.name, current.method))
+                elif not status.has_class("-pending") and not status.has_class("-error"):
+                    status.update("")
+            if not usable:
+                continue
             if pending is not None and getattr(pending, field.name) != getattr(applied, field.name):
                 status.update(Content.assemble(
                     ("◌ pending", "bold"), f" (in force: {format_value(getattr(applied, field.name))})"))
@@ -99,7 +124,9 @@ class SettingsPanel(VerticalScroll):
         self._shown.pop(name, None)
         editor = self.query_one(f"#set-{name}")
         if isinstance(editor, Input):
+            # the value in force, selected: the next keystroke replaces it (never "3" + refused "7")
             editor.value = format_value(value)
+            editor.select_all()
             self._shown[name] = value
         elif isinstance(editor, Select):
             with self.prevent(Select.Changed):

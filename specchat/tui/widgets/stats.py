@@ -8,7 +8,7 @@ from typing import ClassVar
 from textual.content import Content, Span
 from textual.widget import Widget
 
-from engine.events import RunningStats, Step
+from engine.events import Finished, RunningStats, Started, Step
 
 
 @dataclass
@@ -25,7 +25,11 @@ class StatsState:
     prompt_tokens: int = 0
     baseline_tps: float | None = None
     finished: str = ""
-    stepping: bool = False  # teaching / step-through: the clock includes the pauses
+    stepping: bool = False  # teaching / step-through on now: the clock includes the pauses
+    stepped: bool = False  # this answer was paused at some step (its wall-clock speed is not the engine's)
+    context_limit: int = 0
+    context_used: int = 0  # prompt + answer tokens so far
+    prefill: tuple[int, int] | None = None  # (done, total) while a long prompt is prefilled
 
     def reset_answer(self) -> None:
         self.stats = None
@@ -33,6 +37,24 @@ class StatsState:
         self.draft_ms_sum = self.verify_ms_sum = 0.0
         self.last_draft_ms = self.last_verify_ms = 0.0
         self.finished = ""
+        self.stepped = self.stepping
+        self.prefill = None
+
+    def started(self, ev: Started) -> None:
+        self.prefill_ms = ev.prefill_ms
+        self.prompt_tokens = ev.prompt_tokens
+        self.context_limit = ev.context_limit
+        self.context_used = ev.prompt_tokens
+
+    def finish(self, ev: Finished) -> None:
+        self.finished = ev.reason if ev.reason != "stop" else "done"
+        if ev.reason == "context" and self.context_limit:
+            self.finished = "context full"
+
+    def engine_tps(self) -> float:
+        """Tokens per second of engine time (draft + verify), which teaching pauses do not inflate."""
+        ms = self.draft_ms_sum + self.verify_ms_sum
+        return self.stats.tokens / (ms / 1000) if self.stats and ms > 0 else 0.0
 
     def add(self, step: Step) -> None:
         self.stats = step.stats
@@ -41,6 +63,9 @@ class StatsState:
         self.verify_ms_sum += step.timing.verify_ms
         self.last_draft_ms = step.timing.draft_ms
         self.last_verify_ms = step.timing.verify_ms
+        self.context_used = self.prompt_tokens + step.stats.tokens
+        if self.stepping:
+            self.stepped = True
 
 
 class StatsView(Widget):
@@ -59,7 +84,7 @@ class StatsView(Widget):
 
     def speedup(self) -> float | None:
         s = self.state.stats
-        if s is None or not self.state.baseline_tps or not s.tokens_per_s:
+        if s is None or not self.state.baseline_tps or not s.tokens_per_s or self.state.stepped:
             return None
         return s.tokens_per_s / self.state.baseline_tps
 
@@ -82,23 +107,31 @@ class StatsView(Widget):
             put(value, style)
             put("\n")
 
+        if st.prefill is not None:
+            done, total = st.prefill
+            row("prefill", f"{done:,}/{total:,} prompt tokens · Esc stops")
+        if st.context_limit:
+            row("context", f"{st.context_used:,}/{st.context_limit:,} tokens")
         if s is None:
-            put("no answer yet", ".stat--label")
-            return Content("".join(text), spans)
-        if st.stepping:
-            row("tokens/s", "n/a while stepping", ".stat--label")
+            if st.prefill is None:
+                put("no answer yet", ".stat--label")
+            return Content("".join(text).rstrip("\n"), spans)
+        if st.stepping or st.stepped:
+            row("tokens/s", f"{st.engine_tps():.1f} engine time (paused)")
         else:
             row("tokens/s", f"{s.tokens_per_s:.1f}")
         row("tau", f"{s.tau:.2f} (tokens/forward)")
-        row("tokens", f"{s.tokens} in {s.steps} steps" + (f" · {st.finished}" if st.finished else ""))
+        tok = f"{s.tokens} token{'s' if s.tokens != 1 else ''} in {s.steps} step{'s' if s.steps != 1 else ''}"
+        row("tokens", tok + (f" · {st.finished}" if st.finished else ""))
         if st.steps:
             row("ms/step", f"draft {st.draft_ms_sum / st.steps:.1f} · verify {st.verify_ms_sum / st.steps:.1f}")
             row("last", f"draft {st.last_draft_ms:.1f} · verify {st.last_verify_ms:.1f}")
         sp = self.speedup()
-        if st.stepping:
-            row("speed-up", "n/a while stepping", ".stat--label")
+        if st.stepping or st.stepped:
+            row("speed-up", "n/a (teaching pauses)", ".stat--label")
         elif sp is not None:
-            row("speed-up", f"{sp:.2f}× (baseline {st.baseline_tps:.1f} tok/s)", ".stat--good")
+            row("speed-up", f"{sp:.2f}× (baseline {st.baseline_tps:.1f} tok/s)",
+                ".stat--good" if sp >= 1.0 else ".stat--value")
         else:
             row("speed-up", "n/a (run compare, F3)", ".stat--label")
         if s.accept_per_depth:

@@ -35,17 +35,21 @@ class TitleBar(Static):
     COMPONENT_CLASSES: ClassVar[set[str]] = {"title--pending", "title--replay"}
 
     def show(self, *, model: str, applied: SpecConfig | None, pending: SpecConfig | None,
-             status: str = "", replay: str = "") -> None:
+             status: str = "", replay: str = "", context: str = "") -> None:
+        # what changes (status, pending, replay state) comes first: a narrow terminal cuts the end
         parts: list[tuple[str, str] | str] = [("specchat", "bold")]
         if replay:
             parts += [" · ", (replay, ".title--replay")]
-        if model:
-            parts += [" · ", model]
+        if status:
+            parts += [" · ", (status, "italic")]
         if applied is not None:
-            parts += [" · ", config_summary(applied)]
             pend = pending_summary(applied, pending)
             if pend:
-                parts += ["  ", ("◌ pending: " + pend, ".title--pending")]
-        if status:
-            parts += ["  ", (status, "italic")]
+                parts += [" · ", ("◌ pending: " + pend, ".title--pending")]
+        if context:
+            parts += [" · ", context]
+        if applied is not None:
+            parts += [" · ", config_summary(applied)]
+        if model:
+            parts += [" · ", model]
         self.update(Content.assemble(*parts))

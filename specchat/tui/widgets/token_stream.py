@@ -24,6 +24,25 @@ def _rejected_text(piece: str) -> str:
     return sanitize(piece).replace("\n", "↵") or "∅"
 
 
+def pieces_of_step(step: Step) -> list[tuple[str, Kind]]:
+    """A step's committed text as (text, kind) pieces; refused drafts sit just before the target's token."""
+    pieces: list[tuple[str, Kind]] = []
+    rejected = [step.tree_text[i] for i in step.rejected if i < len(step.tree_text)]
+    if "".join(c.text for c in step.committed) != step.text:
+        # a detokeniser that does not attribute text per token: keep the text, lose the split
+        origin: Kind = "target" if any(c.origin == "target" for c in step.committed) else "draft"
+        pieces.append((sanitize(step.text), origin))
+        return pieces
+    for tok in step.committed:
+        if tok.origin == "target" and rejected:
+            # alternatives refused at this position are separated by "|"
+            pieces.append(("|".join(_rejected_text(r) for r in rejected), "rejected"))
+            rejected = []
+        if tok.text:
+            pieces.append((sanitize(tok.text), "draft" if tok.origin == "draft" else "target"))
+    return pieces
+
+
 class TokenStream(Widget):
     """Tokens coloured by origin: accepted draft, target (bonus/correction), rejected draft.
 
@@ -53,20 +72,7 @@ class TokenStream(Widget):
 
     # feeding ------------------------------------------------------------------------------------
     def add_step(self, step: Step, refresh: bool = True) -> None:
-        rejected = [step.tree_text[i] for i in step.rejected if i < len(step.tree_text)]
-        if "".join(c.text for c in step.committed) != step.text:
-            # a detokeniser that does not attribute text per token: keep the text, lose the split
-            origin: Kind = "target" if any(c.origin == "target" for c in step.committed) else "draft"
-            self.pieces.append((sanitize(step.text), origin))
-        else:
-            for tok in step.committed:
-                if tok.origin == "target" and rejected:
-                    # the drafts refused at this position sit just before the target's own token;
-                    # alternatives are separated by "|"
-                    self.pieces.append(("|".join(_rejected_text(r) for r in rejected), "rejected"))
-                    rejected = []
-                if tok.text:
-                    self.pieces.append((sanitize(tok.text), "draft" if tok.origin == "draft" else "target"))
+        self.pieces.extend(pieces_of_step(step))
         self.token_count += len(step.committed)
         if refresh:
             self.refresh(layout=True)

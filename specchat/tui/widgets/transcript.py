@@ -24,7 +24,7 @@ class AnswerView(Vertical):
         super().__init__(classes=classes)
         self.label = label
         self.stream = TokenStream(show_rejected=show_rejected)
-        self.meta = Static(Content.styled(label, "dim"), classes="answer-meta")
+        self.meta = Static(Content(label), classes="answer-meta")
         self.finished: Finished | None = None
         self.steps = 0
 
@@ -35,7 +35,7 @@ class AnswerView(Vertical):
     def started(self, ev: Started) -> None:
         drafter = ev.drafter or ev.config.get("method", "")
         self.label = f"{ev.model or 'assistant'} · {drafter or 'baseline'}"
-        self.meta.update(Content.styled(self.label, "dim"))
+        self.meta.update(Content(self.label))
 
     def add_steps(self, steps: list[Step]) -> None:
         for step in steps:
@@ -43,17 +43,24 @@ class AnswerView(Vertical):
         self.steps += len(steps)
         self.stream.refresh(layout=True)
 
-    def finish(self, ev: Finished) -> None:
+    def finish(self, ev: Finished, stepped: bool = False) -> None:
+        """``stepped``: teaching paused the engine, so wall-clock speed would mislead; use engine time."""
         self.finished = ev
         s = ev.stats
-        bits = [self.label, f"{ev.tokens} tokens"]
+        bits = [self.label, f"{ev.tokens} token{'s' if ev.tokens != 1 else ''}"]
         if s.steps:
-            bits += [f"tau {s.tau:.2f}", f"{s.tokens_per_s:.1f} tok/s"]
+            bits.append(f"tau {s.tau:.2f}")
+            engine_s = (s.draft_ms + s.verify_ms) / 1000
+            if stepped:
+                if engine_s > 0:
+                    bits.append(f"{ev.tokens / engine_s:.1f} tok/s of engine time (pauses excluded)")
+            else:
+                bits.append(f"{s.tokens_per_s:.1f} tok/s")
         if ev.reason != "stop":
             bits.append(ev.reason.upper() if ev.reason == "cancelled" else ev.reason)
         if ev.error:
             bits.append(ev.error)
-        self.meta.update(Content.styled(" · ".join(bits), "dim"))
+        self.meta.update(Content(" · ".join(bits)))
         if ev.reason == "cancelled":
             self.add_class("-cancelled")
 
@@ -72,5 +79,7 @@ class Transcript(VerticalScroll):
         self.mount(view)
         return view
 
-    def add_note(self, text: str) -> None:
-        self.mount(Static(Content.styled(text, "italic dim"), classes="note"))
+    def add_note(self, text: str, classes: str = "note") -> Static:
+        note = Static(Content.styled(text, "italic"), classes=classes)
+        self.mount(note)
+        return note

@@ -1,0 +1,244 @@
+"""Saved conversations and exports (no Textual imports).
+
+Every chat is recorded as a trace (engine/trace.py: the user's turns and every engine event) under
+the user data dir, so it can be reopened later with its draft trees, or replayed. Exports turn what
+was said into Markdown (the words) or into an HTML / SVG snapshot with the token colours of the
+theme in use (for slides).
+
+Where: ``$SPECCHAT_DATA_DIR`` if set, else platformdirs' user data dir (``~/.local/share/specchat``
+on Linux); conversations in ``sessions/``, exports in ``exports/``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from engine.events import Finished, Started, Step
+from engine.trace import Record, TraceError, UserTurn, read_trace
+
+ENV_VAR = "SPECCHAT_DATA_DIR"
+
+
+def data_dir() -> Path:
+    env = os.environ.get(ENV_VAR)
+    if env:
+        return Path(env).expanduser()
+    from platformdirs import user_data_dir
+
+    return Path(user_data_dir("specchat"))
+
+
+def sessions_dir() -> Path:
+    return data_dir() / "sessions"
+
+
+def exports_dir() -> Path:
+    return data_dir() / "exports"
+
+
+def new_session_path(now: float | None = None) -> Path:
+    """A fresh file name that sorts by time: sessions/2026-11-23_14-05-01.jsonl (suffixed if taken)."""
+    stamp = time.strftime("%Y-%m-%d_%H-%M-%S", time.localtime(now))
+    folder = sessions_dir()
+    path = folder / f"{stamp}.jsonl"
+    n = 2
+    while path.exists():
+        path = folder / f"{stamp}-{n}.jsonl"
+        n += 1
+    return path
+
+
+@dataclass(frozen=True)
+class SavedSession:
+    path: Path
+    modified: float
+    title: str  # the first message, shortened
+    turns: int
+    model: str
+
+
+def _summary(path: Path) -> SavedSession | None:
+    """Read only what the list needs: the header and the user turns (quick, never raises)."""
+    turns = 0
+    title = ""
+    model = ""
+    try:
+        with path.open(encoding="utf-8") as fh:
+            for n, line in enumerate(fh):
+                if n == 0:
+                    head = json.loads(line)
+                    if head.get("kind") != "header":
+                        return None
+                    model = str(head.get("model", ""))
+                    continue
+                if '"user"' not in line:  # cheap pre-filter; steps are most of the file
+                    continue
+                data = json.loads(line)
+                if data.get("kind") != "user" or data.get("mode") != "chat":
+                    continue
+                turns += 1
+                if not title:
+                    title = " ".join(str(data.get("text", "")).split())
+        stat = path.stat()
+    except (OSError, ValueError):
+        return None
+    if not turns:
+        return None
+    return SavedSession(path, stat.st_mtime, title[:70] + ("…" if len(title) > 70 else ""), turns, model)
+
+
+def list_sessions(folder: Path | None = None) -> list[SavedSession]:
+    """Saved conversations, newest first (unreadable or empty files are skipped)."""
+    folder = folder or sessions_dir()
+    if not folder.is_dir():
+        return []
+    found = [s for p in folder.glob("*.jsonl") if (s := _summary(p)) is not None]
+    return sorted(found, key=lambda s: s.modified, reverse=True)
+
+
+def load_session(path: Path) -> list[Record]:
+    """The records of a saved conversation; raises TraceError with a one-line message."""
+    _, records = read_trace(path)
+    return records
+
+
+def chat_records(records: Sequence[Record]) -> list[Record]:
+    """The chat turns of a recording (compare turns left out: they are not part of the conversation)."""
+    out: list[Record] = []
+    keep = False
+    for rec in records:
+        if isinstance(rec, UserTurn):
+            keep = rec.mode == "chat"
+        if keep:
+            out.append(rec)
+    return out
+
+
+def conversation(records: Sequence[Record]) -> list[dict[str, str]]:
+    """The messages a session needs to go on from a recording: each answered chat turn and its answer."""
+    messages: list[dict[str, str]] = []
+    user: str | None = None
+    started = False
+    for rec in chat_records(records):
+        if isinstance(rec, UserTurn):
+            user, started = rec.text, False
+        elif isinstance(rec, Started):
+            started = True
+        elif isinstance(rec, Finished) and user is not None:
+            if started:
+                messages += [{"role": "user", "content": user}, {"role": "assistant", "content": rec.text}]
+            user = None
+    return messages
+
+
+# exports --------------------------------------------------------------------------------------------
+Piece = tuple[str, str]  # (text, kind): kind in draft | target | rejected | plain | marker
+
+
+@dataclass(frozen=True)
+class Turn:
+    """One exchange as shown: the question and the answer's pieces (kinds say where tokens came from)."""
+
+    user: str
+    label: str
+    pieces: tuple[Piece, ...]
+
+
+def turns_from_records(records: Sequence[Record]) -> list[Turn]:
+    """Turns rebuilt from a recording (same pieces as the token stream shows)."""
+    from specchat.tui.widgets.token_stream import pieces_of_step
+
+    turns: list[Turn] = []
+    user = ""
+    label = ""
+    pieces: list[Piece] = []
+    for rec in chat_records(records):
+        if isinstance(rec, UserTurn):
+            user = rec.text
+        elif isinstance(rec, Started):
+            label = f"{rec.model or 'assistant'} · {rec.drafter or 'baseline'}"
+            pieces = []
+        elif isinstance(rec, Step):
+            pieces.extend(pieces_of_step(rec))
+        elif isinstance(rec, Finished) and label:
+            turns.append(Turn(user, label, tuple(pieces)))
+            label = ""
+    return turns
+
+
+def to_markdown(turns: Sequence[Turn], title: str = "specchat conversation") -> str:
+    lines = [f"# {title}", ""]
+    for turn in turns:
+        answer = "".join(t for t, k in turn.pieces if k not in ("rejected", "marker"))
+        lines += [f"**You:** {turn.user}", "", f"**{turn.label}:**", "", answer.strip(), ""]
+    return "\n".join(lines)
+
+
+def to_rich_text(turns: Sequence[Turn], colours: dict[str, str], *, show_rejected: bool):
+    """A Rich ``Text`` with the theme's token colours and the non-colour cues (underline, bold, strike)."""
+    from rich.text import Text
+
+    styles = {
+        "draft": f"underline {colours['tok-draft']}",
+        "target": f"bold {colours['tok-target']}",
+        "rejected": f"strike italic {colours['tok-rejected']}",
+        "marker": f"italic {colours['pending']}",
+        "plain": colours["foreground"],
+    }
+    text = Text()
+    for n, turn in enumerate(turns):
+        if n:
+            text.append("\n\n")
+        text.append("you ", style=f"bold {colours['foreground']}")
+        text.append(turn.user + "\n", style=colours["tok-user"])
+        text.append(turn.label + "\n", style=colours["label"])
+        for piece, kind in turn.pieces:
+            if kind == "rejected" and not show_rejected:
+                continue
+            text.append(piece, style=styles.get(kind, colours["foreground"]))
+    text.append("\n\n")
+    text.append("underlined", style=styles["draft"])
+    text.append(": accepted draft · ", style=colours["label"])
+    text.append("bold", style=styles["target"])
+    text.append(": the target's own token", style=colours["label"])
+    if show_rejected:
+        text.append(" · ", style=colours["label"])
+        text.append("struck", style=styles["rejected"])
+        text.append(": refused draft", style=colours["label"])
+    return text
+
+
+def export_files(turns: Sequence[Turn], colours: dict[str, str], stem: str, *, show_rejected: bool,
+                 folder: Path | None = None) -> list[Path]:
+    """Write ``stem``.md, .html and .svg; returns their paths."""
+    from rich.console import Console
+    from rich.terminal_theme import TerminalTheme
+
+    folder = folder or exports_dir()
+    folder.mkdir(parents=True, exist_ok=True)
+    md = folder / f"{stem}.md"
+    md.write_text(to_markdown(turns), encoding="utf-8")
+
+    console = Console(record=True, width=100, file=open(os.devnull, "w"), force_terminal=True,  # noqa: SIM115
+                      color_system="truecolor")
+    console.print(to_rich_text(turns, colours, show_rejected=show_rejected))
+    theme = TerminalTheme(_rgb(colours["background"]), _rgb(colours["foreground"]), [(0, 0, 0)] * 8)
+    html = folder / f"{stem}.html"
+    html.write_text(console.export_html(theme=theme, inline_styles=True, clear=False), encoding="utf-8")
+    svg = folder / f"{stem}.svg"
+    svg.write_text(console.export_svg(theme=theme, title="specchat", clear=True), encoding="utf-8")
+    console.file.close()
+    return [md, html, svg]
+
+
+def _rgb(hex_colour: str) -> tuple[int, int, int]:
+    h = hex_colour.lstrip("#")
+    return int(h[0:2], 16), int(h[2:4], 16), int(h[4:6], 16)
+
+
+__all__ = ["TraceError", "export_files", "list_sessions", "load_session", "new_session_path"]

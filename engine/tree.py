@@ -116,5 +116,5 @@ class DraftTree:
     def from_dict(cls, data: dict[str, list]) -> DraftTree:
         return cls(
             tuple(data["tokens"]), tuple(data["parents"]), tuple(data["draft_probs"]), tuple(data["depths"]),
-            bool(data.get("has_probs", True)),
+            has_probs=bool(data.get("has_probs", True)),
         )

@@ -14,6 +14,8 @@ Structure:
 
 from __future__ import annotations
 
+import os
+import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -30,6 +32,7 @@ from engine.events import ConfigApplied, Finished, PrefillProgress, Started, Ste
 from engine.trace import Record, UserTurn
 from specchat.themes import THEMES, VARIABLE_DEFAULTS, resolve_theme_name
 from specchat.tui.commands import SettingsCommands
+from specchat.tui.engine_process import ProcessHost
 from specchat.tui.host import (
     Delivery,
     EngineHost,
@@ -42,6 +45,7 @@ from specchat.tui.host import (
     SessionFactory,
 )
 from specchat.tui.keys import APP_KEYS
+from specchat.tui.pacing import FramePacer
 from specchat.tui.screens.chat import ChatScreen
 from specchat.tui.screens.compare import CompareScreen
 from specchat.tui.screens.dialogs import ConfirmScreen, SessionsScreen
@@ -59,9 +63,12 @@ class EngineWake(Message):
     """Something is waiting in the engine host's mailbox."""
 
 
-# The UI drains the engine's mailbox at most this often: whatever arrived meanwhile is shown in one
-# repaint, so a fast engine costs the UI (and the cores the engine needs) one frame, not one per token.
+# The UI drains the engine's mailbox at most this often, and less often when frames are expensive
+# (see pacing.py): whatever arrived meanwhile is shown in one repaint, so a fast engine costs the UI
+# (and the cores the engine needs) one frame, not one per token.
 FRAME_S = 1 / 20
+# How much lower than the engine's the event loop's CPU priority is (see host.lower_priority).
+UI_NICE = int(os.environ.get("SPECCHAT_UI_NICE", "10"))
 NARROW = 100  # columns below which the side panels collapse (F6 shows them, stacked)
 
 
@@ -96,7 +103,9 @@ class SpecChatApp(App[int]):
         replay: ReplaySource | None = None,
         model_label: str = "",
         draft_model: str = "",
+        engine_process: bool = False,
     ) -> None:
+        """``engine_process``: run the engine in its own process (engine_process.py); the factory must pickle."""
         super().__init__()
         self.ui = ui or UISettings()
         self._warnings = list(warnings)
@@ -113,12 +122,15 @@ class SpecChatApp(App[int]):
         self.loaded = False
         self.load_error = ""
         self.baseline_tps: float | None = None
-        self.host = EngineHost(factory, self._wake, record_path=record,
-                               replay_speed=replay.speed if replay else 1.0)
+        host_class = ProcessHost if engine_process and factory is not None else EngineHost
+        self.host: EngineHost | ProcessHost = host_class(
+            factory, self._wake, record_path=record, replay_speed=replay.speed if replay else 1.0,  # type: ignore[arg-type]
+            ui_thread=threading.get_native_id(), ui_nice=UI_NICE)
         self.host.gate.set_stepping(self.teaching)
         self._stopping = False
         self._backlog: list[tuple[str, list[Record]]] = []
-        self._last_drain = 0.0
+        self.pacer = FramePacer(min_interval=FRAME_S)
+        self.frames = 0  # engine output shown so far, in frames (tests check the UI keeps streaming)
         self._drain_timer = None
         self.methods: tuple[str, ...] = ()
         self.prefill: tuple[int, int] | None = None
@@ -172,17 +184,27 @@ class SpecChatApp(App[int]):
 
     # engine items ------------------------------------------------------------------------------------
     def on_engine_wake(self, _: EngineWake) -> None:
-        wait = self._last_drain + FRAME_S - time.monotonic()
+        wait = 0.0 if self.host.mailbox.urgent else self.pacer.wait()
         if wait > 0:
             if self._drain_timer is None:
-                self._drain_timer = self.set_timer(wait, self._drain)
+                self._drain_timer = self.set_timer(wait, self._drain_on_time)
             return
+        if self._drain_timer is not None:  # an urgent item overtakes the frame pacing
+            self._drain_timer.stop()
+            self._drain_timer = None
+        self._drain()
+
+    def _drain_on_time(self) -> None:
+        self._drain_timer = None
         self._drain()
 
     def _drain(self) -> None:
-        self._drain_timer = None
-        self._last_drain = time.monotonic()
+        if self._exit or self._closing:  # the engine may still report while the app closes its screens
+            return
+        self.frames += 1
+        self.pacer.begin()
         self._process(self.host.drain())
+        self.call_after_refresh(self.pacer.end)
 
     def _process(self, items: Sequence[Item]) -> None:
         run_lane: str | None = None

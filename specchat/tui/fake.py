@@ -13,12 +13,14 @@ and running statistics computed the way the engine defines them.
 from __future__ import annotations
 
 import dataclasses
+import os
 import random
 import re
 import threading
 import time
 import zlib
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from engine.config import ConfigError, SpecConfig
@@ -498,3 +500,33 @@ class ScriptedSession:
         delay = self.step_delay if self.step_delay is not None else step.timing.total_ms / 1000 * self.time_scale
         if delay > 0:
             time.sleep(delay)
+
+
+@dataclass(frozen=True)
+class ScriptedLoader:
+    """A picklable session factory for scripted sessions (``--fake``, and tests of the engine process).
+
+    ``load_s`` spreads four loading stages over that many seconds; ``fail`` makes loading raise
+    that message, and ``crash`` makes the process exit hard (tests of a dying engine).
+    """
+
+    config: SpecConfig
+    step_delay: float | None = None
+    time_scale: float = 1.0
+    load_s: float = 0.6
+    refuse_methods: tuple[tuple[str, str], ...] = ()
+    fail: str = ""
+    crash: bool = False
+
+    def __call__(self, progress: Callable[[str, int, int], None]) -> ScriptedSession:
+        stages = ("resolving the model", "reading the tokenizer", "loading weights", "warming up")
+        for i, stage in enumerate(stages, 1):
+            progress(stage, i, len(stages))
+            time.sleep(self.load_s / len(stages))
+        if self.crash:
+            os._exit(3)
+        if self.fail:
+            raise RuntimeError(self.fail)
+        return ScriptedSession(demo_answers(self.config), config=self.config, model_name="fake-model",
+                               step_delay=self.step_delay, time_scale=self.time_scale,
+                               refuse_methods=dict(self.refuse_methods))

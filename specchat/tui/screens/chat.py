@@ -3,6 +3,7 @@ settings on the right. It only *shows* records; the app decides what to do with 
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 
 from textual.app import ComposeResult
@@ -16,10 +17,14 @@ from engine.trace import Record, UserTurn
 from specchat.tui.teaching import explain_step
 from specchat.tui.widgets.draft_tree import DraftTreePanel, HistoryEntry
 from specchat.tui.widgets.prompt import PromptInput
+from specchat.tui.widgets.repaint import repaint
 from specchat.tui.widgets.settings_panel import SettingsPanel
 from specchat.tui.widgets.stats import StatsView
 from specchat.tui.widgets.title_bar import TitleBar
 from specchat.tui.widgets.transcript import AnswerView, Transcript, UserTurnView
+
+# while an answer streams, the live tree and the stats are redrawn this often (the text every frame)
+SIDE_PANELS_S = 0.5
 
 
 def answer_method(ev: Started) -> str:
@@ -95,6 +100,8 @@ class ChatScreen(Screen):
         return self.query_one(PromptInput)
 
     # records from the engine (lane "chat") -----------------------------------------------------
+    _side_due = 0.0
+
     def show_records(self, records: Sequence[Record]) -> None:
         steps: list[Step] = []
         entries: list[HistoryEntry] = []
@@ -124,6 +131,8 @@ class ChatScreen(Screen):
                 self.answer = self.transcript.add_answer(label="assistant", show_rejected=self.show_rejected)
                 self.answer.started(rec)
                 self.tree.follow_live()
+                self.tree.view.unstick()
+                self.stats.unstick()
                 stats.reset_answer()
                 stats.started(rec)
                 if rec.dropped_turns:
@@ -143,9 +152,22 @@ class ChatScreen(Screen):
                     self.answer.finish(rec, stepped=stats.stepped)
                 stats.finish(rec)
         flush()
+        # while the engine streams, the tree and stats keep their tallest height (no reflow per frame)
+        hold = self._answer_open and not stats.stepping
+        self.tree.view.hold_height = hold and self.tree.live
+        self.stats.hold_height = hold
+        # ... and are redrawn a few times a second, not every frame: nobody reads 30 trees a second,
+        # and they cost most of a frame; the answer's text streams at the frame rate
+        now = time.monotonic()
+        show = not hold or now >= self._side_due
         if entries:
-            self.tree.add_steps(entries)
-        self.stats.refresh(layout=True)
+            self.tree.add_steps(entries, show=show)
+        if not hold:
+            self.tree.view.unstick()
+            self.stats.unstick()
+        if show:
+            self._side_due = now + SIDE_PANELS_S
+            repaint(self.stats)
 
     def _not_answered(self, rec: Finished) -> None:
         """A turn that ended before its answer started: refused for the context, or cancelled in prefill."""
@@ -176,7 +198,8 @@ class ChatScreen(Screen):
         self.stats.state.reset_answer()
         self.stats.state.stats = None
         self.stats.state.context_used = 0
-        self.stats.refresh(layout=True)
+        self.tree.view.unstick()
+        self.stats.unstick()
 
     def turns(self) -> list:
         """What the transcript shows, as exportable turns (question, label, coloured pieces)."""

@@ -20,6 +20,7 @@ from engine.events import Finished, Started, Step
 from engine.trace import Record, UserTurn
 from specchat.tui.textutil import first_difference, visible
 from specchat.tui.widgets.prompt import PromptInput
+from specchat.tui.widgets.repaint import repaint
 from specchat.tui.widgets.title_bar import TitleBar
 from specchat.tui.widgets.token_stream import TokenStream
 
@@ -96,7 +97,7 @@ class ComparePane(Vertical):
                 outcome = "" if rec.reason == "stop" else f" · {rec.reason.upper()}"
                 self._stats(f"{rec.tokens} tokens · {s.tokens_per_s:.1f} tok/s · tau {s.tau:.2f}{outcome}")
         if steps:
-            self.stream.refresh(layout=True)
+            repaint(self.stream)
 
 
 class CompareScreen(Screen):

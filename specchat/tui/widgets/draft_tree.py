@@ -29,6 +29,7 @@ from textual.widgets import Static
 
 from engine.events import Step
 from specchat.tui.textutil import visible
+from specchat.tui.widgets.repaint import StickyHeight, repaint, update_static
 
 NodeState = str  # "root" | "accepted" | "rejected" | "unreached"
 
@@ -42,7 +43,7 @@ def node_states(step: Step) -> dict[int, NodeState]:
     return states
 
 
-class DraftTreeView(Widget):
+class DraftTreeView(StickyHeight, Widget):
     COMPONENT_CLASSES: ClassVar[set[str]] = {
         "tree--root",
         "tree--accepted",
@@ -70,7 +71,7 @@ class DraftTreeView(Widget):
             return
         self.step = step
         self.states = node_states(step) if step is not None else {}
-        self.refresh(layout=True)
+        repaint(self)
 
     def render(self) -> Content:
         step = self.step
@@ -183,7 +184,8 @@ class DraftTreePanel(Vertical, can_focus=True):
             return None
         return self.history[-1] if self.cursor is None else self.history[self.cursor]
 
-    def add_steps(self, entries: list[HistoryEntry]) -> None:
+    def add_steps(self, entries: list[HistoryEntry], show: bool = True) -> None:
+        """Keep the steps in the history; ``show=False`` leaves the drawing for a later call."""
         if not entries:
             return
         before = len(self.history)
@@ -192,7 +194,8 @@ class DraftTreePanel(Vertical, can_focus=True):
             # keep pointing at the same step while new ones arrive (and old ones fall off)
             dropped = before + len(entries) - len(self.history)
             self.cursor = max(0, self.cursor - dropped)
-        self._update()
+        if show:
+            self._update()
 
     def clear(self) -> None:
         self.history.clear()
@@ -235,10 +238,12 @@ class DraftTreePanel(Vertical, can_focus=True):
 
     def _update(self) -> None:
         entry = self.current
+        if self.cursor is not None:  # browsing: each step at its own height
+            self.view.hold_height = False
         self.view.show(entry.step if entry else None)
         title = self.query_one("#tree-title", Static)
         if entry is None:
-            title.update("Draft tree")
+            update_static(title, Content("Draft tree"))
         else:
             step = entry.step
             if self.cursor is None:
@@ -248,14 +253,12 @@ class DraftTreePanel(Vertical, can_focus=True):
                 where = (f"◀ {back} step{'s' if back != 1 else ''} back · End: live", "italic")
             what = "prefill" if step.index == 0 else f"step {step.index}"
             drafts = step.tree.num_drafts
-            title.update(
-                Content.assemble(
+            update_static(title, Content.assemble(
                     ("Draft tree", "bold"),
                     " · ",
                     where,
                     "\n",
                     f"{entry.answer} · {what} · {drafts} draft{'s' if drafts != 1 else ''} · "
                     f"depth {step.tree.max_depth} · kept {step.accepted_len}+1",
-                )
-            )
+            ))
         self.post_message(self.Browsed(entry, self.cursor is None))

@@ -9,6 +9,7 @@ from textual.content import Content, Span
 from textual.widget import Widget
 
 from engine.events import Finished, RunningStats, Started, Step
+from specchat.tui.widgets.repaint import StickyHeight
 
 
 @dataclass
@@ -68,7 +69,7 @@ class StatsState:
             self.stepped = True
 
 
-class StatsView(Widget):
+class StatsView(StickyHeight, Widget):
     COMPONENT_CLASSES: ClassVar[set[str]] = {"stat--label", "stat--value", "stat--bar", "stat--bar-empty",
                                              "stat--good"}
 

@@ -9,6 +9,7 @@ from textual.widgets import Static
 
 from engine.config import SpecConfig
 from specchat.tui.settings_schema import format_value
+from specchat.tui.widgets.repaint import update_static
 
 
 def config_summary(cfg: SpecConfig) -> str:
@@ -52,4 +53,4 @@ class TitleBar(Static):
             parts += [" · ", config_summary(applied)]
         if model:
             parts += [" · ", model]
-        self.update(Content.assemble(*parts))
+        update_static(self, Content.assemble(*parts))

@@ -16,6 +16,7 @@ from textual.widget import Widget
 
 from engine.events import Step
 from specchat.tui.textutil import sanitize
+from specchat.tui.widgets.repaint import repaint
 
 Kind = Literal["draft", "target", "rejected", "plain", "marker"]
 
@@ -75,7 +76,7 @@ class TokenStream(Widget):
         self.pieces.extend(pieces_of_step(step))
         self.token_count += len(step.committed)
         if refresh:
-            self.refresh(layout=True)
+            repaint(self)
 
     def add_text(self, text: str, kind: Kind = "plain") -> None:
         if text:

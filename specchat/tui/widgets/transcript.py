@@ -8,6 +8,7 @@ from textual.widgets import Static
 
 from engine.events import Finished, Started, Step
 from specchat.tui.textutil import sanitize
+from specchat.tui.widgets.repaint import repaint
 from specchat.tui.widgets.token_stream import TokenStream
 
 
@@ -41,7 +42,7 @@ class AnswerView(Vertical):
         for step in steps:
             self.stream.add_step(step, refresh=False)
         self.steps += len(steps)
-        self.stream.refresh(layout=True)
+        repaint(self.stream)
 
     def finish(self, ev: Finished, stepped: bool = False) -> None:
         """``stepped``: teaching paused the engine, so wall-clock speed would mislead; use engine time."""

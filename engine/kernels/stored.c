@@ -233,6 +233,77 @@ static const ftile_fn FTILES_Q4[MAX_ROWS + 1] = {0, ftile_q4_1, ftile_q4_2, ftil
 static const ftile_fn FTILES_Q8[MAX_ROWS + 1] = {0, ftile_q8_1, ftile_q8_2, ftile_q8_3, ftile_q8_4, ftile_q8_5,
                                                  ftile_q8_6};
 
+/* ---- plain decoding (one row): two panels at once ---------------------------------------------
+ * With one row a panel has two accumulators, each one FMA chain over k, so the loop waits on the
+ * FMA latency (4 cycles) instead of issuing. Two panels side by side give four independent chains
+ * and twice the decode work to overlap with them. Each column's chain is unchanged (same FMAs in
+ * the same order), so the result is bit-identical to ftile_q4/q8 with MR = 1. */
+static AVX2 void ftile_pair_q4(const float *x, const uint8_t *ca, const float *sa, const float *oa,
+                               const uint8_t *cb, const float *sb, const float *ob, long group, long K,
+                               float *outa, float *outb) {
+    __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps(), b0 = _mm256_setzero_ps(), b1 = _mm256_setzero_ps();
+    const __m128i low = _mm_set1_epi8(0x0F);
+    for (long g = 0; g < K / group; g++) {
+        const __m256 sa0 = _mm256_loadu_ps(sa + g * PANEL), sa1 = _mm256_loadu_ps(sa + g * PANEL + 8);
+        const __m256 oa0 = _mm256_loadu_ps(oa + g * PANEL), oa1 = _mm256_loadu_ps(oa + g * PANEL + 8);
+        const __m256 sb0 = _mm256_loadu_ps(sb + g * PANEL), sb1 = _mm256_loadu_ps(sb + g * PANEL + 8);
+        const __m256 ob0 = _mm256_loadu_ps(ob + g * PANEL), ob1 = _mm256_loadu_ps(ob + g * PANEL + 8);
+        for (long k = g * group; k < (g + 1) * group; k += 2) {
+            const __m128i ba = _mm_loadu_si128((const __m128i *)(ca + k / 2 * PANEL));
+            const __m128i bb = _mm_loadu_si128((const __m128i *)(cb + k / 2 * PANEL));
+            const __m128i ca0 = _mm_and_si128(ba, low), ca1 = _mm_and_si128(_mm_srli_epi16(ba, 4), low);
+            const __m128i cb0 = _mm_and_si128(bb, low), cb1 = _mm_and_si128(_mm_srli_epi16(bb, 4), low);
+            const __m256 x0 = _mm256_broadcast_ss(x + k), x1 = _mm256_broadcast_ss(x + k + 1);
+#define Q4W(c, s, o) _mm256_fmadd_ps(s, _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(c)), o)
+            a0 = _mm256_fmadd_ps(x0, Q4W(ca0, sa0, oa0), a0);
+            a1 = _mm256_fmadd_ps(x0, Q4W(_mm_srli_si128(ca0, 8), sa1, oa1), a1);
+            b0 = _mm256_fmadd_ps(x0, Q4W(cb0, sb0, ob0), b0);
+            b1 = _mm256_fmadd_ps(x0, Q4W(_mm_srli_si128(cb0, 8), sb1, ob1), b1);
+            a0 = _mm256_fmadd_ps(x1, Q4W(ca1, sa0, oa0), a0);
+            a1 = _mm256_fmadd_ps(x1, Q4W(_mm_srli_si128(ca1, 8), sa1, oa1), a1);
+            b0 = _mm256_fmadd_ps(x1, Q4W(cb1, sb0, ob0), b0);
+            b1 = _mm256_fmadd_ps(x1, Q4W(_mm_srli_si128(cb1, 8), sb1, ob1), b1);
+#undef Q4W
+        }
+    }
+    _mm256_storeu_ps(outa, a0);
+    _mm256_storeu_ps(outa + 8, a1);
+    _mm256_storeu_ps(outb, b0);
+    _mm256_storeu_ps(outb + 8, b1);
+}
+
+static AVX2 void ftile_pair_q8(const float *x, const int8_t *ca, const float *sa, const float *oa,
+                               const int8_t *cb, const float *sb, const float *ob, long group, long K,
+                               float *outa, float *outb) {
+    __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps(), b0 = _mm256_setzero_ps(), b1 = _mm256_setzero_ps();
+    for (long g = 0; g < K / group; g++) {
+        const __m256 sa0 = _mm256_loadu_ps(sa + g * PANEL), sa1 = _mm256_loadu_ps(sa + g * PANEL + 8);
+        const __m256 sb0 = _mm256_loadu_ps(sb + g * PANEL), sb1 = _mm256_loadu_ps(sb + g * PANEL + 8);
+        const __m256 oa0 = oa ? _mm256_loadu_ps(oa + g * PANEL) : _mm256_setzero_ps();
+        const __m256 oa1 = oa ? _mm256_loadu_ps(oa + g * PANEL + 8) : _mm256_setzero_ps();
+        const __m256 ob0 = ob ? _mm256_loadu_ps(ob + g * PANEL) : _mm256_setzero_ps();
+        const __m256 ob1 = ob ? _mm256_loadu_ps(ob + g * PANEL + 8) : _mm256_setzero_ps();
+        for (long k = g * group; k < (g + 1) * group; k++) {
+            const __m128i qa = _mm_loadu_si128((const __m128i *)(ca + k * PANEL));
+            const __m128i qb = _mm_loadu_si128((const __m128i *)(cb + k * PANEL));
+            const __m256 xk = _mm256_broadcast_ss(x + k);
+            const __m256 fa0 = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(qa));
+            const __m256 fa1 = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(qa, 8)));
+            const __m256 fb0 = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(qb));
+            const __m256 fb1 = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(qb, 8)));
+            /* no offsets: d*q exactly as ftile_q8 (a multiply, not an FMA with zero: same value) */
+            a0 = _mm256_fmadd_ps(xk, oa ? _mm256_fmadd_ps(sa0, fa0, oa0) : _mm256_mul_ps(sa0, fa0), a0);
+            a1 = _mm256_fmadd_ps(xk, oa ? _mm256_fmadd_ps(sa1, fa1, oa1) : _mm256_mul_ps(sa1, fa1), a1);
+            b0 = _mm256_fmadd_ps(xk, ob ? _mm256_fmadd_ps(sb0, fb0, ob0) : _mm256_mul_ps(sb0, fb0), b0);
+            b1 = _mm256_fmadd_ps(xk, ob ? _mm256_fmadd_ps(sb1, fb1, ob1) : _mm256_mul_ps(sb1, fb1), b1);
+        }
+    }
+    _mm256_storeu_ps(outa, a0);
+    _mm256_storeu_ps(outa + 8, a1);
+    _mm256_storeu_ps(outb, b0);
+    _mm256_storeu_ps(outb + 8, b1);
+}
+
 /* ---- AVX-512 (F, BW, VL): one zmm is a whole 16-column panel line, so one pass holds up to 12
  * rows (12 accumulators + weights + broadcasts of the 32 registers). Chosen at run time only on
  * CPUs that report the three flags; the per-element chain is the same FMA over k = 0..K-1, so the
@@ -310,6 +381,44 @@ int stored_supported(void) {
     return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
 }
 
+/* One row (plain decoding) on quant weights: panels two at a time (ftile_pair_*), the odd one alone. */
+static void write_panel(const float *acc, long col0, long N, const float *bias, float *y, int accumulate) {
+    const int ncols = (int)(N - col0 < PANEL ? N - col0 : PANEL);
+    for (int j = 0; j < ncols; j++) {
+        const float val = bias ? acc[j] + bias[col0 + j] : acc[j];
+        y[col0 + j] = accumulate ? y[col0 + j] + val : val;
+    }
+}
+
+static void stored_linear_row(const float *x, long K, int kind, long group, const void *codes, const float *scales,
+                              const float *offsets, long N, const float *bias, float *y, int accumulate,
+                              int nthreads, long panel_bytes, long ngroups) {
+    const long npanels = (N + PANEL - 1) / PANEL;
+    const long npairs = (npanels + 1) / 2;
+#pragma omp parallel for num_threads(nthreads) schedule(static)
+    for (long q = 0; q < npairs; q++) {
+        float acc[2 * PANEL] __attribute__((aligned(32)));
+        const long p = 2 * q;
+        const char *pa = (const char *)codes + p * panel_bytes;
+        const float *sa = scales + p * ngroups * PANEL;
+        const float *oa = offsets ? offsets + p * ngroups * PANEL : 0;
+        if (p + 1 < npanels) {
+            const char *pb = pa + panel_bytes;
+            const float *sb = sa + ngroups * PANEL;
+            const float *ob = oa ? oa + ngroups * PANEL : 0;
+            if (kind == KIND_Q4)
+                ftile_pair_q4(x, (const uint8_t *)pa, sa, oa, (const uint8_t *)pb, sb, ob, group, K, acc, acc + PANEL);
+            else
+                ftile_pair_q8(x, (const int8_t *)pa, sa, oa, (const int8_t *)pb, sb, ob, group, K, acc, acc + PANEL);
+            write_panel(acc, p * PANEL, N, bias, y, accumulate);
+            write_panel(acc + PANEL, (p + 1) * PANEL, N, bias, y, accumulate);
+        } else {
+            (kind == KIND_Q4 ? FTILES_Q4 : FTILES_Q8)[1](x, K, pa, sa, oa, group, K, acc);
+            write_panel(acc, p * PANEL, N, bias, y, accumulate);
+        }
+    }
+}
+
 /*
  * x: [M, K] row-major. codes: per panel p (0..ceil(N/16)-1) a block of K*16 codes
  * (q4: K*8 bytes); scales/offsets: [npanels][K/group][16] fp32 (NULL where the kind has none).
@@ -323,6 +432,11 @@ void stored_linear(const float *x, long M, long K, int kind, long group, const v
     const long panel_bytes = kind == KIND_Q4 ? K * PANEL / 2 : K * PANEL * code_bytes;
     const long ngroups = group > 0 ? K / group : 0;
     const long passes = (M + MAX_ROWS - 1) / MAX_ROWS;
+    if (M == 1 && use_avx512 != 1 && (kind == KIND_Q4 || kind == KIND_Q8)) {
+        stored_linear_row(x, K, kind, group, codes, scales, offsets, N, bias, y, accumulate, nthreads,
+                          panel_bytes, ngroups);
+        return;
+    }
 #pragma omp parallel num_threads(nthreads)
     {
         float buf[KC * PANEL] __attribute__((aligned(64)));

@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from multiprocessing import resource_tracker
 from typing import Any
 
-from engine.config import SpecConfig
+from engine.config import ConfigError, SpecConfig
 from engine.events import Step
 from engine.trace import Record
 from specchat.tui.host import (
@@ -145,13 +145,13 @@ class ProcessHost:
         self._send("cancel")
 
     def update_config(self, config: SpecConfig) -> None:
-        """Raises the session's ConfigError if it refuses (the old settings stay)."""
+        """Raises the session's ConfigError if it refuses (the old settings stay), or if the engine is gone."""
         with self._lock:
             self._send("update_config", config)
             try:
                 status, *rest = self._rpc_in.recv()
             except (EOFError, OSError):
-                raise RuntimeError("the engine process has stopped") from None
+                raise ConfigError("the engine process has stopped; restart specchat") from None
         if status == "error":
             raise rest[0]
         self.session.config, self.session.pending_config = rest

@@ -134,6 +134,8 @@ def test_an_engine_that_dies_is_reported(collector):
     c = collector(crash=True)
     failed = c.until(lambda i: isinstance(i, LoadFailed))
     assert "engine process stopped unexpectedly" in failed.message
+    with pytest.raises(ConfigError, match="engine process has stopped"):  # a hot-swap is refused in one line
+        c.host.update_config(CONFIG)
 
 
 async def test_the_app_streams_from_an_engine_process():

@@ -122,10 +122,13 @@ class SpecChatApp(App[int]):
         self.loaded = False
         self.load_error = ""
         self.baseline_tps: float | None = None
-        host_class = ProcessHost if engine_process and factory is not None else EngineHost
-        self.host: EngineHost | ProcessHost = host_class(
+        # the event loop yields the CPU to an engine process (see host.lower_priority); a thread host
+        # (replays, scripted tests, SPECCHAT_ENGINE_PROCESS=0 for debugging) keeps its priority, so a
+        # test process or a replay is not left with a lowered priority for no engine
+        process = engine_process and factory is not None
+        self.host: EngineHost | ProcessHost = (ProcessHost if process else EngineHost)(
             factory, self._wake, record_path=record, replay_speed=replay.speed if replay else 1.0,  # type: ignore[arg-type]
-            ui_thread=threading.get_native_id(), ui_nice=UI_NICE)
+            ui_thread=threading.get_native_id(), ui_nice=UI_NICE if process else 0)
         self.host.gate.set_stepping(self.teaching)
         self._stopping = False
         self._backlog: list[tuple[str, list[Record]]] = []

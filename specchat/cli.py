@@ -151,7 +151,7 @@ def make_config(args: argparse.Namespace, **defaults: Any):
 
     overrides = spec_overrides(args)
     if "method" not in overrides and getattr(args, "draft", None) and defaults.get("method") != "none":
-        defaults = {**defaults, "method": "none"}  # placeholder: load_session picks the draft's method
+        defaults = {**defaults, "method": "none"}  # until load_session infers the method from the draft
     if overrides.get("method") in ("eagle", "eagle3", "standalone") and overrides.get("eagle_topk") == 1 \
             and "num_draft_tokens" not in overrides:
         overrides["num_draft_tokens"] = overrides.get("num_steps", SpecConfig.num_steps) + 1  # SGLang's rule

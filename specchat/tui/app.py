@@ -315,7 +315,7 @@ class SpecChatApp(App[int]):
             self.model_name = item.model_name
         if item.config is not None:
             self.applied_config = item.config
-        self.methods = tuple(getattr(self.host.session, "methods", ()) or ())
+        self.methods = item.methods
         if self.methods and self.chat_screen.ready:
             self.chat_screen.settings.set_methods(self.methods)
         if self.teaching and self.replay is None:

@@ -98,7 +98,8 @@ class ProcessHost:
         self.ui_niced = False
         self._ids = itertools.count(1)
         self._open_jobs: dict[int, str] = {}
-        self._lock = threading.Lock()
+        self._lock = threading.Lock()  # the open jobs (UI thread and receiving thread)
+        self._rpc_lock = threading.Lock()  # one update_config call at a time
         self._items_in, items_out = ctx.Pipe(duplex=False)
         cmd_in, self._cmd_out = ctx.Pipe(duplex=False)
         self._rpc_in, rpc_out = ctx.Pipe(duplex=False)
@@ -146,7 +147,7 @@ class ProcessHost:
 
     def update_config(self, config: SpecConfig) -> None:
         """Raises the session's ConfigError if it refuses (the old settings stay), or if the engine is gone."""
-        with self._lock:
+        with self._rpc_lock:
             self._send("update_config", config)
             try:
                 status, *rest = self._rpc_in.recv()
@@ -187,9 +188,6 @@ class ProcessHost:
                     break
                 if kind == "items":
                     for item in payload:
-                        if isinstance(item, SessionView):
-                            self.session = item
-                            continue
                         self._track(item)
                         self.mailbox.put(item)
                 elif kind == "exit":
@@ -203,8 +201,8 @@ class ProcessHost:
         if isinstance(item, JobDone):
             with self._lock:
                 self._open_jobs.pop(item.job, None)
-        elif isinstance(item, Loaded) and item.config is not None:
-            self.session.config = item.config
+        elif isinstance(item, Loaded):
+            self.session = SessionView(item.methods, item.config, None, item.model_name)
 
     def _child_died(self) -> None:
         self._process.join(timeout=1)
@@ -295,18 +293,6 @@ def _child_main(factory: SessionFactory, record_path: str | None, replay_speed: 
                 host.replay_speed = args[0]
 
     threading.Thread(target=commands, name="specchat-commands", daemon=True).start()
-    # the session's view travels just before "Loaded", in order, through the same mailbox
-    original_put = host.mailbox.put
-
-    def put(item: Item) -> None:
-        s = host.session
-        if isinstance(item, Loaded) and s is not None:
-            original_put(SessionView(methods=tuple(getattr(s, "methods", ()) or ()),  # type: ignore[arg-type]
-                                     config=s.config, pending_config=s.pending_config,
-                                     model_name=s.model_name))
-        original_put(item)
-
-    host.mailbox.put = put  # type: ignore[method-assign]
     try:
         host.run()
     finally:

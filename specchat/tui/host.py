@@ -82,6 +82,7 @@ class LoadProgress:
 class Loaded:
     model_name: str
     config: SpecConfig | None
+    methods: tuple[str, ...] = ()  # the methods this session can run (the settings menu offers these)
 
 
 @dataclass(frozen=True)
@@ -297,7 +298,8 @@ class EngineHost:
                 return
             freeze_loaded_objects()
             if self.session is not None:
-                self.mailbox.put(Loaded(self.session.model_name, self.session.config))
+                self.mailbox.put(Loaded(self.session.model_name, self.session.config,
+                                        tuple(getattr(self.session, "methods", ()) or ())))
             else:
                 self.mailbox.put(Loaded("", None))
             self._loop()

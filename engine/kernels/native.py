@@ -1,4 +1,5 @@
-"""Build, cache and load our native CPU kernels (``skinny.c``, ``ops.c``, ``stored.c``) with the system C compiler.
+"""Build, cache and load our native CPU kernels (``skinny.c``, ``ops.c``, ``stored.c``, ``decoder.c``) with the
+system C compiler.
 
 Why a plain C library through ctypes rather than a torch C++ extension: the kernel needs no
 torch headers, so it compiles in about a second with ``cc`` (a torch extension takes a minute
@@ -28,8 +29,10 @@ import torch
 if TYPE_CHECKING:
     from engine.kernels.stored import StoredPanels
 
-SOURCES = tuple(Path(__file__).with_name(n) for n in ("skinny.c", "ops.c", "stored.c"))
-FLAGS = ("-O3", "-shared", "-fPIC", "-fopenmp")
+SOURCES = tuple(Path(__file__).with_name(n) for n in ("skinny.c", "ops.c", "stored.c", "decoder.c"))
+# -ffp-contract=off: a*b + c stays two roundings wherever the source says so (the rotary product
+# must equal torch's complex multiply); the kernels' FMAs are explicit intrinsics.
+FLAGS = ("-O3", "-shared", "-fPIC", "-fopenmp", "-ffp-contract=off")
 ENV_SWITCH = "SPECCHAT_LINEAR"  # "torch" turns the native kernel off
 VARIANT_SWITCH = "SPECCHAT_KERNEL_VARIANT"  # "avx2" keeps an AVX-512 CPU on the AVX2 tiles
 
@@ -41,6 +44,7 @@ _SIGNATURES = {
     "rms_norm": [_p, _l, _l, _p, _f, _p],
     "silu_mul": [_p, _l, _l, _p],
     "tree_attention": [_p, _l, _p, _p, _l, _l, _l, _i, _i, _i, _p, _l, _p, _f, _p, _i],
+    "decoder_layers": [_p, _l, _p, _p, _l, _p, _p, _l, _l, _l, _p, _p, _p],
 }
 
 
@@ -59,6 +63,8 @@ class NativeKernel:
             fn.argtypes = args
             fn.restype = None
         self._lib = lib
+        self.decoder_layers = lib.decoder_layers  # driven by engine/kernels/decoder.py
+        self.decoder_layers.restype = _i
 
     def linear(
         self,

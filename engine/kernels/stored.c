@@ -5,7 +5,9 @@
  * Why: the fp32 kernel (skinny.c) streams 4 bytes per weight and sits at the memory roofline;
  * the embedded model's real weights are 4.5-8.5 bits. Here each 16-column panel is stored as
  * small integer codes plus one fp32 scale (and offset) per group of 16/32 k and per column,
- * repacked at load so that the 16 columns of one k are adjacent. A panel is decoded chunk by
+ * repacked at load so that the 16 columns of one k are adjacent (q4: the 16 columns of eight
+ * consecutive k, as one 32-bit word per column: code[k+i] in bits 4i..4i+3, so a code comes out
+ * of its word with a shift and a mask, no byte shuffles). A panel is decoded chunk by
  * chunk (KC values of k) into an L1-resident fp32 buffer, once for all rows, then the same
  * register tile as skinny.c runs over it.
  *
@@ -127,25 +129,26 @@ static AVX2 void decode_q8(const int8_t *codes, const float *scales, const float
     }
 }
 
-/* 4-bit codes, two k per byte: byte [k/2][c] = code[k][c] | code[k+1][c] << 4 (k even);
- * group is even and k0, kc are multiples of 2. */
-static AVX2 void decode_q4(const uint8_t *codes, const float *scales, const float *offsets, long group,
+/* 4-bit codes, eight k per 32-bit word: word [k/8][c] holds code[k+i][c] << 4i (k multiple of 8);
+ * group is a multiple of 8 and k0, kc are multiples of 8. */
+static AVX2 void decode_q4(const uint32_t *codes, const float *scales, const float *offsets, long group,
                            long k0, long kc, float *buf) {
-    const __m128i low = _mm_set1_epi8(0x0F);
+    const __m256i low = _mm256_set1_epi32(0x0F);
     for (long k = 0; k < kc;) {
         const long g = (k0 + k) / group;
         const long end = (g + 1) * group - k0 < kc ? (g + 1) * group - k0 : kc;
         const __m256 s0 = _mm256_loadu_ps(scales + g * PANEL), s1 = _mm256_loadu_ps(scales + g * PANEL + 8);
         const __m256 o0 = _mm256_loadu_ps(offsets + g * PANEL), o1 = _mm256_loadu_ps(offsets + g * PANEL + 8);
-        for (; k < end; k += 2) {
-            const __m128i b = _mm_loadu_si128((const __m128i *)(codes + (k0 + k) / 2 * PANEL));
-            const __m128i c0 = _mm_and_si128(b, low);
-            const __m128i c1 = _mm_and_si128(_mm_srli_epi16(b, 4), low);
-            float *dst = buf + k * PANEL;
-            _mm256_store_ps(dst, _mm256_fmadd_ps(s0, _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(c0)), o0));
-            _mm256_store_ps(dst + 8, _mm256_fmadd_ps(s1, _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(c0, 8))), o1));
-            _mm256_store_ps(dst + 16, _mm256_fmadd_ps(s0, _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(c1)), o0));
-            _mm256_store_ps(dst + 24, _mm256_fmadd_ps(s1, _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(c1, 8))), o1));
+        for (; k < end; k += 8) {
+            __m256i v0 = _mm256_loadu_si256((const __m256i *)(codes + (k0 + k) / 8 * PANEL));
+            __m256i v1 = _mm256_loadu_si256((const __m256i *)(codes + (k0 + k) / 8 * PANEL + 8));
+            for (int i = 0; i < 8; i++) {
+                float *dst = buf + (k + i) * PANEL;
+                _mm256_store_ps(dst, _mm256_fmadd_ps(s0, _mm256_cvtepi32_ps(_mm256_and_si256(v0, low)), o0));
+                _mm256_store_ps(dst + 8, _mm256_fmadd_ps(s1, _mm256_cvtepi32_ps(_mm256_and_si256(v1, low)), o1));
+                v0 = _mm256_srli_epi32(v0, 4);
+                v1 = _mm256_srli_epi32(v1, 4);
+            }
         }
     }
 }
@@ -169,26 +172,23 @@ static AVX2 void decode_q4(const uint8_t *codes, const float *scales, const floa
     a00 = a01 = a10 = a11 = a20 = a21 = a30 = a31 = a40 = a41 = a50 = a51 = _mm256_setzero_ps();
 
 static inline __attribute__((always_inline)) AVX2 void
-ftile_q4(const int MR, const float *x, long ldx, const uint8_t *codes, const float *scales, const float *offsets,
+ftile_q4(const int MR, const float *x, long ldx, const uint32_t *codes, const float *scales, const float *offsets,
          long group, long K, float *out) {
     FZERO
-    const __m128i low = _mm_set1_epi8(0x0F);
+    const __m256i low = _mm256_set1_epi32(0x0F);
     for (long g = 0; g < K / group; g++) {
         const __m256 s0 = _mm256_loadu_ps(scales + g * PANEL), s1 = _mm256_loadu_ps(scales + g * PANEL + 8);
         const __m256 o0 = _mm256_loadu_ps(offsets + g * PANEL), o1 = _mm256_loadu_ps(offsets + g * PANEL + 8);
-        for (long k = g * group; k < (g + 1) * group; k += 2) {
-            const __m128i bytes = _mm_loadu_si128((const __m128i *)(codes + k / 2 * PANEL));
-            const __m128i c0 = _mm_and_si128(bytes, low);
-            const __m128i c1 = _mm_and_si128(_mm_srli_epi16(bytes, 4), low);
-            {
-                const __m256 w0 = _mm256_fmadd_ps(s0, _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(c0)), o0);
-                const __m256 w1 = _mm256_fmadd_ps(s1, _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(c0, 8))), o1);
-                FROWS(k)
-            }
-            {
-                const __m256 w0 = _mm256_fmadd_ps(s0, _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(c1)), o0);
-                const __m256 w1 = _mm256_fmadd_ps(s1, _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(c1, 8))), o1);
-                FROWS(k + 1)
+        for (long k = g * group; k < (g + 1) * group; k += 8) {
+            __m256i v0 = _mm256_loadu_si256((const __m256i *)(codes + k / 8 * PANEL));
+            __m256i v1 = _mm256_loadu_si256((const __m256i *)(codes + k / 8 * PANEL + 8));
+#pragma GCC unroll 8
+            for (int i = 0; i < 8; i++) {
+                const __m256 w0 = _mm256_fmadd_ps(s0, _mm256_cvtepi32_ps(_mm256_and_si256(v0, low)), o0);
+                const __m256 w1 = _mm256_fmadd_ps(s1, _mm256_cvtepi32_ps(_mm256_and_si256(v1, low)), o1);
+                FROWS(k + i)
+                v0 = _mm256_srli_epi32(v0, 4);
+                v1 = _mm256_srli_epi32(v1, 4);
             }
         }
     }
@@ -238,31 +238,34 @@ static const ftile_fn FTILES_Q8[MAX_ROWS + 1] = {0, ftile_q8_1, ftile_q8_2, ftil
  * FMA latency (4 cycles) instead of issuing. Two panels side by side give four independent chains
  * and twice the decode work to overlap with them. Each column's chain is unchanged (same FMAs in
  * the same order), so the result is bit-identical to ftile_q4/q8 with MR = 1. */
-static AVX2 void ftile_pair_q4(const float *x, const uint8_t *ca, const float *sa, const float *oa,
-                               const uint8_t *cb, const float *sb, const float *ob, long group, long K,
+static AVX2 void ftile_pair_q4(const float *x, const uint32_t *ca, const float *sa, const float *oa,
+                               const uint32_t *cb, const float *sb, const float *ob, long group, long K,
                                float *outa, float *outb) {
     __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps(), b0 = _mm256_setzero_ps(), b1 = _mm256_setzero_ps();
-    const __m128i low = _mm_set1_epi8(0x0F);
+    const __m256i low = _mm256_set1_epi32(0x0F);
     for (long g = 0; g < K / group; g++) {
         const __m256 sa0 = _mm256_loadu_ps(sa + g * PANEL), sa1 = _mm256_loadu_ps(sa + g * PANEL + 8);
         const __m256 oa0 = _mm256_loadu_ps(oa + g * PANEL), oa1 = _mm256_loadu_ps(oa + g * PANEL + 8);
         const __m256 sb0 = _mm256_loadu_ps(sb + g * PANEL), sb1 = _mm256_loadu_ps(sb + g * PANEL + 8);
         const __m256 ob0 = _mm256_loadu_ps(ob + g * PANEL), ob1 = _mm256_loadu_ps(ob + g * PANEL + 8);
-        for (long k = g * group; k < (g + 1) * group; k += 2) {
-            const __m128i ba = _mm_loadu_si128((const __m128i *)(ca + k / 2 * PANEL));
-            const __m128i bb = _mm_loadu_si128((const __m128i *)(cb + k / 2 * PANEL));
-            const __m128i ca0 = _mm_and_si128(ba, low), ca1 = _mm_and_si128(_mm_srli_epi16(ba, 4), low);
-            const __m128i cb0 = _mm_and_si128(bb, low), cb1 = _mm_and_si128(_mm_srli_epi16(bb, 4), low);
-            const __m256 x0 = _mm256_broadcast_ss(x + k), x1 = _mm256_broadcast_ss(x + k + 1);
-#define Q4W(c, s, o) _mm256_fmadd_ps(s, _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(c)), o)
-            a0 = _mm256_fmadd_ps(x0, Q4W(ca0, sa0, oa0), a0);
-            a1 = _mm256_fmadd_ps(x0, Q4W(_mm_srli_si128(ca0, 8), sa1, oa1), a1);
-            b0 = _mm256_fmadd_ps(x0, Q4W(cb0, sb0, ob0), b0);
-            b1 = _mm256_fmadd_ps(x0, Q4W(_mm_srli_si128(cb0, 8), sb1, ob1), b1);
-            a0 = _mm256_fmadd_ps(x1, Q4W(ca1, sa0, oa0), a0);
-            a1 = _mm256_fmadd_ps(x1, Q4W(_mm_srli_si128(ca1, 8), sa1, oa1), a1);
-            b0 = _mm256_fmadd_ps(x1, Q4W(cb1, sb0, ob0), b0);
-            b1 = _mm256_fmadd_ps(x1, Q4W(_mm_srli_si128(cb1, 8), sb1, ob1), b1);
+        for (long k = g * group; k < (g + 1) * group; k += 8) {
+            __m256i va0 = _mm256_loadu_si256((const __m256i *)(ca + k / 8 * PANEL));
+            __m256i va1 = _mm256_loadu_si256((const __m256i *)(ca + k / 8 * PANEL + 8));
+            __m256i vb0 = _mm256_loadu_si256((const __m256i *)(cb + k / 8 * PANEL));
+            __m256i vb1 = _mm256_loadu_si256((const __m256i *)(cb + k / 8 * PANEL + 8));
+#define Q4W(v, s, o) _mm256_fmadd_ps(s, _mm256_cvtepi32_ps(_mm256_and_si256(v, low)), o)
+#pragma GCC unroll 8
+            for (int i = 0; i < 8; i++) {
+                const __m256 xi = _mm256_broadcast_ss(x + k + i);
+                a0 = _mm256_fmadd_ps(xi, Q4W(va0, sa0, oa0), a0);
+                a1 = _mm256_fmadd_ps(xi, Q4W(va1, sa1, oa1), a1);
+                b0 = _mm256_fmadd_ps(xi, Q4W(vb0, sb0, ob0), b0);
+                b1 = _mm256_fmadd_ps(xi, Q4W(vb1, sb1, ob1), b1);
+                va0 = _mm256_srli_epi32(va0, 4);
+                va1 = _mm256_srli_epi32(va1, 4);
+                vb0 = _mm256_srli_epi32(vb0, 4);
+                vb1 = _mm256_srli_epi32(vb1, 4);
+            }
 #undef Q4W
         }
     }
@@ -318,18 +321,27 @@ ftile512(const int MR, const int q4, const float *x, long ldx, const void *codes
 #pragma GCC unroll 12
     for (int r = 0; r < MAX_ROWS_512; r++)
         if (r < MR) a[r] = _mm512_setzero_ps();
-    const __m128i low = _mm_set1_epi8(0x0F);
+    const __m512i low = _mm512_set1_epi32(0x0F);
     for (long g = 0; g < K / group; g++) {
         const __m512 s = _mm512_loadu_ps(scales + g * PANEL);
         const __m512 o = offsets ? _mm512_loadu_ps(offsets + g * PANEL) : _mm512_setzero_ps();
+        if (q4) {
+            for (long k = g * group; k < (g + 1) * group; k += 8) {
+                __m512i v = _mm512_loadu_si512((const void *)((const uint32_t *)codes + k / 8 * PANEL));
+#pragma GCC unroll 8
+                for (int i = 0; i < 8; i++) {
+                    const __m512 w = _mm512_fmadd_ps(s, _mm512_cvtepi32_ps(_mm512_and_si512(v, low)), o);
+#pragma GCC unroll 12
+                    for (int r = 0; r < MAX_ROWS_512; r++)
+                        if (r < MR) a[r] = _mm512_fmadd_ps(_mm512_set1_ps(x[r * ldx + k + i]), w, a[r]);
+                    v = _mm512_srli_epi32(v, 4);
+                }
+            }
+            continue;
+        }
         for (long k = g * group; k < (g + 1) * group; k += 2) {
             __m512 w[2];
-            if (q4) {
-                const __m128i bytes = _mm_loadu_si128((const __m128i *)((const uint8_t *)codes + k / 2 * PANEL));
-                w[0] = _mm512_fmadd_ps(s, _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_and_si128(bytes, low))), o);
-                w[1] = _mm512_fmadd_ps(
-                    s, _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_and_si128(_mm_srli_epi16(bytes, 4), low))), o);
-            } else {
+            {
                 const int8_t *c = (const int8_t *)codes + k * PANEL;
                 const __m512 q0 = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)c)));
                 const __m512 q1 =
@@ -407,7 +419,7 @@ static void stored_linear_row(const float *x, long K, int kind, long group, cons
             const float *sb = sa + ngroups * PANEL;
             const float *ob = oa ? oa + ngroups * PANEL : 0;
             if (kind == KIND_Q4)
-                ftile_pair_q4(x, (const uint8_t *)pa, sa, oa, (const uint8_t *)pb, sb, ob, group, K, acc, acc + PANEL);
+                ftile_pair_q4(x, (const uint32_t *)pa, sa, oa, (const uint32_t *)pb, sb, ob, group, K, acc, acc + PANEL);
             else
                 ftile_pair_q8(x, (const int8_t *)pa, sa, oa, (const int8_t *)pb, sb, ob, group, K, acc, acc + PANEL);
             write_panel(acc, p * PANEL, N, bias, y, accumulate);
@@ -462,7 +474,7 @@ void stored_linear(const float *x, long M, long K, int kind, long group, const v
                 case KIND_F16: decode_f16((const uint16_t *)pc, k0, kc, buf); break;
                 case KIND_BF16: decode_bf16((const uint16_t *)pc, k0, kc, buf); break;
                 case KIND_Q8: decode_q8((const int8_t *)pc, ps, po, group, k0, kc, buf); break;
-                default: decode_q4((const uint8_t *)pc, ps, po, group, k0, kc, buf); break;
+                default: decode_q4((const uint32_t *)pc, ps, po, group, k0, kc, buf); break;
                 }
                 /* rows spread evenly over passes, as in skinny.c (7 rows go 4 + 3) */
                 for (long pass = 0, m0 = 0; pass < passes; pass++) {

@@ -98,15 +98,35 @@ def _from_panels(t: torch.Tensor, n: int) -> torch.Tensor:
     return t.transpose(1, 2).reshape(-1, t.shape[1])[:n]
 
 
+Q4_PER_WORD = 8  # q4 codes of eight consecutive k share one 32-bit word per column
+_NIBBLE_SHIFTS = torch.arange(0, 32, 4, dtype=torch.int64).view(1, 1, Q4_PER_WORD, 1)
+
+
+def _pack_q4_words(codes: torch.Tensor) -> torch.Tensor:
+    """[p, k, 16] codes 0..15 -> [p, k/8, 16] int32 words, code[k+i] in bits 4i..4i+3.
+
+    Why words and not bytes: the kernel gets code i with a shift and a mask on eight columns at
+    once, where two codes per byte need byte-to-lane shuffles that cost more than the FMAs."""
+    p, k, _ = codes.shape
+    words = (codes.view(p, k // Q4_PER_WORD, Q4_PER_WORD, PANEL).to(torch.int64) << _NIBBLE_SHIFTS).sum(dim=2)
+    return torch.where(words >= 2**31, words - 2**32, words).to(torch.int32).contiguous()
+
+
+def _unpack_q4_words(words: torch.Tensor) -> torch.Tensor:
+    p, kw, _ = words.shape
+    nibbles = (words.to(torch.int64).unsqueeze(2) >> _NIBBLE_SHIFTS) & 15
+    return nibbles.to(torch.uint8).view(p, kw * Q4_PER_WORD, PANEL)
+
+
 @dataclass
 class StoredPanels:
-    """One weight repacked for ``stored.c`` (layout documented there)."""
+    """One weight repacked for ``stored.c`` (layout documented there); the same bytes as stored."""
 
     kind: str
     group: int
     n: int
     k: int
-    codes: torch.Tensor  # [n_pad/16, k, 16] (q4: [n_pad/16, k/2, 16] uint8, two k per byte)
+    codes: torch.Tensor  # [n_pad/16, k, 16] (q4: [n_pad/16, k/8, 16] int32, eight k per word)
     scales: torch.Tensor | None  # [n_pad/16, k/group, 16] float32
     offsets: torch.Tensor | None
 
@@ -117,13 +137,13 @@ class StoredPanels:
     @classmethod
     def from_rows(cls, rows: QuantRows) -> StoredPanels:
         n, k = rows.shape
-        if rows.kind in ("q8", "q4") and (rows.group <= 0 or k % rows.group or rows.group % 2):
-            raise ValueError(f"group {rows.group} does not divide k={k} evenly")
+        step = Q4_PER_WORD if rows.kind == "q4" else 2
+        if rows.kind in ("q8", "q4") and (rows.group <= 0 or k % rows.group or rows.group % step):
+            raise ValueError(f"group {rows.group} does not divide k={k} evenly (nor is a multiple of {step})")
         n_pad = -(-n // PANEL) * PANEL
         codes = _to_panels(rows.codes, n_pad)
         if rows.kind == "q4":
-            pairs = codes.view(codes.shape[0], k // 2, 2, PANEL)
-            codes = (pairs[:, :, 0] | (pairs[:, :, 1] << 4)).contiguous()
+            codes = _pack_q4_words(codes)
         scales = _to_panels(rows.scales, n_pad) if rows.scales is not None else None
         offsets = _to_panels(rows.offsets, n_pad) if rows.offsets is not None else None
         return cls(rows.kind, rows.group, n, k, codes, scales, offsets)
@@ -131,7 +151,7 @@ class StoredPanels:
     def to_rows(self) -> QuantRows:
         codes = self.codes
         if self.kind == "q4":
-            codes = torch.stack([codes & 15, codes >> 4], dim=2).view(codes.shape[0], self.k, PANEL)
+            codes = _unpack_q4_words(codes)
         unpack = (lambda t: None if t is None else _from_panels(t, self.n))  # noqa: E731
         return QuantRows(self.kind, self.group, _from_panels(codes, self.n), unpack(self.scales), unpack(self.offsets))
 

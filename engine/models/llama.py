@@ -9,6 +9,7 @@ cost of verifying a tree decides whether speculation pays at all. The layer weig
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping, MutableMapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -17,6 +18,7 @@ import torch
 import torch.nn.functional as F
 
 from engine.kernels import native
+from engine.kernels.decoder import NativeDecoder, layer_runs
 from engine.kernels.linear import Linear
 from engine.kernels.stored import QuantRows, StoredEmbedding, StoredLinear
 from engine.models.kv_cache import KVCache
@@ -205,6 +207,10 @@ class LlamaModel:
         self.rotary = RotaryTable(inv_freq, att_factor, self.device)
         self.scale = config.head_dim**-0.5
         self._ops = self._native_ops()
+        # all layers in one native call per forward; SPECCHAT_NATIVE_DECODER=0 keeps the per-op path
+        self._decoder = (NativeDecoder.for_model(self, self._ops)
+                         if self._ops is not None and os.environ.get("SPECCHAT_NATIVE_DECODER", "1") != "0"
+                         else None)
         self._static = None  # CUDA: bucketed static-shape forwards replayed from CUDA graphs
         if self.device.type == "cuda":
             from engine.gpu.static import StaticDecoder
@@ -309,6 +315,8 @@ class LlamaModel:
             tree_u8 = window = None
 
         x = self.embed_tokens(tokens)  # [T, H]
+        if self._decoder is not None and prefix_mask is None:
+            return self._native_forward(x, cache, rot, tree_u8, positions, logits, return_hidden, capture_layers)
         nh, nkv, hd = c.num_heads, c.num_kv_heads, c.head_dim
         k_end = (nh + nkv) * hd
         eps = c.rms_norm_eps
@@ -343,6 +351,28 @@ class LlamaModel:
             gate, up = layer.gate_up(h).chunk(2, dim=-1)
             x = x + layer.down(F.silu(gate) * up)
         if c.num_layers in capture:
+            aux.append(x)
+        hidden = self._rms_norm(x, self.norm)
+        out_logits = None
+        if logits == "all":
+            out_logits = self.lm_head(hidden).float()
+        elif logits == "last":
+            out_logits = self.lm_head(hidden[-1:]).float()
+        return ForwardOutput(out_logits, hidden if return_hidden else None, aux)
+
+    def _native_forward(self, x: torch.Tensor, cache: KVCache, rot: torch.Tensor, tree: torch.Tensor | None,
+                        positions: torch.Tensor, logits: Literal["all", "last", "none"], return_hidden: bool,
+                        capture_layers: Sequence[int]) -> ForwardOutput:
+        """The layers in native runs (decoder.c), split where a captured layer's input is copied out."""
+        x = x.float().contiguous()
+        rot = rot.reshape(x.shape[0], -1).contiguous()
+        capture = set(capture_layers)
+        aux: list[torch.Tensor] = []
+        for start, stop in layer_runs(self.config.num_layers, capture_layers):
+            if start in capture:
+                aux.append(x.clone())
+            self._decoder.run(x, cache, rot, tree, positions, start, stop)
+        if self.config.num_layers in capture:
             aux.append(x)
         hidden = self._rms_norm(x, self.norm)
         out_logits = None

@@ -1,0 +1,134 @@
+"""The decoder layers of a CPU forward in one native call (``decoder.c``).
+
+Why: with 4-bit weights the arithmetic of a one-token step on the 135M model is ~10 ms, and the
+Python between the kernels (argument checks, ctypes marshalling, ~10 small torch ops per layer)
+was another 4-5 ms. :class:`NativeDecoder` describes every layer's weights to the C side once, as
+an array of plain structs holding pointers into the model's own tensors, so a forward is one call
+per run of layers. It runs the same kernels in the same order as the per-op path, so the logits
+do not change (tests/test_decoder_native.py checks both paths bit for bit).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import itertools
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+import torch
+
+from engine.kernels.linear import Linear
+from engine.kernels.stored import StoredLinear
+
+if TYPE_CHECKING:
+    from engine.kernels.native import NativeKernel
+    from engine.models.kv_cache import KVCache
+
+MAX_PARTS = 3  # must match decoder.c
+_p, _l, _f = ctypes.c_void_p, ctypes.c_long, ctypes.c_float
+
+
+class _Part(ctypes.Structure):
+    _fields_ = [("kind", _l), ("group", _l), ("n", _l), ("codes", _p), ("scales", _p), ("offsets", _p)]
+
+
+class _Lin(ctypes.Structure):
+    _fields_ = [("panels", _p), ("n", _l), ("k", _l), ("nparts", _l), ("bias", _p), ("parts", _Part * MAX_PARTS)]
+
+
+class _Layer(ctypes.Structure):
+    _fields_ = [("ln_attn", _p), ("ln_mlp", _p), ("qkv", _Lin), ("o", _Lin), ("gate_up", _Lin), ("down", _Lin)]
+
+
+class _Dims(ctypes.Structure):
+    _fields_ = [("hidden", _l), ("heads", _l), ("kv_heads", _l), ("head_dim", _l), ("inter", _l),
+                ("window", _l), ("nthreads", _l), ("eps", _f), ("scale", _f)]
+
+
+def _ptr(t: torch.Tensor | None) -> int | None:
+    return None if t is None else t.data_ptr()
+
+
+def _describe(lin: Linear | StoredLinear) -> _Lin | None:
+    """The C view of one linear layer, or None when the native decoder cannot run it."""
+    out = _Lin(n=lin.out_features, k=lin.in_features)
+    if isinstance(lin, StoredLinear):
+        if lin._kernel is None or len(lin.parts) > MAX_PARTS:
+            return None
+        out.bias = _ptr(lin._bias)
+        out.nparts = len(lin.parts)
+        for i, part in enumerate(lin.parts):
+            out.parts[i] = _Part(part.kind_id, part.group, part.n, _ptr(part.codes), _ptr(part.scales),
+                                 _ptr(part.offsets))
+        return out
+    if lin._kernel is None or lin._packed is None:
+        return None
+    out.panels = _ptr(lin._packed)
+    out.bias = _ptr(lin._bias)
+    return out
+
+
+class NativeDecoder:
+    """Runs a model's decoder layers through ``decoder_layers``; built by :meth:`for_model`."""
+
+    def __init__(self, kernel: NativeKernel, layers: ctypes.Array, dims: _Dims, keep: list[torch.Tensor]) -> None:
+        self._fn = kernel.decoder_layers
+        self._layers = layers
+        self._dims = dims
+        self._keep = keep  # the tensors the structs point into (norm weights, contiguous copies)
+        self._layer_size = ctypes.sizeof(_Layer)
+
+    @classmethod
+    def for_model(cls, model, kernel: NativeKernel) -> NativeDecoder | None:
+        """None when some layer needs what only the per-op path has (q/k norms, too many parts)."""
+        c = model.config
+        keep: list[torch.Tensor] = []
+        structs = []
+        for layer in model.layers:
+            if layer.q_norm is not None or layer.k_norm is not None:
+                return None
+            lins = [_describe(lin) for lin in (layer.qkv, layer.o, layer.gate_up, layer.down)]
+            if any(lin is None for lin in lins):
+                return None
+            norms = [layer.ln_attn.float().contiguous(), layer.ln_mlp.float().contiguous()]
+            keep += norms
+            structs.append(_Layer(_ptr(norms[0]), _ptr(norms[1]), *lins))
+        layers = (_Layer * len(structs))(*structs)
+        dims = _Dims(c.hidden_size, c.num_heads, c.num_kv_heads, c.head_dim, c.intermediate_size,
+                     c.sliding_window or 0, 1, c.rms_norm_eps, model.scale)
+        return cls(kernel, layers, dims, keep)
+
+    def run(self, x: torch.Tensor, cache: KVCache, rot: torch.Tensor, tree: torch.Tensor | None,
+            positions: torch.Tensor, start: int, stop: int) -> None:
+        """Layers ``start..stop-1`` on x: [T, hidden] fp32 contiguous, in place. rot: [T, head_dim/2]
+        complex64 contiguous; tree: [T, T] bool or None; positions: [T] int64 contiguous."""
+        T = x.shape[0]
+        self._dims.nthreads = torch.get_num_threads()
+        k, v = cache.k, cache.v
+        stride = k.stride(0)
+        offset = start * stride * k.element_size()
+        rc = self._fn(
+            ctypes.addressof(self._layers) + start * self._layer_size,
+            stop - start,
+            ctypes.addressof(self._dims),
+            x.data_ptr(),
+            T,
+            k.data_ptr() + offset,
+            v.data_ptr() + offset,
+            stride,
+            cache.capacity,
+            cache.length,
+            rot.data_ptr(),
+            _ptr(tree),
+            positions.data_ptr(),
+        )
+        if rc != 0:
+            raise MemoryError("the native decoder could not allocate its scratch buffers")
+
+
+def layer_runs(num_layers: int, capture: Sequence[int]) -> list[tuple[int, int]]:
+    """Split 0..num_layers into runs that end where a captured layer starts (its input is copied
+    out between runs)."""
+    cuts = sorted({i for i in capture if 0 < i < num_layers})
+    bounds = [0, *cuts, num_layers]
+    return [(a, b) for a, b in itertools.pairwise(bounds) if b > a]

@@ -15,6 +15,13 @@ Both estimates are learned online, per session:
   budget that shrank to nothing re-tests the drafter now and then;
 - cost: the verify time of an n-node tree, an average per n, filled in by a line fit where unseen.
 
+Pruning bounds the verify cost, but the drafting itself is paid before anything is known: a
+drafter that rarely lands (a weak EAGLE head on free text) makes every step slower than a plain
+one. :class:`DraftGate` compares the measured rate of drafted steps (tokens per ms, drafting
+included) with plain decoding's and pauses drafting while it loses, retrying after a pause that
+doubles each time it still loses (4 steps up to 64), so a useless drafter costs a few percent
+instead of half the speed, and a drafter that starts landing again is back within a pause.
+
 Pruning a tree to a subtree that contains the root never changes what greedy verification
 outputs, and keeps the target distribution under sampling: this is a speed choice only.
 """
@@ -30,6 +37,10 @@ _RECOVER = 0.02  # per step, how far an untested estimate drifts back to the pri
 _LEARN = 0.1  # weight of a new observation in the acceptance average
 _COST_LEARN = 0.2  # weight of a new timing in the per-size cost average
 _MAX_DEPTH = 64
+_GATE_LEARN = 0.25  # weight of a drafted step in the drafted-rate average
+_GATE_MARGIN = 0.97  # drafting must keep at least this share of plain decoding's rate
+_CHEAP_DRAFT = 0.05  # drafting cheaper than this share of a plain step is never paused
+_MIN_PAUSE, _MAX_PAUSE = 4, 64  # steps without drafting after a losing drafted step
 
 
 @dataclass
@@ -98,12 +109,45 @@ class AcceptanceModel:
                 self.rate[key] = value + _RECOVER * (_PRIOR - value)
 
 
+@dataclass
+class DraftGate:
+    """Whether to draft at all this step (see the module docstring)."""
+
+    rate: float | None = None  # tokens per ms of drafted steps, drafting included (average)
+    draft_ms: float | None = None  # drafting time per drafted step (average)
+    pause: int = 0  # steps left without drafting
+    next_pause: int = _MIN_PAUSE
+
+    def should_draft(self) -> bool:
+        if self.pause > 0:
+            self.pause -= 1
+            return False
+        return True
+
+    @property
+    def paused(self) -> bool:
+        return self.pause > 0
+
+    def observe(self, tokens: int, draft_ms: float, verify_ms: float, plain_ms: float | None) -> None:
+        """A drafted step committed ``tokens``; ``plain_ms``: the estimated time of a plain step."""
+        rate = tokens / max(1e-3, draft_ms + verify_ms)
+        self.rate = rate if self.rate is None else self.rate + _GATE_LEARN * (rate - self.rate)
+        self.draft_ms = draft_ms if self.draft_ms is None else self.draft_ms + _GATE_LEARN * (draft_ms - self.draft_ms)
+        if plain_ms is None or self.draft_ms < _CHEAP_DRAFT * plain_ms or self.rate >= _GATE_MARGIN / plain_ms:
+            self.next_pause = _MIN_PAUSE
+            return
+        self.pause = self.next_pause
+        self.next_pause = min(_MAX_PAUSE, 2 * self.next_pause)
+        self.rate = None  # the retry after the pause is judged on its own, not on the losses before it
+
+
 class DraftBudget:
-    """Chooses how much of each proposed tree to verify."""
+    """Chooses whether to draft (:class:`DraftGate`) and how much of each proposed tree to verify."""
 
     def __init__(self) -> None:
         self.cost = CostModel()
         self.acceptance = AcceptanceModel()
+        self.gate = DraftGate()
 
     def prune(self, tree: DraftTree) -> DraftTree:
         if len(tree) == 1:
@@ -133,9 +177,13 @@ class DraftBudget:
         keep = sorted([0, *order[: best_n - 1]])
         return subtree(tree, keep)
 
-    def observe(self, tree: DraftTree, accepted: tuple[int, ...], verify_ms: float) -> None:
+    def observe(self, tree: DraftTree, accepted: tuple[int, ...], verify_ms: float,
+                draft_ms: float | None = None) -> None:
+        """``draft_ms``: the drafting time of a drafted step; None for a step the gate kept plain."""
         self.cost.observe(len(tree), verify_ms)
         self.acceptance.observe(tree, accepted)
+        if draft_ms is not None:
+            self.gate.observe(len(accepted) + 1, draft_ms, verify_ms, self.cost.estimate(1))
 
 
 def subtree(tree: DraftTree, keep: list[int]) -> DraftTree:

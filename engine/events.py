@@ -96,6 +96,7 @@ class Step:
     stats: RunningStats = field(default_factory=RunningStats)
     config_version: int = 0  # bumps when update_config() took effect at this step
     proposed: int = 0  # nodes the drafter proposed, before the adaptive budget pruned the tree
+    draft_paused: bool = False  # the adaptive budget skipped drafting (it recently cost more than it saved)
 
     @property
     def accepted_len(self) -> int:

@@ -434,6 +434,7 @@ class Session:
         tree, verdict = DraftTree.root_only(prompt[-1]), Verdict((), root)
         timing = StepTiming(verify_ms=prefill_ms)
         proposed = 1
+        drafted = True
         drafter = None
         while True:
             # ---- emit what the last forward produced, honouring stops exactly like the baseline
@@ -456,6 +457,7 @@ class Session:
                 index=step_index, tree=tree, tree_text=tuple(self.tokenizer.piece(t) for t in tree.tokens),
                 accepted=verdict.accepted, bonus=verdict.bonus, committed=tuple(committed), text=step_text,
                 timing=timing, stats=tally.snapshot(), config_version=self._config_version, proposed=proposed,
+                draft_paused=not drafted,
             )
             step_index += 1
             if finished is None and self._cancel.is_set():
@@ -483,12 +485,17 @@ class Session:
             noise = self._noise(config)
             if hasattr(drafter, "noise"):
                 drafter.noise = noise
-            tree = drafter.propose(self._cached, root, config)
-            proposed = len(tree)
-            if proposed > config.max_tree_tokens:
-                raise RuntimeError(f"drafter {drafter.name} proposed {proposed} nodes (> {config.max_tree_tokens})")
-            if config.adaptive_draft:
-                tree = self._budget.prune(tree)
+            drafted = not config.adaptive_draft or config.method == "none" or self._budget.gate.should_draft()
+            if drafted:
+                tree = drafter.propose(self._cached, root, config)
+                proposed = len(tree)
+                if proposed > config.max_tree_tokens:
+                    raise RuntimeError(f"drafter {drafter.name} proposed {proposed} nodes "
+                                       f"(> {config.max_tree_tokens})")
+                if config.adaptive_draft:
+                    tree = self._budget.prune(tree)
+            else:  # drafting is paused: it has recently cost more than it saved
+                tree, proposed = DraftTree.root_only(root), 0
             t_verify = time.perf_counter()
 
             # ---- verify: one target forward over the whole tree
@@ -509,7 +516,8 @@ class Session:
                 verdict = verify_sampling(tree, out.logits, config.temperature, config.top_p, self._generator,
                                            config.top_k)
             t_commit = time.perf_counter()
-            self._budget.observe(tree, verdict.accepted, (t_commit - t_verify) * 1e3)
+            self._budget.observe(tree, verdict.accepted, (t_commit - t_verify) * 1e3,
+                                 (t_verify - t_draft) * 1e3 if drafted and config.method != "none" else None)
 
             # ---- commit: root + accepted path into the cache; the bonus is the next root
             cache.commit([0, *verdict.accepted])

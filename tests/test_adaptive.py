@@ -54,3 +54,49 @@ def test_subtree_renumbers_parents() -> None:
     tree = DraftTree((1, 2, 3, 4, 5), (-1, 0, 0, 2, 3), (1.0,) * 5)
     sub = subtree(tree, [0, 2, 3])
     assert sub.tokens == (1, 3, 4) and sub.parents == (-1, 0, 1)
+
+
+def test_gate_pauses_a_drafter_that_costs_more_than_it_saves_with_doubling_pauses() -> None:
+    budget = DraftBudget()
+    gate = budget.gate
+    budget.cost.observe(1, 10.0)
+    pauses = []
+    for _ in range(4):
+        assert gate.should_draft()
+        budget.observe(chain(4), (), verify_ms=14.0, draft_ms=8.0)  # 1 token in 22 ms vs 1 in 10 plain
+        pauses.append(gate.pause)
+        skipped = 0
+        while not gate.should_draft():
+            skipped += 1
+        assert skipped == pauses[-1]
+    assert pauses == [4, 8, 16, 32]
+
+
+def test_gate_keeps_a_drafter_that_pays_and_never_pauses_cheap_drafting() -> None:
+    budget = DraftBudget()
+    budget.cost.observe(1, 10.0)
+    for _ in range(20):  # 3 tokens in 20 ms beats 1 in 10
+        budget.observe(chain(4), (1, 2), verify_ms=14.0, draft_ms=6.0)
+        assert budget.gate.should_draft()
+    cheap = DraftBudget()
+    cheap.cost.observe(1, 10.0)
+    for _ in range(20):  # n-gram style: drafting is free, pruning alone decides
+        cheap.observe(chain(4), (), verify_ms=14.0, draft_ms=0.1)
+        assert cheap.gate.should_draft()
+
+
+def test_gate_resumes_after_the_drafter_lands_again() -> None:
+    budget = DraftBudget()
+    budget.cost.observe(1, 10.0)
+
+    def run(steps: int, accepted: tuple[int, ...]) -> list[bool]:
+        drafted = []
+        for _ in range(steps):
+            drafted.append(budget.gate.should_draft())
+            if drafted[-1]:
+                budget.observe(chain(4), accepted, verify_ms=14.0, draft_ms=8.0)
+        return drafted
+
+    assert sum(run(40, ())) < 10  # losing: mostly paused
+    landing = run(60, (1, 2, 3))  # the answer starts copying: 4 tokens per 22 ms
+    assert all(landing[-30:]) and budget.gate.next_pause == 4

@@ -289,3 +289,40 @@ def test_ngram_multi_turn_with_hot_swaps_matches_the_baseline_conversation() -> 
                 got.extend(c.id for c in e.committed)
         assert got == want
     assert spec.messages == base.messages
+
+
+class _SlowUselessDrafter(RandomTreeDrafter):
+    """Always wrong and slow to draft: the adaptive budget should stop calling it most steps."""
+
+    def __init__(self) -> None:
+        super().__init__(seed=3, hit_rate=0.0)
+        self.calls = 0
+
+    def propose(self, history, root, config):
+        import time
+
+        self.calls += 1
+        time.sleep(0.02)
+        return super().propose(history, root, config)
+
+
+def test_a_drafter_that_does_not_pay_is_paused_and_output_stays_lossless() -> None:
+    m = model()
+    prompt = [1, 5, 9, 13]
+    want = baseline(m, prompt, max_new=60, stops=frozenset())
+    drafter = _SlowUselessDrafter()
+    s = spec_session(m, drafter, SpecConfig(method="standalone", max_new_tokens=60, num_draft_tokens=4),
+                     stops=frozenset())
+    events = list(s.generate_ids(prompt))
+    assert tokens_of(events) == want
+    steps = [e for e in events if isinstance(e, Step) and e.index > 0]
+    paused = [e for e in steps if e.draft_paused]
+    assert drafter.calls + len(paused) == len(steps)
+    assert drafter.calls <= len(steps) // 3
+    assert all(e.tree.num_drafts == 0 and e.proposed == 0 for e in paused)
+    # with the budget off (teaching), every step drafts
+    drafter = _SlowUselessDrafter()
+    s = spec_session(m, drafter, SpecConfig(method="standalone", max_new_tokens=10, num_draft_tokens=4,
+                                            adaptive_draft=False), stops=frozenset())
+    steps = [e for e in s.generate_ids(prompt) if isinstance(e, Step) and e.index > 0]
+    assert drafter.calls == len(steps) and not any(e.draft_paused for e in steps)

@@ -51,7 +51,12 @@ def explain_step(step: Step, method: str = "", *, prompt_tokens: int = 0) -> str
     own = step.committed[-1].text if step.committed and not ended else ""
     pruned = max(0, step.proposed - len(tree))
     if drafts == 0:
-        if pruned:
+        if step.draft_paused:
+            lines.append(
+                "Drafting is paused: lately the drafts cost more time than they saved, so the adaptive budget "
+                "skips the drafter for a few steps (it tries again after each pause), and"
+            )
+        elif pruned:
             lines.append(
                 f"The drafter offered {_plural(pruned, 'token')}, but the adaptive budget judged that checking "
                 "them would cost more time than they were likely to save, so"

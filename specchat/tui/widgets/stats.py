@@ -22,6 +22,8 @@ class StatsState:
     verify_ms_sum: float = 0.0
     last_draft_ms: float = 0.0
     last_verify_ms: float = 0.0
+    paused_steps: int = 0  # steps where the adaptive budget skipped drafting
+    last_paused: bool = False
     prefill_ms: float = 0.0
     prompt_tokens: int = 0
     baseline_tps: float | None = None
@@ -37,6 +39,7 @@ class StatsState:
         self.steps = 0
         self.draft_ms_sum = self.verify_ms_sum = 0.0
         self.last_draft_ms = self.last_verify_ms = 0.0
+        self.paused_steps, self.last_paused = 0, False
         self.finished = ""
         self.stepped = self.stepping
         self.prefill = None
@@ -64,6 +67,8 @@ class StatsState:
         self.verify_ms_sum += step.timing.verify_ms
         self.last_draft_ms = step.timing.draft_ms
         self.last_verify_ms = step.timing.verify_ms
+        self.paused_steps += step.draft_paused
+        self.last_paused = step.draft_paused
         self.context_used = self.prompt_tokens + step.stats.tokens
         if self.stepping:
             self.stepped = True
@@ -127,6 +132,9 @@ class StatsView(StickyHeight, Widget):
         if st.steps:
             row("ms/step", f"draft {st.draft_ms_sum / st.steps:.1f} · verify {st.verify_ms_sum / st.steps:.1f}")
             row("last", f"draft {st.last_draft_ms:.1f} · verify {st.last_verify_ms:.1f}")
+        if st.paused_steps:
+            now = " · paused now" if st.last_paused else ""
+            row("drafting", f"skipped {st.paused_steps}/{st.steps} steps (cost > gain){now}")
         sp = self.speedup()
         if st.stepping or st.stepped:
             row("speed-up", "n/a (teaching pauses)", ".stat--label")

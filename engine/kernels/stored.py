@@ -108,8 +108,13 @@ def _pack_q4_words(codes: torch.Tensor) -> torch.Tensor:
     Why words and not bytes: the kernel gets code i with a shift and a mask on eight columns at
     once, where two codes per byte need byte-to-lane shuffles that cost more than the FMAs."""
     p, k, _ = codes.shape
-    words = (codes.view(p, k // Q4_PER_WORD, Q4_PER_WORD, PANEL).to(torch.int64) << _NIBBLE_SHIFTS).sum(dim=2)
-    return torch.where(words >= 2**31, words - 2**32, words).to(torch.int32).contiguous()
+    nibbles = codes.view(p, k // Q4_PER_WORD, Q4_PER_WORD, PANEL)
+    words = torch.zeros(p, k // Q4_PER_WORD, PANEL, dtype=torch.int32)
+    for i in range(Q4_PER_WORD - 1):  # one int32 slice at a time: no int64 copy of the whole matrix
+        words |= nibbles[:, :, i].to(torch.int32) << (4 * i)
+    top = (nibbles[:, :, -1].to(torch.int32) ^ 8) - 8  # the last code sign-extended: it fills bit 31
+    words |= top * (1 << 28)
+    return words
 
 
 def _unpack_q4_words(words: torch.Tensor) -> torch.Tensor:

@@ -18,3 +18,40 @@ def test_plain_step_without_pruning_says_nothing_about_the_budget() -> None:
     step = Step(index=0, tree=DraftTree.root_only(5), tree_text=("a",), bonus=9,
                 committed=(CommittedToken(9, "target", " b"),), proposed=1)
     assert "budget" not in explain_step(step, "ngram")
+
+
+def _paused_step(index: int) -> Step:
+    return Step(index=index, tree=DraftTree.root_only(5), tree_text=("a",), bonus=9,
+                committed=(CommittedToken(9, "target", " b"),), proposed=0, draft_paused=True)
+
+
+def test_paused_drafting_is_explained() -> None:
+    text = explain_step(_paused_step(4), "eagle3")
+    assert "Drafting is paused" in text and "tries again" in text
+    assert "had nothing to offer" not in text
+
+
+async def test_stats_and_tree_panels_show_paused_drafting() -> None:
+    from textual.app import App, ComposeResult
+    from textual.widgets import Static
+
+    from specchat.tui.widgets.draft_tree import DraftTreePanel, HistoryEntry
+    from specchat.tui.widgets.stats import StatsView
+
+    class Panels(App):
+        def compose(self) -> ComposeResult:
+            yield StatsView(id="stats")
+            yield DraftTreePanel(id="tree")
+
+    app = Panels()
+    async with app.run_test(size=(80, 30)) as pilot:
+        stats = app.query_one(StatsView)
+        for i in (1, 2, 3):
+            stats.state.add(_paused_step(i) if i != 2 else Step(index=2, tree=DraftTree.root_only(5), proposed=1))
+        stats.refresh()
+        await pilot.pause()
+        assert "drafting in 2/3 steps (now)" in str(stats.render())
+        tree = app.query_one(DraftTreePanel)
+        tree.add_steps([HistoryEntry("answer 1", "eagle3", _paused_step(3))])
+        await pilot.pause()
+        assert "drafting paused" in str(tree.query_one("#tree-title", Static).render())

@@ -253,12 +253,13 @@ class DraftTreePanel(Vertical, can_focus=True):
                 where = (f"◀ {back} step{'s' if back != 1 else ''} back · End: live", "italic")
             what = "prefill" if step.index == 0 else f"step {step.index}"
             drafts = step.tree.num_drafts
+            shape = (f"{drafts} draft{'s' if drafts != 1 else ''} · depth {step.tree.max_depth}"
+                     if not step.draft_paused else "drafting paused")
             update_static(title, Content.assemble(
                     ("Draft tree", "bold"),
                     " · ",
                     where,
                     "\n",
-                    f"{entry.answer} · {what} · {drafts} draft{'s' if drafts != 1 else ''} · "
-                    f"depth {step.tree.max_depth} · kept {step.accepted_len}+1",
+                    f"{entry.answer} · {what} · {shape} · kept {step.accepted_len}+1",
             ))
         self.post_message(self.Browsed(entry, self.cursor is None))

@@ -132,9 +132,8 @@ class StatsView(StickyHeight, Widget):
         if st.steps:
             row("ms/step", f"draft {st.draft_ms_sum / st.steps:.1f} · verify {st.verify_ms_sum / st.steps:.1f}")
             row("last", f"draft {st.last_draft_ms:.1f} · verify {st.last_verify_ms:.1f}")
-        if st.paused_steps:
-            now = " · paused now" if st.last_paused else ""
-            row("drafting", f"skipped {st.paused_steps}/{st.steps} steps (cost > gain){now}")
+        if st.paused_steps:  # the adaptive budget skipped drafting: it cost more than it saved
+            row("paused", f"drafting in {st.paused_steps}/{st.steps} steps" + (" (now)" if st.last_paused else ""))
         sp = self.speedup()
         if st.stepping or st.stepped:
             row("speed-up", "n/a (teaching pauses)", ".stat--label")

@@ -19,7 +19,7 @@ Pruning bounds the verify cost, but the drafting itself is paid before anything 
 drafter that rarely lands (a weak EAGLE head on free text) makes every step slower than a plain
 one. :class:`DraftGate` compares the measured rate of drafted steps (tokens per ms, drafting
 included) with plain decoding's and pauses drafting while it loses, retrying after a pause that
-doubles each time it still loses (4 steps up to 64), so a useless drafter costs a few percent
+doubles each time it still loses (4 steps up to 128), so a useless drafter costs a few percent
 instead of half the speed, and a drafter that starts landing again is back within a pause.
 
 Pruning a tree to a subtree that contains the root never changes what greedy verification
@@ -40,7 +40,7 @@ _MAX_DEPTH = 64
 _GATE_LEARN = 0.25  # weight of a drafted step in the drafted-rate average
 _GATE_MARGIN = 0.97  # drafting must keep at least this share of plain decoding's rate
 _CHEAP_DRAFT = 0.05  # drafting cheaper than this share of a plain step is never paused
-_MIN_PAUSE, _MAX_PAUSE = 4, 64  # steps without drafting after a losing drafted step
+_MIN_PAUSE, _MAX_PAUSE = 4, 128  # steps without drafting after a losing drafted step
 
 
 @dataclass

@@ -128,10 +128,17 @@ class ChatFormat:
 def generate_batch(model: torch.nn.Module, prompts: Sequence[Sequence[int]], *, max_new_tokens: int,
                    temperatures: Sequence[float], stop_ids: frozenset[int], generator: torch.Generator,
                    ) -> list[tuple[list[int], bool]]:
-    """Continue each prompt (left-padded batch, one KV cache); returns (new ids, stopped) per row.
+    """Continue each prompt; returns (new ids, stopped) per row.
 
-    A row ends at its first stop token (kept in its ids). Temperature 0 is greedy.
+    A row ends at its first stop token (kept in its ids). Temperature 0 is greedy. ``model`` is a
+    transformers causal LM (one left-padded batch, one KV cache) or our own ``LlamaModel``, which
+    runs the rows one after another: with its native kernels and stored weights one stream is
+    ~2.5x faster on a 2-core CPU than transformers' padded batch of 32 (36 answer tok/s measured).
     """
+    if hasattr(model, "new_cache"):
+        return [_generate_native(model, list(p), max_new_tokens=max_new_tokens, temperature=float(t),
+                                 stop_ids=stop_ids, generator=generator)
+                for p, t in zip(prompts, temperatures, strict=True)]
     from transformers import DynamicCache
 
     device = next(model.parameters()).device
@@ -172,6 +179,29 @@ def generate_batch(model: torch.nn.Module, prompts: Sequence[Sequence[int]], *, 
         out = model(input_ids=nxt[:, None], attention_mask=mask, position_ids=last_pos, past_key_values=cache,
                     use_cache=True)
     return [(new[r], bool(stopped[r])) for r in range(n)]
+
+
+def _generate_native(model: Any, prompt: list[int], *, max_new_tokens: int, temperature: float,
+                     stop_ids: frozenset[int], generator: torch.Generator) -> tuple[list[int], bool]:
+    """One row on our engine's model: the same sampling rule as the batched path."""
+    cache = model.new_cache(len(prompt) + max_new_tokens + 1)
+    logits = model.forward(torch.tensor(prompt), cache, logits="last").logits[-1]
+    cache.commit(len(prompt))
+    new: list[int] = []
+    for _ in range(max_new_tokens):
+        logits = logits.float()
+        if temperature <= 0:
+            nxt = int(logits.argmax())
+        else:
+            nxt = int(torch.multinomial(torch.softmax(logits / temperature, dim=-1), 1, generator=generator))
+        new.append(nxt)
+        if nxt in stop_ids:
+            return new, True
+        if len(new) == max_new_tokens:
+            break
+        logits = model.forward(torch.tensor([nxt]), cache, logits="last").logits[-1]
+        cache.commit(1)
+    return new, False
 
 
 # the on-disk cache -----------------------------------------------------------------------------

@@ -21,10 +21,15 @@ from engine.train.data import DataCache, GenSettings, builtin_prompt_file, gener
 
 @dataclass
 class Target:
-    hf: torch.nn.Module  # transformers causal LM: batched generation and training features
+    hf: torch.nn.Module  # transformers causal LM: training features (and generation on a GPU)
     tokenizer: Any
     name: str
     model_id: str  # identifies the exact weights (part of the data cache key)
+    engine: Any = None  # our LlamaModel on CPU: generates the data ~2.5x faster than hf's batches
+
+    @property
+    def generator_model(self) -> Any:
+        return self.engine if self.engine is not None else self.hf
 
 
 def load_target(name: str | None, *, device: str = "cpu", revision: str | None = None) -> Target:
@@ -40,7 +45,16 @@ def load_target(name: str | None, *, device: str = "cpu", revision: str | None =
     hf = AutoModelForCausalLM.from_pretrained(resolved.path, dtype=torch.float32).to(device).eval()
     for p in hf.parameters():
         p.requires_grad_(False)
-    return Target(hf, Tokenizer.from_dir(resolved.path), resolved.name, model_id)
+    engine = None
+    if device == "cpu":
+        from engine.loader import load_model
+        from engine.models.llama import UnsupportedModelError
+
+        try:
+            engine = load_model(name, backend="specchat", revision=revision, threads=torch.get_num_threads()).model
+        except UnsupportedModelError:
+            engine = None  # an architecture our engine does not run: transformers generates
+    return Target(hf, Tokenizer.from_dir(resolved.path), resolved.name, model_id, engine)
 
 
 def data_folder(target: Target, settings: GenSettings) -> Path:
@@ -81,7 +95,7 @@ def prepare_data(target: Target, settings: GenSettings, token_budget: int, promp
         bar.set_postfix(rate=f"{done / max(time.monotonic() - start, 1e-6):.0f}/s", refresh=False)
         bar.refresh()
 
-    samples = generate_data(target.hf, target.tokenizer, cache, token_budget=token_budget, settings=settings,
-                            prompt_list=rows, progress=progress)
+    samples = generate_data(target.generator_model, target.tokenizer, cache, token_budget=token_budget,
+                            settings=settings, prompt_list=rows, progress=progress)
     bar.close()
     return samples, folder

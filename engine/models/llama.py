@@ -352,13 +352,7 @@ class LlamaModel:
             x = x + layer.down(F.silu(gate) * up)
         if c.num_layers in capture:
             aux.append(x)
-        hidden = self._rms_norm(x, self.norm)
-        out_logits = None
-        if logits == "all":
-            out_logits = self.lm_head(hidden).float()
-        elif logits == "last":
-            out_logits = self.lm_head(hidden[-1:]).float()
-        return ForwardOutput(out_logits, hidden if return_hidden else None, aux)
+        return self._output(x, aux, logits, return_hidden)
 
     def _native_forward(self, x: torch.Tensor, cache: KVCache, rot: torch.Tensor, tree: torch.Tensor | None,
                         positions: torch.Tensor, logits: Literal["all", "last", "none"], return_hidden: bool,
@@ -374,6 +368,11 @@ class LlamaModel:
             self._decoder.run(x, cache, rot, tree, positions, start, stop)
         if self.config.num_layers in capture:
             aux.append(x)
+        return self._output(x, aux, logits, return_hidden)
+
+    def _output(self, x: torch.Tensor, aux: list[torch.Tensor], logits: Literal["all", "last", "none"],
+                return_hidden: bool) -> ForwardOutput:
+        """Final norm and the LM head on the residual stream after the last layer."""
         hidden = self._rms_norm(x, self.norm)
         out_logits = None
         if logits == "all":

@@ -124,10 +124,6 @@ class DraftGate:
             return False
         return True
 
-    @property
-    def paused(self) -> bool:
-        return self.pause > 0
-
     def observe(self, tokens: int, draft_ms: float, verify_ms: float, plain_ms: float | None) -> None:
         """A drafted step committed ``tokens``; ``plain_ms``: the estimated time of a plain step."""
         rate = tokens / max(1e-3, draft_ms + verify_ms)

@@ -485,7 +485,8 @@ class Session:
             noise = self._noise(config)
             if hasattr(drafter, "noise"):
                 drafter.noise = noise
-            drafted = not config.adaptive_draft or config.method == "none" or self._budget.gate.should_draft()
+            gated = config.adaptive_draft and config.method != "none"  # "none" has no drafting to pause
+            drafted = not gated or self._budget.gate.should_draft()
             if drafted:
                 tree = drafter.propose(self._cached, root, config)
                 proposed = len(tree)
@@ -517,7 +518,7 @@ class Session:
                                            config.top_k)
             t_commit = time.perf_counter()
             self._budget.observe(tree, verdict.accepted, (t_commit - t_verify) * 1e3,
-                                 (t_verify - t_draft) * 1e3 if drafted and config.method != "none" else None)
+                                 (t_verify - t_draft) * 1e3 if gated and drafted else None)
 
             # ---- commit: root + accepted path into the cache; the bonus is the next root
             cache.commit([0, *verdict.accepted])

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from engine.kernels.linear import Linear
+from engine.kernels.native import _ptr
 from engine.kernels.stored import StoredLinear
 
 if TYPE_CHECKING:
@@ -43,10 +44,6 @@ class _Layer(ctypes.Structure):
 class _Dims(ctypes.Structure):
     _fields_ = [("hidden", _l), ("heads", _l), ("kv_heads", _l), ("head_dim", _l), ("inter", _l),
                 ("window", _l), ("nthreads", _l), ("eps", _f), ("scale", _f)]
-
-
-def _ptr(t: torch.Tensor | None) -> int | None:
-    return None if t is None else t.data_ptr()
 
 
 def _describe(lin: Linear | StoredLinear) -> _Lin | None:

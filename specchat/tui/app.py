@@ -15,6 +15,7 @@ Structure:
 from __future__ import annotations
 
 import os
+import sys
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -52,6 +53,7 @@ from specchat.tui.screens.dialogs import ConfirmScreen, SessionsScreen
 from specchat.tui.screens.help import HelpScreen
 from specchat.tui.screens.loading import LoadingScreen
 from specchat.tui.settings_schema import FIELDS, applies, format_value, parse_value, resolve_name, why_not
+from specchat.tui.terminal import terminal_gone
 from specchat.tui.userconfig import UISettings
 from specchat.tui.widgets.draft_tree import DraftTreePanel, HistoryEntry
 from specchat.tui.widgets.prompt import PromptInput
@@ -177,6 +179,9 @@ class SpecChatApp(App[int]):
         for warning in self._warnings:
             self.notify(warning, severity="warning", timeout=8)
         self.run_worker(self.host.run, thread=True, group="engine", name="engine", exit_on_error=False)
+        stdin = sys.__stdin__
+        if not self.is_headless and stdin is not None and os.isatty(stdin.fileno()):
+            self.set_interval(2.0, lambda: self.exit() if terminal_gone(stdin.fileno()) else None)
 
     def on_unmount(self) -> None:
         self.host.shutdown()

@@ -20,7 +20,10 @@ drafter that rarely lands (a weak EAGLE head on free text) makes every step slow
 one. :class:`DraftGate` compares the measured rate of drafted steps (tokens per ms, drafting
 included) with plain decoding's and pauses drafting while it loses, retrying after a pause that
 doubles each time it still loses (4 steps up to 128), so a useless drafter costs a few percent
-instead of half the speed, and a drafter that starts landing again is back within a pause.
+instead of half the speed, and a drafter that starts landing again is back within a pause. For a
+drafter that pays a forward per level, :meth:`DraftBudget.draft_depth` also picks how many levels
+to draft (measured on the 2-core VM: a weak EAGLE-3 head drafts one level in ~2 ms instead of five
+in ~9 ms, since deeper levels would mostly be pruned or rejected anyway).
 
 Pruning a tree to a subtree that contains the root never changes what greedy verification
 outputs, and keeps the target distribution under sampling: this is a speed choice only.
@@ -45,9 +48,11 @@ _MIN_PAUSE, _MAX_PAUSE = 4, 128  # steps without drafting after a losing drafted
 
 @dataclass
 class CostModel:
-    """Verify milliseconds as a function of tree size n (root included)."""
+    """Milliseconds as a function of a size n: a verify's tree size (root included), or the
+    number of levels a drafter grew."""
 
     ms: dict[int, float] = field(default_factory=dict)
+    lone_slope: float = 0.05  # with one size seen: relative cost per extra unit (verify: CPU-typical)
 
     def observe(self, n: int, ms: float) -> None:
         old = self.ms.get(n)
@@ -61,7 +66,8 @@ class CostModel:
         # least-squares line through the sizes seen; with one size, assume the CPU-typical slope
         xs, ys = zip(*sorted(self.ms.items()), strict=True)
         if len(xs) == 1:
-            return max(1e-3, ys[0] * (1.0 + 0.05 * (n - 1)) / (1.0 + 0.05 * (xs[0] - 1)))
+            s = self.lone_slope
+            return max(1e-3, ys[0] * (1.0 + s * (n - 1)) / (1.0 + s * (xs[0] - 1)))
         mx, my = sum(xs) / len(xs), sum(ys) / len(ys)
         sxx = sum((x - mx) ** 2 for x in xs)
         slope = max(0.0, sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True)) / sxx)
@@ -117,6 +123,10 @@ class DraftGate:
     draft_ms: float | None = None  # drafting time per drafted step (average)
     pause: int = 0  # steps left without drafting
     next_pause: int = _MIN_PAUSE
+    # The first drafted step of an answer, and the first after a pause, also pays the drafter's
+    # catch-up (an EAGLE head extends its cache over the prompt or the paused steps): a one-off
+    # cost, so that step is not judged.
+    settling: bool = True
 
     def should_draft(self) -> bool:
         if self.pause > 0:
@@ -124,26 +134,54 @@ class DraftGate:
             return False
         return True
 
-    def observe(self, tokens: int, draft_ms: float, verify_ms: float, plain_ms: float | None) -> None:
-        """A drafted step committed ``tokens``; ``plain_ms``: the estimated time of a plain step."""
+    def observe(self, tokens: int, draft_ms: float, verify_ms: float, plain_ms: float | None) -> bool:
+        """A drafted step committed ``tokens``; ``plain_ms``: the estimated time of a plain step.
+        Returns whether the step was judged (False for a settling step)."""
+        if self.settling:
+            self.settling = False
+            return False
         rate = tokens / max(1e-3, draft_ms + verify_ms)
         self.rate = rate if self.rate is None else self.rate + _GATE_LEARN * (rate - self.rate)
         self.draft_ms = draft_ms if self.draft_ms is None else self.draft_ms + _GATE_LEARN * (draft_ms - self.draft_ms)
         if plain_ms is None or self.draft_ms < _CHEAP_DRAFT * plain_ms or self.rate >= _GATE_MARGIN / plain_ms:
             self.next_pause = _MIN_PAUSE
-            return
+            return True
         self.pause = self.next_pause
         self.next_pause = min(_MAX_PAUSE, 2 * self.next_pause)
         self.rate = None  # the retry after the pause is judged on its own, not on the losses before it
+        self.settling = True
+        return True
 
 
 class DraftBudget:
     """Chooses whether to draft (:class:`DraftGate`) and how much of each proposed tree to verify."""
 
-    def __init__(self) -> None:
-        self.cost = CostModel()
+    def __init__(self, cost: CostModel | None = None) -> None:
+        self.cost = cost if cost is not None else CostModel()  # verify ms by tree size
+        self.draft_cost = CostModel(lone_slope=1.0)  # ms by levels drafted: one head forward per level
         self.acceptance = AcceptanceModel()
         self.gate = DraftGate()
+
+    def draft_depth(self, max_levels: int) -> int:
+        """How many levels a drafter that pays per level (an EAGLE head, a draft model) should grow.
+
+        Pruning only trims what was drafted; the levels themselves are paid first. So pick the
+        depth d that maximises expected tokens per ms of the chain of first children, drafting
+        (by levels) and verifying (d + 1 nodes) included. Depths not drafted lately borrow the
+        nearest shallower estimate, and pessimism fades back to the prior, so the depth grows again
+        when the drafts start landing.
+        """
+        if max_levels <= 1 or not self.draft_cost.ms or self.cost.estimate(1) is None:
+            return max_levels
+        best_depth, best_rate = max_levels, -1.0
+        expected, path = 1.0, 1.0
+        for depth in range(1, max_levels + 1):
+            path *= self.acceptance.get(depth, True)
+            expected += path
+            ms = self.draft_cost.estimate(depth) + self.cost.estimate(depth + 1)  # type: ignore[operator]
+            if expected / ms > best_rate:
+                best_depth, best_rate = depth, expected / ms
+        return best_depth
 
     def prune(self, tree: DraftTree) -> DraftTree:
         if len(tree) == 1:
@@ -174,12 +212,15 @@ class DraftBudget:
         return subtree(tree, keep)
 
     def observe(self, tree: DraftTree, accepted: tuple[int, ...], verify_ms: float,
-                draft_ms: float | None = None) -> None:
-        """``draft_ms``: the drafting time of a drafted step; None for a step the gate kept plain."""
+                draft_ms: float | None = None, levels: int = 0) -> None:
+        """``draft_ms``: the drafting time of a drafted step; None for a step the gate kept plain.
+        ``levels``: how many levels the drafter was asked for, when it pays per level (else 0)."""
         self.cost.observe(len(tree), verify_ms)
         self.acceptance.observe(tree, accepted)
         if draft_ms is not None:
-            self.gate.observe(len(accepted) + 1, draft_ms, verify_ms, self.cost.estimate(1))
+            judged = self.gate.observe(len(accepted) + 1, draft_ms, verify_ms, self.cost.estimate(1))
+            if levels and judged:  # a settling step's catch-up is not the price of its levels
+                self.draft_cost.observe(levels, draft_ms)
 
 
 def subtree(tree: DraftTree, keep: list[int]) -> DraftTree:

@@ -97,6 +97,9 @@ class Step:
     config_version: int = 0  # bumps when update_config() took effect at this step
     proposed: int = 0  # nodes the drafter proposed, before the adaptive budget pruned the tree
     draft_paused: bool = False  # the adaptive budget skipped drafting (it recently cost more than it saved)
+    # levels asked of a drafter that pays per level (EAGLE, standalone) under the adaptive budget,
+    # which may ask for fewer than the configured num_steps; 0 for other drafters
+    draft_levels: int = 0
 
     @property
     def accepted_len(self) -> int:

@@ -134,7 +134,9 @@ class Session:
         self._cached: list[int] = []  # tokens whose K/V sit in the cache, in order
         self._generator = torch.Generator(device="cpu")
         self._reseed(self._config)
-        self._budget = DraftBudget()
+        # adaptive budgets, one per method: acceptance is the drafter's own, and so is the verify
+        # cost (an EAGLE-3 target forward also captures features)
+        self._budgets: dict[str, DraftBudget] = {}
         self._noise_stream: GumbelNoise | None = None
         self._answer_seed = 0
         # target states the drafters read (EAGLE heads), one row per cached token
@@ -298,6 +300,11 @@ class Session:
     def _reseed(self, config: SpecConfig) -> None:
         self._generator.manual_seed(config.seed if config.seed is not None else random.getrandbits(63))
 
+    def _budget(self, method: str) -> DraftBudget:
+        if method not in self._budgets:
+            self._budgets[method] = DraftBudget()
+        return self._budgets[method]
+
     def _drafter(self, method: str) -> Drafter:
         if method not in self._drafters:
             self._drafters[method] = self._factories[method]()
@@ -435,6 +442,7 @@ class Session:
         timing = StepTiming(verify_ms=prefill_ms)
         proposed = 1
         drafted = True
+        levels = 0
         drafter = None
         while True:
             # ---- emit what the last forward produced, honouring stops exactly like the baseline
@@ -457,7 +465,7 @@ class Session:
                 index=step_index, tree=tree, tree_text=tuple(self.tokenizer.piece(t) for t in tree.tokens),
                 accepted=verdict.accepted, bonus=verdict.bonus, committed=tuple(committed), text=step_text,
                 timing=timing, stats=tally.snapshot(), config_version=self._config_version, proposed=proposed,
-                draft_paused=not drafted,
+                draft_paused=not drafted, draft_levels=levels,
             )
             step_index += 1
             if finished is None and self._cancel.is_set():
@@ -477,6 +485,8 @@ class Session:
                     drafter.reset(self._cached, self._features.rows())
                 else:
                     drafter.reset(self._cached)
+                budget = self._budget(config.method)
+                budget.gate.settling = True  # the new drafter's first step catches up on the history
             self._ensure_capacity(len(self._cached) + 1 + config.max_tree_tokens)
             cache = self._cache
 
@@ -486,15 +496,21 @@ class Session:
             if hasattr(drafter, "noise"):
                 drafter.noise = noise
             gated = config.adaptive_draft and config.method != "none"  # "none" has no drafting to pause
-            drafted = not gated or self._budget.gate.should_draft()
+            drafted = not gated or budget.gate.should_draft()
+            levels = 0  # levels asked of a drafter that pays per level, under the adaptive budget
             if drafted:
-                tree = drafter.propose(self._cached, root, config)
+                ask = config
+                if config.adaptive_draft and getattr(drafter, "pays_per_level", False):
+                    levels = budget.draft_depth(config.num_steps)
+                    if levels != config.num_steps:
+                        ask = config.replace(num_steps=levels)
+                tree = drafter.propose(self._cached, root, ask)
                 proposed = len(tree)
                 if proposed > config.max_tree_tokens:
                     raise RuntimeError(f"drafter {drafter.name} proposed {proposed} nodes "
                                        f"(> {config.max_tree_tokens})")
                 if config.adaptive_draft:
-                    tree = self._budget.prune(tree)
+                    tree = budget.prune(tree)
             else:  # drafting is paused: it has recently cost more than it saved
                 tree, proposed = DraftTree.root_only(root), 0
             t_verify = time.perf_counter()
@@ -517,8 +533,8 @@ class Session:
                 verdict = verify_sampling(tree, out.logits, config.temperature, config.top_p, self._generator,
                                            config.top_k)
             t_commit = time.perf_counter()
-            self._budget.observe(tree, verdict.accepted, (t_commit - t_verify) * 1e3,
-                                 (t_verify - t_draft) * 1e3 if gated and drafted else None)
+            budget.observe(tree, verdict.accepted, (t_commit - t_verify) * 1e3,
+                                 (t_verify - t_draft) * 1e3 if gated and drafted else None, levels)
 
             # ---- commit: root + accepted path into the cache; the bonus is the next root
             cache.commit([0, *verdict.accepted])

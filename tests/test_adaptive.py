@@ -63,6 +63,8 @@ def test_gate_pauses_a_drafter_that_costs_more_than_it_saves_with_doubling_pause
     pauses = []
     for _ in range(4):
         assert gate.should_draft()
+        budget.observe(chain(4), (), verify_ms=14.0, draft_ms=8.0)  # settling: the catch-up step is not judged
+        assert gate.pause == 0 and gate.should_draft()
         budget.observe(chain(4), (), verify_ms=14.0, draft_ms=8.0)  # 1 token in 22 ms vs 1 in 10 plain
         pauses.append(gate.pause)
         skipped = 0
@@ -100,3 +102,39 @@ def test_gate_resumes_after_the_drafter_lands_again() -> None:
     assert sum(run(40, ())) < 10  # losing: mostly paused
     landing = run(60, (1, 2, 3))  # the answer starts copying: 4 tokens per 22 ms
     assert all(landing[-30:]) and budget.gate.next_pause == 4
+
+
+def test_the_settling_step_pays_for_catch_up_without_being_judged() -> None:
+    budget = DraftBudget()
+    budget.cost.observe(1, 10.0)
+    budget.observe(chain(4), (1, 2), verify_ms=14.0, draft_ms=500.0, levels=3)  # the head reads a long prompt
+    assert budget.gate.should_draft() and budget.gate.rate is None
+    assert not budget.draft_cost.ms  # nor is the catch-up taken for the price of 3 levels
+    budget.observe(chain(4), (1, 2), verify_ms=14.0, draft_ms=6.0, levels=3)
+    assert budget.gate.should_draft() and budget.draft_cost.ms == {3: 6.0}
+
+
+def _depth_budget(accept: float, level_ms: float) -> DraftBudget:
+    budget = DraftBudget()
+    for n in (1, 6):
+        budget.cost.observe(n, 10.0 + 0.5 * (n - 1))
+    budget.draft_cost.observe(5, 5 * level_ms)
+    budget.acceptance.rate = {(d, True, False): accept for d in range(1, 10)}
+    return budget
+
+
+def test_draft_depth_follows_acceptance_and_the_price_of_a_level() -> None:
+    assert DraftBudget().draft_depth(5) == 5  # nothing measured: draft what was asked
+    assert _depth_budget(0.9, 1.0).draft_depth(5) == 5  # drafts land and levels are cheap
+    assert _depth_budget(0.35, 2.0).draft_depth(5) == 1  # weak drafts: one level, not five
+    depths = [_depth_budget(a, 2.0).draft_depth(8) for a in (0.3, 0.5, 0.7, 0.9)]
+    assert depths == sorted(depths) and depths[0] < depths[-1]
+    assert _depth_budget(0.7, 0.5).draft_depth(8) >= _depth_budget(0.7, 4.0).draft_depth(8)
+
+
+def test_draft_depth_grows_back_once_deeper_drafts_land() -> None:
+    budget = _depth_budget(0.2, 2.0)
+    assert budget.draft_depth(5) == 1
+    for _ in range(80):  # one-level chains whose draft is always accepted
+        budget.observe(chain(2), (1,), verify_ms=10.5, draft_ms=2.0, levels=1)
+    assert budget.draft_depth(5) > 1

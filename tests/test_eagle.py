@@ -416,3 +416,50 @@ def test_coupled_sampling_gives_the_baselines_sample_whatever_the_drafter(layout
     config = SpecConfig(method=kind, eagle_topk=topk, num_steps=steps, num_draft_tokens=draft_tokens,
                         adaptive_draft=adaptive, **common)
     assert tokens_of(eagle_session(b, config).generate_ids(prompt)) == tokens_of(plain.generate_ids(prompt))
+
+
+def test_a_bf16_head_on_a_stored_target_keeps_16_bit_weights_and_drafts_the_same(monkeypatch) -> None:
+    """With SPECCHAT_HEAD_WEIGHTS=stored a 16-bit head stays 16-bit (half the bytes per drafted
+    level); our kernels widen bf16 exactly and run the same FMA chains: bit-identical drafts."""
+    from engine.kernels.stored import StoredLinear
+
+    monkeypatch.setenv("SPECCHAT_HEAD_WEIGHTS", "stored")
+
+    hf, cfg = hf_model("llama", 0, num_hidden_layers=LAYERS)
+    sd = {k: v.detach().clone() for k, v in hf.state_dict().items()}
+    fp32_target = LlamaModel(LlamaConfig.from_dict(cfg), dict(sd))
+    stored_target = LlamaModel(LlamaConfig.from_dict(cfg), dict(sd), weights="stored")
+    hcfg = head_config(cfg, "eagle3", draft_vocab=40, aux_ids=[1, 2, 4])
+    state = {k: (v.to(torch.bfloat16) if v.is_floating_point() else v)
+             for k, v in head_state(cfg, "eagle3", draft_vocab=40).items()}
+    spec, weights = read_head(hcfg, state, kind=None, target=fp32_target.config)
+    plain, stored = EagleHead(spec, weights, fp32_target), EagleHead(spec, weights, stored_target)
+    if stored_target.weights != "stored":
+        pytest.skip("no native kernels on this machine: stored weights are dequantized at load")
+    assert isinstance(stored.gate_up, StoredLinear) and stored.gate_up.nbytes * 2 == plain.gate_up.nbytes
+    T = 5
+    tokens = torch.tensor([3, 9, 27, 4, 11])
+    stream = torch.randn(T, 3 * cfg["hidden_size"], generator=torch.Generator().manual_seed(1))
+    outs = []
+    for head in (plain, stored):
+        g = head.forward(tokens, stream, torch.arange(T), head.new_cache(16), 0)
+        outs.append((g, head.log_probs(g)))
+    assert torch.equal(outs[0][0], outs[1][0]) and torch.equal(outs[0][1], outs[1][1])
+
+
+def test_a_head_on_a_stored_target_runs_on_8_bit_codes_by_default_and_stays_lossless() -> None:
+    from engine.kernels.stored import StoredLinear
+
+    hf, cfg = hf_model("llama", 0, num_hidden_layers=LAYERS)
+    sd = {k: v.detach().clone() for k, v in hf.state_dict().items()}
+    stored_target = LlamaModel(LlamaConfig.from_dict(cfg), dict(sd), weights="stored")
+    if stored_target.weights != "stored":
+        pytest.skip("no native kernels on this machine: stored weights are dequantized at load")
+    b = load_draft(str(head_dir("eagle3", "specforge", 40)), stored_target, TinyTokenizer())
+    drafter = b.factory()
+    assert isinstance(drafter.head.lm_head, StoredLinear) and drafter.head.lm_head.parts[0].kind == "q8"
+    base = Session(stored_target, TinyTokenizer(), SpecConfig(max_new_tokens=40), drafters={"none": NoDrafter})
+    spec = Session(stored_target, TinyTokenizer(), SpecConfig(method="eagle3", max_new_tokens=40, adaptive_draft=False),
+                   drafters={"none": NoDrafter, "eagle3": b.factory}, features=b.features)
+    prompt = [5, 17, 3, 44, 9]
+    assert tokens_of(spec.generate_ids(prompt)) == tokens_of(base.generate_ids(prompt))

@@ -13,6 +13,7 @@ from engine.config import ConfigError, SpecConfig
 from engine.drafters.base import NoDrafter
 from engine.events import ConfigApplied, Finished, Started, Step
 from engine.session import Session
+from engine.tree import DraftTree
 from tests.drafters import RandomTreeDrafter
 from tests.tiny import TinyTokenizer, our_model
 
@@ -326,3 +327,39 @@ def test_a_drafter_that_does_not_pay_is_paused_and_output_stays_lossless() -> No
                                             adaptive_draft=False), stops=frozenset())
     steps = [e for e in s.generate_ids(prompt) if isinstance(e, Step) and e.index > 0]
     assert drafter.calls == len(steps) and not any(e.draft_paused for e in steps)
+
+
+class _PerLevelDrafter(RandomTreeDrafter):
+    """A chain drafter that pays a forward per level (like an EAGLE head) and never lands."""
+
+    pays_per_level = True
+
+    def __init__(self) -> None:
+        super().__init__(seed=5, hit_rate=0.0)
+        self.asked: list[int] = []
+
+    def propose(self, history, root, config):
+        import time
+
+        self.asked.append(config.num_steps)
+        time.sleep(0.003 * config.num_steps)
+        return DraftTree.chain(root, [self.rng.randrange(self.vocab) for _ in range(config.num_steps)])
+
+
+def test_the_budget_asks_a_per_level_drafter_for_fewer_levels_when_deep_drafts_do_not_pay() -> None:
+    m = model()
+    prompt = [2, 4, 6, 8]
+    want = baseline(m, prompt, max_new=80, stops=frozenset())
+    drafter = _PerLevelDrafter()
+    config = SpecConfig(method="standalone", max_new_tokens=80, num_steps=5, eagle_topk=1, num_draft_tokens=6)
+    s = spec_session(m, drafter, config, stops=frozenset())
+    events = list(s.generate_ids(prompt))
+    assert tokens_of(events) == want
+    drafted = [e for e in events if isinstance(e, Step) and e.index > 0 and not e.draft_paused]
+    assert [e.draft_levels for e in drafted] == drafter.asked  # the event reports what was asked
+    assert drafter.asked[0] == 5 and min(drafter.asked) == 1
+    assert all(e.tree.max_depth <= e.draft_levels for e in drafted)
+    # n-gram style drafters (no per-level price) always get the configured depth
+    plain = RandomTreeDrafter(seed=5, hit_rate=0.0)
+    s = spec_session(m, plain, config, stops=frozenset())
+    assert all(e.draft_levels == 0 for e in s.generate_ids(prompt) if isinstance(e, Step))

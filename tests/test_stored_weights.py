@@ -67,6 +67,20 @@ def test_decoded_values_equal_reference_dequantize(stored_weight) -> None:
     assert torch.equal(StoredPanels.from_rows(rows).dequantize(), dense)  # the repacking loses nothing
 
 
+def test_q8_quantization_is_within_half_a_step_and_multiplies_like_its_dequantized_weight() -> None:
+    w = torch.randn(40, 96, generator=torch.Generator().manual_seed(4))
+    w[3, :32] = 0.0  # an all-zero block: scale 0, codes 0, no division by zero
+    rows = QuantRows.quantize_q8(w)
+    assert rows.kind == "q8" and rows.codes.dtype == torch.int8 and rows.scales.shape == (40, 3)
+    step = rows.scales.repeat_interleave(32, dim=1)
+    assert bool(((rows.dequantize() - w).abs() <= step / 2 + 1e-7).all())
+    assert torch.equal(rows.dequantize()[3, :32], torch.zeros(32))
+    x = torch.randn(3, 96, generator=torch.Generator().manual_seed(5))
+    assert torch.equal(StoredLinear([rows])(x), Linear(rows.dequantize())(x))
+    with pytest.raises(ValueError, match="does not divide"):
+        QuantRows.quantize_q8(torch.randn(4, 40))
+
+
 @pytest.mark.parametrize("m", [1, 2, 5, 6, 7, 13, 20])
 def test_stored_product_equals_fp32_path_and_is_row_invariant(stored_weight, m: int) -> None:
     rows, dense = stored_weight

@@ -21,6 +21,10 @@ class Drafter(Protocol):
     name: str
     # True when the drafter needs target hidden states in observe() (EAGLE heads).
     needs_features: bool
+    # True when each level of ``config.num_steps`` costs a model forward (EAGLE heads, a draft
+    # model): the adaptive budget may then ask for fewer levels (engine.adaptive.draft_depth).
+    # Drafters without it (n-gram: a lookup) always get the configured depth.
+    pays_per_level: bool = False
 
     def reset(self, history: Sequence[int]) -> None:
         """Forget per-sequence state and take ``history`` (tokens already in the target cache)."""

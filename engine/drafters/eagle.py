@@ -28,6 +28,7 @@ from engine.tree import DraftTree
 
 class EagleDrafter:
     needs_features = True
+    pays_per_level = True
 
     def __init__(self, head: EagleHead, name: str | None = None) -> None:
         self.head = head

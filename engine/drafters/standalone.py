@@ -26,6 +26,7 @@ from engine.tree import DraftTree
 class StandaloneDrafter:
     name = "standalone"
     needs_features = False
+    pays_per_level = True
 
     def __init__(self, model, vocab_size: int) -> None:
         """``vocab_size``: the target's; draft logits past it (padding rows) are never proposed."""

@@ -52,6 +52,20 @@ class QuantRows:
             return cls(kind, 0, weight.contiguous().view(torch.int16))
         return cls("f32", 0, weight.float().contiguous())
 
+    @classmethod
+    def quantize_q8(cls, weight: torch.Tensor, group: int = 32) -> QuantRows:
+        """Symmetric 8-bit codes with one scale per ``group`` k (Q8_0's recipe): a quarter of
+        fp32's bytes. Lossy, so only for weights whose exact values do not matter to the output
+        (a draft head's: drafts are verified)."""
+        w = weight.float()
+        n, k = w.shape
+        if k % group:
+            raise ValueError(f"group {group} does not divide k={k}")
+        blocks = w.view(n, k // group, group)
+        scales = blocks.abs().amax(-1) / 127.0
+        codes = torch.round(blocks / scales.clamp_min(1e-30).unsqueeze(-1)).clamp_(-127, 127).to(torch.int8)
+        return cls("q8", group, codes.view(n, k), scales.contiguous())
+
     def rows(self, index: torch.Tensor) -> QuantRows:
         """The rows ``index`` (a permutation, or the tokens of an embedding lookup)."""
         pick = (lambda t: None if t is None else t.index_select(0, index))  # noqa: E731

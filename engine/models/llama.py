@@ -118,11 +118,11 @@ class _Layer:
         heads = {"q": config.num_heads, "k": config.num_kv_heads}
 
         def w(name: str) -> Any:
-            t = _as_weight(sd[prefix + name], stored and name.endswith("_proj.weight"), dtype, device)
+            t = as_weight(sd[prefix + name], stored and name.endswith("_proj.weight"), dtype, device)
             # q/k rows (and biases, and q/k norm weights) go into the rotation-friendly order
             proj = name.split(".")[1][0] if name.startswith("self_attn.") else ""
             if proj in heads and (name.endswith("_proj.weight") or name.endswith("_proj.bias")):
-                return _interleave_rows(t, heads[proj], hd)
+                return interleave_rows(t, heads[proj], hd)
             if proj in heads and name.endswith("_norm.weight"):
                 return interleave_halves(t, 1, hd)
             return t
@@ -184,7 +184,7 @@ class LlamaModel:
             rows = embed if isinstance(embed, QuantRows) else QuantRows.from_tensor(embed)
             self._stored_embed = StoredEmbedding(rows)
         else:
-            self.embed = _as_weight(embed, False, dtype, self.device)
+            self.embed = as_weight(embed, False, dtype, self.device)
         self.layers = []
         for i in range(config.num_layers):
             prefix = f"model.layers.{i}."
@@ -192,13 +192,13 @@ class LlamaModel:
             if consume:
                 for key in [k for k in sd if k.startswith(prefix)]:
                     del sd[key]
-        self.norm = _as_weight(sd["model.norm.weight"], False, dtype, self.device)
+        self.norm = as_weight(sd["model.norm.weight"], False, dtype, self.device)
         if stored:
-            head = self._stored_embed.rows if config.tie_word_embeddings else _as_weight(sd["lm_head.weight"], True,
+            head = self._stored_embed.rows if config.tie_word_embeddings else as_weight(sd["lm_head.weight"], True,
                                                                                           dtype, self.device)
             self.lm_head: Linear | StoredLinear = make_linear([head], None)
         else:
-            head = self.embed if config.tie_word_embeddings else _as_weight(sd["lm_head.weight"], False, dtype,
+            head = self.embed if config.tie_word_embeddings else as_weight(sd["lm_head.weight"], False, dtype,
                                                                             self.device)
             self.lm_head = Linear(head)
         inv_freq, att_factor = rope_inv_freq(
@@ -418,7 +418,7 @@ class LlamaModel:
         return mask.to(self.device), False
 
 
-def _as_weight(t: Any, keep_stored: bool, dtype: torch.dtype, device: torch.device) -> Any:
+def as_weight(t: Any, keep_stored: bool, dtype: torch.dtype, device: torch.device) -> Any:
     """A state-dict value as the model holds it: QuantRows (stored mode, matrix weights; bf16/f16
     tensors are kept as 2-byte rows), else a dense tensor of ``dtype`` on ``device``."""
     if keep_stored:
@@ -428,7 +428,7 @@ def _as_weight(t: Any, keep_stored: bool, dtype: torch.dtype, device: torch.devi
     return t.to(device=device, dtype=dtype)
 
 
-def _interleave_rows(t: Any, num_heads: int, head_dim: int) -> Any:
+def interleave_rows(t: Any, num_heads: int, head_dim: int) -> Any:
     if isinstance(t, QuantRows):
         return t.rows(interleave_halves(torch.arange(t.shape[0]), num_heads, head_dim))
     return interleave_halves(t, num_heads, head_dim)

@@ -55,3 +55,33 @@ async def test_stats_and_tree_panels_show_paused_drafting() -> None:
         tree.add_steps([HistoryEntry("answer 1", "eagle3", _paused_step(3))])
         await pilot.pause()
         assert "drafting paused" in str(tree.query_one("#tree-title", Static).render())
+
+
+async def test_stats_panel_shows_when_the_budget_drafts_fewer_levels_than_set() -> None:
+    from textual.app import App, ComposeResult
+
+    from engine.events import Started
+    from specchat.tui.widgets.stats import StatsView
+
+    class Panel(App):
+        def compose(self) -> ComposeResult:
+            yield StatsView(id="stats")
+
+    app = Panel()
+    async with app.run_test(size=(80, 20)) as pilot:
+        stats = app.query_one(StatsView)
+        stats.state.started(Started(prompt_tokens=4, config={"num_steps": 5}))
+        chain = DraftTree.chain(5, [6, 7])
+        stats.state.add(Step(index=1, tree=chain, proposed=3, draft_levels=5))
+        stats.refresh()
+        await pilot.pause()
+        assert "levels" not in str(stats.render())  # all the levels that were set
+        stats.state.add(Step(index=2, tree=DraftTree.chain(7, [8]), proposed=2, draft_levels=1))
+        stats.state.add(_paused_step(3))  # a paused step keeps the last drafted step's levels
+        stats.refresh()
+        await pilot.pause()
+        assert "1 of 5 (budget)" in str(stats.render())
+        stats.state.config_in_force({"num_steps": 1})  # set to one level: nothing is cut
+        stats.refresh()
+        await pilot.pause()
+        assert "levels" not in str(stats.render())

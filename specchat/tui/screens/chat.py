@@ -140,6 +140,7 @@ class ChatScreen(Screen):
                         f"{rec.dropped_turns} oldest message{'s' if rec.dropped_turns != 1 else ''} left out of "
                         "the prompt so it fits the context (settings: context overflow)")
             elif isinstance(rec, ConfigApplied):
+                stats.config_in_force(rec.config)
                 if self.answer is not None and self.answer.finished is None:
                     self.answer.stream.add_text(" ⚙ new settings from here ", "marker")
             elif isinstance(rec, Finished):

@@ -24,6 +24,8 @@ class StatsState:
     last_verify_ms: float = 0.0
     paused_steps: int = 0  # steps where the adaptive budget skipped drafting
     last_paused: bool = False
+    configured_levels: int = 0  # num_steps in force (Started / ConfigApplied)
+    last_levels: int = 0  # levels the budget asked of a per-level drafter at the last drafted step
     prefill_ms: float = 0.0
     prompt_tokens: int = 0
     baseline_tps: float | None = None
@@ -40,6 +42,7 @@ class StatsState:
         self.draft_ms_sum = self.verify_ms_sum = 0.0
         self.last_draft_ms = self.last_verify_ms = 0.0
         self.paused_steps, self.last_paused = 0, False
+        self.last_levels = 0
         self.finished = ""
         self.stepped = self.stepping
         self.prefill = None
@@ -49,6 +52,10 @@ class StatsState:
         self.prompt_tokens = ev.prompt_tokens
         self.context_limit = ev.context_limit
         self.context_used = ev.prompt_tokens
+        self.config_in_force(ev.config)
+
+    def config_in_force(self, config: dict) -> None:
+        self.configured_levels = int(config.get("num_steps") or 0)
 
     def finish(self, ev: Finished) -> None:
         self.finished = ev.reason if ev.reason != "stop" else "done"
@@ -69,6 +76,8 @@ class StatsState:
         self.last_verify_ms = step.timing.verify_ms
         self.paused_steps += step.draft_paused
         self.last_paused = step.draft_paused
+        if step.draft_levels:
+            self.last_levels = step.draft_levels
         self.context_used = self.prompt_tokens + step.stats.tokens
         if self.stepping:
             self.stepped = True
@@ -134,6 +143,8 @@ class StatsView(StickyHeight, Widget):
             row("last", f"draft {st.last_draft_ms:.1f} · verify {st.last_verify_ms:.1f}")
         if st.paused_steps:  # the adaptive budget skipped drafting: it cost more than it saved
             row("paused", f"drafting in {st.paused_steps}/{st.steps} steps" + (" (now)" if st.last_paused else ""))
+        if 0 < st.last_levels < st.configured_levels:  # the budget drafts fewer levels than set
+            row("levels", f"{st.last_levels} of {st.configured_levels} (budget)")
         sp = self.speedup()
         if st.stepping or st.stepped:
             row("speed-up", "n/a (teaching pauses)", ".stat--label")

@@ -23,7 +23,6 @@ import dataclasses
 import itertools
 import multiprocessing as mp
 import threading
-import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from multiprocessing import resource_tracker
@@ -225,33 +224,21 @@ class ProcessHost:
 # the child process ----------------------------------------------------------------------------
 @dataclass
 class _Forwarder:
-    """Sends the mailbox's items to the parent in batches, at most one pipe write per ``min_gap``.
-
-    Why the gap: a fast engine produces 100+ steps a second, and a write per step wakes this
-    thread (taking the child's GIL from the step loop) and the UI's receiving thread (taking a core
-    from the engine's threads) 100+ times a second. The UI draws at most 20 frames a second, so
-    batching over 30 ms changes nothing on screen.
-    """
+    """Sends the mailbox's items to the parent, a batch per wake-up (one pipe write per batch)."""
 
     conn: Any
     host: EngineHost | None = None
     wake: threading.Event = field(default_factory=threading.Event)
     stop: bool = False
-    min_gap: float = 0.03
-    _last_send: float = -1.0
 
     def loop(self) -> None:
         while True:
             self.wake.wait()
-            wait = self._last_send + self.min_gap - time.monotonic()
-            if wait > 0 and not self.stop:
-                time.sleep(wait)  # let the batch fill
             self.wake.clear()
             stopping = self.stop  # read before draining: whatever was put before the stop goes out
             items = [_lean(i) for i in self.host.drain()] if self.host is not None else []
             if items:
                 self.conn.send(("items", items))
-                self._last_send = time.monotonic()
             if stopping:
                 return
 

@@ -72,3 +72,17 @@ async def test_a_stream_that_keeps_its_height_repaints_without_a_layout():
         assert stream._layout_required  # taller: the screen lays out again
         await pilot.pause()
         assert stream.size.height == 2
+
+
+def test_the_app_skips_the_ansi_to_truecolor_filter_but_keeps_no_color(monkeypatch) -> None:
+    """Our themes use no ANSI colours, so converting them on every strip of every frame is waste
+    (a third of a frame's CPU at 120x40); NO_COLOR's monochrome filter must still apply."""
+    from textual.filter import ANSIToTruecolor, Monochrome, NoColor
+
+    from specchat.tui.testing import make_app
+
+    app = make_app()
+    assert any(isinstance(f, ANSIToTruecolor) for f in app._filters)  # Textual adds it ...
+    assert not any(isinstance(f, ANSIToTruecolor) for f in app.get_line_filters())  # ... we skip it
+    monkeypatch.setenv("NO_COLOR", "1")
+    assert any(isinstance(f, (Monochrome, NoColor)) for f in make_app().get_line_filters())

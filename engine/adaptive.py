@@ -156,8 +156,8 @@ class DraftGate:
 class DraftBudget:
     """Chooses whether to draft (:class:`DraftGate`) and how much of each proposed tree to verify."""
 
-    def __init__(self, cost: CostModel | None = None) -> None:
-        self.cost = cost if cost is not None else CostModel()  # verify ms by tree size
+    def __init__(self) -> None:
+        self.cost = CostModel()  # verify ms by tree size
         self.draft_cost = CostModel(lone_slope=1.0)  # ms by levels drafted: one head forward per level
         self.acceptance = AcceptanceModel()
         self.gate = DraftGate()

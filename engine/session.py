@@ -534,7 +534,7 @@ class Session:
                                            config.top_k)
             t_commit = time.perf_counter()
             budget.observe(tree, verdict.accepted, (t_commit - t_verify) * 1e3,
-                                 (t_verify - t_draft) * 1e3 if gated and drafted else None, levels)
+                           (t_verify - t_draft) * 1e3 if gated and drafted else None, levels)
 
             # ---- commit: root + accepted path into the cache; the bonus is the next root
             cache.commit([0, *verdict.accepted])

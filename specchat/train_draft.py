@@ -18,7 +18,8 @@ from specchat.cli import UsageError
 def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("train-draft", help="train an EAGLE-3 draft head for a model on its own answers")
     p.add_argument("model", nargs="?", default=None, help="target model (default: the embedded smollm2-135m)")
-    p.add_argument("--out", required=True, help="output folder: config.json + model.safetensors (EAGLE-3 layout)")
+    p.add_argument("--out", default=None,
+                   help="output folder: config.json + model.safetensors (EAGLE-3 layout); required unless --data-only")
     p.add_argument("--resume", action="store_true", help="continue the run whose checkpoint is in --out")
     p.add_argument("--init-from", default=None,
                    help="start from an exported head's weights and vocabulary (e.g. the shipped one)")
@@ -38,6 +39,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--eval-every", type=int, default=200, help="measure held-out tau and export every N steps")
     p.add_argument("--checkpoint-every", type=int, default=20)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--data-only", action="store_true",
+                   help="generate (or extend) the self-distilled data and stop; --out is not written")
+    p.add_argument("--rows", type=int, default=24,
+                   help="conversations generated per forward by the CPU data engine (default 24)")
+    p.add_argument("--bf16", default="auto", choices=["auto", "on", "off"],
+                   help="train the head under bf16 autocast (auto: where the CPU has bf16 dot products)")
     p.add_argument("--export-dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"])
     p.add_argument("--device", default="cpu", help="cpu or cuda[:N]")
     p.add_argument("--threads", type=int, default=None, help="CPU threads (default: all cores)")
@@ -48,24 +55,36 @@ def run_train_draft(args: argparse.Namespace) -> int:
     from engine.loader import configure_threads, pick_device
     from engine.train.data import GenSettings
     from engine.train.pipeline import load_target, prepare_data
+    from engine.train.targets import StoredTarget
     from engine.train.trainer import TrainSettings, train
 
-    if args.tokens <= 0 or args.draft_vocab_size <= 1 or args.ttt_steps < 1 or args.batch_tokens < 16:
-        raise UsageError("--tokens, --draft-vocab-size, --ttt-steps and --batch-tokens must be positive "
+    if args.tokens <= 0 or args.draft_vocab_size <= 1 or args.ttt_steps < 1 or args.batch_tokens < 16 \
+            or args.rows < 1:
+        raise UsageError("--tokens, --draft-vocab-size, --ttt-steps, --rows and --batch-tokens must be positive "
                          "(batch-tokens at least 16)")
-    out = Path(args.out)
-    if args.resume and not (out / "checkpoint" / "progress.json").is_file():
-        raise UsageError(f"--resume: {out} has no checkpoint; run without --resume to start")
-    if not args.resume and (out / "checkpoint" / "progress.json").is_file():
-        raise UsageError(f"{out} already holds a training run; pass --resume to continue it or pick a new --out")
+    if args.out is None and not args.data_only:
+        raise UsageError("--out is required (the folder the trained head is written to), unless --data-only")
+    out = Path(args.out or ".")
+    if not args.data_only:
+        has_checkpoint = (out / "checkpoint" / "progress.json").is_file()
+        if args.resume and not has_checkpoint:
+            raise UsageError(f"--resume: {out} has no checkpoint; run without --resume to start")
+        if not args.resume and has_checkpoint:
+            raise UsageError(f"{out} already holds a training run; pass --resume to continue it or pick a new --out")
+        _check_writable(out)
     threads = configure_threads(args.threads)
     device = pick_device(args.device)
     started = time.time()
     deadline = started + args.hours * 3600 if args.hours else None
     target = load_target(args.model, device=str(device), revision=args.revision)
     print(f"target: {target.name}  device: {device}  threads: {threads}")
-    samples, folder = prepare_data(target, GenSettings(seed=args.seed), args.tokens, args.prompts,
-                                   use_builtin_prompts=not args.no_builtin_prompts)
+    samples, cache = prepare_data(target, GenSettings(seed=args.seed), args.tokens, args.prompts,
+                                  use_builtin_prompts=not args.no_builtin_prompts, rows=args.rows)
+    folder = cache.folder
+    if args.data_only:
+        n_all = sum(len(s.ids) - s.answer_start for s in samples)
+        print(f"data: {len(samples)} conversations, {n_all} answer tokens in {folder}")
+        return 0
     held = [s for s in samples if s.held_out]
     trains = [s for s in samples if not s.held_out]
     n_tok = sum(len(s.ids) - s.answer_start for s in trains)
@@ -77,21 +96,33 @@ def run_train_draft(args: argparse.Namespace) -> int:
         draft_vocab_size=min(args.draft_vocab_size, int(target.hf.config.vocab_size)), ttt_steps=args.ttt_steps,
         intermediate_size=args.intermediate_size, batch_tokens=args.batch_tokens, lr=args.lr, epochs=args.epochs,
         max_steps=args.max_steps, checkpoint_every=args.checkpoint_every, eval_every=args.eval_every,
-        seed=args.seed, export_dtype=args.export_dtype,
+        seed=args.seed, export_dtype=args.export_dtype, bf16=args.bf16,
     )
     card = {"target": target.name, "command": _command_line(), "data_cache": str(folder),
             "data": {"conversations": len(trains), "answer_tokens": n_tok, "held_out": len(held)},
             "machine": f"{_cpu_name()}, {os.cpu_count()} cores, {device}, torch threads={threads}",
             "settings": {k: v for k, v in vars(settings).items()}}
+    source = StoredTarget(cache, target.hf) if cache.has_features(samples) else None
+    print("training reads the stored target features" if source else "training runs the target on every batch")
     result = train(target.hf, trains, held, out, settings, stop_ids=sorted(target.tokenizer.stop_token_ids),
-                   resume=args.resume, card=card, deadline=deadline,
-                   init_from=args.init_from)
+                   resume=args.resume, card=card, deadline=deadline, init_from=args.init_from, source=source)
     tau = result.eval.get("tau") if result.eval else None
     print(f"done: {result.steps} steps; held-out tau {tau:.3f} (greedy chain of {args.ttt_steps})" if tau is not None
           else f"done: {result.steps} steps")
     print(f"head: {out}/config.json + model.safetensors; use it with --method eagle3 --draft {out}")
     json.dumps(card)  # the card must stay serialisable
     return 0
+
+
+def _check_writable(out: Path) -> None:
+    """Refuse an output folder we cannot write before any data is generated or trained."""
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        probe = out / ".specchat-write-test"
+        probe.write_bytes(b"")
+        probe.unlink()
+    except OSError as exc:
+        raise UsageError(f"cannot write to --out {out} ({exc.strerror or exc}); pick a folder you can write") from None
 
 
 def _cpu_name() -> str:

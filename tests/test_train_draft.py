@@ -20,7 +20,8 @@ from engine.models.llama import LlamaConfig, LlamaModel
 from engine.train import load_exported, train_head
 from engine.train.data import DataCache, GenSettings, Sample, generate_batch, generate_data
 from engine.train.head import EXPORT_KEYS, default_aux_layer_ids, draft_vocab, vocab_maps
-from engine.train.trainer import ResumeError, target_features
+from engine.train.targets import target_features
+from engine.train.trainer import ResumeError
 from tests.tiny import family_config
 
 VOCAB = 64

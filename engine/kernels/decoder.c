@@ -27,6 +27,9 @@ void silu_mul(const float *gu, long T, long I, float *out);
 void tree_attention(const float *q, long q_stride, const float *k, const float *v, long cap, long L, long T,
                     int nh, int nkv, int hd, const unsigned char *tree, long window, const long *positions,
                     float scale, float *out, int nthreads);
+void rows_attention(const float *q, long q_stride, const float *k, const float *v, long cap, long T, int nh,
+                    int nkv, int hd, const long *seg, const long *slots, long window, const long *positions,
+                    float scale, float *out, int nthreads);
 
 #define MAX_PARTS 3
 
@@ -86,15 +89,15 @@ static void rotate(float *rows, long T, long stride, long heads, long hd, const 
 }
 
 /*
- * Run layers[0..nlayers-1] on x: [T, hidden] (updated in place, the residual stream).
- * kc, vc: the first of these layers' K/V caches, [kv_heads, cap, head_dim] each, consecutive
- * layers layer_stride floats apart; the T new tokens are written at slots L..L+T-1.
- * rot: [T][head_dim] (cos, sin) pairs; tree: [T, T] bytes or NULL (causal);
- * positions: [T] (read with a sliding window). Returns 0, or -1 when out of memory.
+ * The layers on x: [T, hidden] (updated in place, the residual stream). kc, vc: the first of
+ * these layers' K/V caches, [kv_heads, cap, head_dim] each, consecutive layers layer_stride
+ * floats apart. rot: [T][head_dim] (cos, sin) pairs. Token t's K/V go to slot slots[t] when
+ * slots is given (rows mode: attention over seg[t]..slots[t], see rows_attention), else to slot
+ * L + t (one sequence: attention over the L cached slots and the tree / causal new ones).
  */
-int decoder_layers(const layer_t *layers, long nlayers, const dims_t *d, float *x, long T, float *kc, float *vc,
-                   long layer_stride, long cap, long L, const float *rot, const unsigned char *tree,
-                   const long *positions) {
+static int run_layers(const layer_t *layers, long nlayers, const dims_t *d, float *x, long T, float *kc, float *vc,
+                      long layer_stride, long cap, long L, const float *rot, const unsigned char *tree,
+                      const long *positions, const long *seg, const long *slots) {
     const long H = d->hidden, nh = d->heads, nkv = d->kv_heads, hd = d->head_dim, I = d->inter;
     const int nt = (int)d->nthreads;
     const long qkv_w = (nh + 2 * nkv) * hd;
@@ -107,14 +110,20 @@ int decoder_layers(const layer_t *layers, long nlayers, const dims_t *d, float *
         rms_norm(x, T, H, l->ln_attn, d->eps, h);
         linear(&l->qkv, h, T, qkv, 0, nt);
         rotate(qkv, T, qkv_w, nh + nkv, hd, rot);
-        for (long t = 0; t < T; t++)
+        for (long t = 0; t < T; t++) {
+            const long slot = slots ? slots[t] : L + t;
             for (long g = 0; g < nkv; g++) {
                 const float *row = qkv + t * qkv_w + (nh + g) * hd;
-                memcpy(kl + (g * cap + L + t) * hd, row, sizeof(float) * (size_t)hd);
-                memcpy(vl + (g * cap + L + t) * hd, row + nkv * hd, sizeof(float) * (size_t)hd);
+                memcpy(kl + (g * cap + slot) * hd, row, sizeof(float) * (size_t)hd);
+                memcpy(vl + (g * cap + slot) * hd, row + nkv * hd, sizeof(float) * (size_t)hd);
             }
-        tree_attention(qkv, qkv_w, kl, vl, cap, L, T, (int)nh, (int)nkv, (int)hd, tree, d->window, positions,
-                       d->scale, att, nt);
+        }
+        if (slots)
+            rows_attention(qkv, qkv_w, kl, vl, cap, T, (int)nh, (int)nkv, (int)hd, seg, slots, d->window, positions,
+                           d->scale, att, nt);
+        else
+            tree_attention(qkv, qkv_w, kl, vl, cap, L, T, (int)nh, (int)nkv, (int)hd, tree, d->window, positions,
+                           d->scale, att, nt);
         linear(&l->o, att, T, x, 1, nt);
         rms_norm(x, T, H, l->ln_mlp, d->eps, h);
         linear(&l->gate_up, h, T, gu, 0, nt);
@@ -123,4 +132,24 @@ int decoder_layers(const layer_t *layers, long nlayers, const dims_t *d, float *
     }
     free(h);
     return 0;
+}
+
+/*
+ * One sequence: the T new tokens are written at slots L..L+T-1; tree: [T, T] bytes or NULL
+ * (causal); positions: [T] (read with a sliding window). Returns 0, or -1 when out of memory.
+ */
+int decoder_layers(const layer_t *layers, long nlayers, const dims_t *d, float *x, long T, float *kc, float *vc,
+                   long layer_stride, long cap, long L, const float *rot, const unsigned char *tree,
+                   const long *positions) {
+    return run_layers(layers, nlayers, d, x, T, kc, vc, layer_stride, cap, L, rot, tree, positions, NULL, NULL);
+}
+
+/*
+ * Independent sequences in one call: token t belongs to the row whose slots start at seg[t],
+ * is written at slots[t] and sees seg[t]..slots[t]; positions[t] = slots[t] - seg[t].
+ */
+int decoder_rows(const layer_t *layers, long nlayers, const dims_t *d, float *x, long T, float *kc, float *vc,
+                 long layer_stride, long cap, const float *rot, const long *positions, const long *seg,
+                 const long *slots) {
+    return run_layers(layers, nlayers, d, x, T, kc, vc, layer_stride, cap, 0, rot, NULL, positions, seg, slots);
 }

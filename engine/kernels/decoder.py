@@ -70,6 +70,7 @@ class NativeDecoder:
 
     def __init__(self, kernel: NativeKernel, layers: ctypes.Array, dims: _Dims, keep: list[torch.Tensor]) -> None:
         self._fn = kernel.decoder_layers
+        self._rows_fn = kernel.decoder_rows
         self._layers = layers
         self._dims = dims
         self._keep = keep  # the tensors the structs point into (norm weights, contiguous copies)
@@ -118,6 +119,22 @@ class NativeDecoder:
             rot.data_ptr(),
             _ptr(tree),
             positions.data_ptr(),
+        )
+        if rc != 0:
+            raise MemoryError("the native decoder could not allocate its scratch buffers")
+
+    def run_rows(self, x: torch.Tensor, k: torch.Tensor, v: torch.Tensor, rot: torch.Tensor, positions: torch.Tensor,
+                 seg: torch.Tensor, slots: torch.Tensor, start: int, stop: int) -> None:
+        """Layers ``start..stop-1`` on tokens of independent sequences sharing the cache tensors
+        k, v ([layers, kv_heads, cap, head_dim]): token t is written at slot ``slots[t]`` and
+        attends to ``seg[t]..slots[t]``. seg, slots, positions: [T] int64 contiguous."""
+        self._dims.nthreads = torch.get_num_threads()
+        stride = k.stride(0)
+        offset = start * stride * k.element_size()
+        rc = self._rows_fn(
+            ctypes.addressof(self._layers) + start * self._layer_size, stop - start, ctypes.addressof(self._dims),
+            x.data_ptr(), x.shape[0], k.data_ptr() + offset, v.data_ptr() + offset, stride, k.shape[2],
+            rot.data_ptr(), positions.data_ptr(), seg.data_ptr(), slots.data_ptr(),
         )
         if rc != 0:
             raise MemoryError("the native decoder could not allocate its scratch buffers")

@@ -45,6 +45,7 @@ _SIGNATURES = {
     "silu_mul": [_p, _l, _l, _p],
     "tree_attention": [_p, _l, _p, _p, _l, _l, _l, _i, _i, _i, _p, _l, _p, _f, _p, _i],
     "decoder_layers": [_p, _l, _p, _p, _l, _p, _p, _l, _l, _l, _p, _p, _p],
+    "decoder_rows": [_p, _l, _p, _p, _l, _p, _p, _l, _l, _p, _p, _p, _p],
 }
 
 
@@ -65,6 +66,8 @@ class NativeKernel:
         self._lib = lib
         self.decoder_layers = lib.decoder_layers  # driven by engine/kernels/decoder.py
         self.decoder_layers.restype = _i
+        self.decoder_rows = lib.decoder_rows
+        self.decoder_rows.restype = _i
 
     def linear(
         self,

@@ -92,6 +92,71 @@ static inline AVX2 float dot(const float *a, const float *b, int n) {
 }
 
 /*
+ * softmax(q . k_a * scale) . v_a over the keys listed in keys[0..n-1] (slot indices into kh/vh),
+ * visited in list order. scores: scratch for n floats. out: hd floats.
+ * Every attention entry point below lists its keys and calls this, so they agree bit for bit
+ * whenever they list the same keys in the same order.
+ */
+static inline AVX2 void attend(const float *qr, const float *kh, const float *vh, const int *keys, long n, int hd,
+                               float scale, float *scores, float *o) {
+    /* scores, 8 keys at a time (8 independent FMA chains), then one at a time */
+    const __m256 sc = _mm256_set1_ps(scale);
+    long a0 = 0;
+    for (; a0 + 8 <= n; a0 += 8) {
+        __m256 d[8];
+        const float *kr[8];
+        for (int i = 0; i < 8; i++) {
+            d[i] = _mm256_setzero_ps();
+            kr[i] = kh + (long)keys[a0 + i] * hd;
+        }
+        for (int c = 0; c < hd; c += 8) {
+            const __m256 qc = _mm256_loadu_ps(qr + c);
+            for (int i = 0; i < 8; i++) d[i] = _mm256_fmadd_ps(qc, _mm256_loadu_ps(kr[i] + c), d[i]);
+        }
+        _mm256_storeu_ps(scores + a0, _mm256_mul_ps(hsum8x8(d), sc));
+    }
+    for (; a0 < n; a0++) scores[a0] = dot(qr, kh + (long)keys[a0] * hd, hd) * scale;
+    float mx = -INFINITY;
+    for (long a = 0; a < n; a++)
+        if (scores[a] > mx) mx = scores[a];
+    const __m256 m8 = _mm256_set1_ps(mx);
+    __m256 s8 = _mm256_setzero_ps();
+    long a = 0;
+    for (; a + 8 <= n; a += 8) {
+        const __m256 e = exp8(_mm256_sub_ps(_mm256_loadu_ps(scores + a), m8));
+        _mm256_storeu_ps(scores + a, e);
+        s8 = _mm256_add_ps(s8, e);
+    }
+    float sum = hsum(s8);
+    for (; a < n; a++) {
+        float lane[8] = {scores[a] - mx};
+        float e[8];
+        _mm256_storeu_ps(e, exp8(_mm256_loadu_ps(lane)));
+        scores[a] = e[0];
+        sum += e[0];
+    }
+    /* out = sum_a p_a v_a / sum, 64 columns at a time in registers */
+    const __m256 inv = _mm256_set1_ps(1.0f / sum);
+    int c0 = 0;
+    for (; c0 + 64 <= hd; c0 += 64) {
+        __m256 acc[8];
+        for (int c = 0; c < 8; c++) acc[c] = _mm256_setzero_ps();
+        for (a = 0; a < n; a++) {
+            const __m256 p = _mm256_set1_ps(scores[a]);
+            const float *vr = vh + (long)keys[a] * hd + c0;
+            for (int c = 0; c < 8; c++) acc[c] = _mm256_fmadd_ps(p, _mm256_loadu_ps(vr + 8 * c), acc[c]);
+        }
+        for (int c = 0; c < 8; c++) _mm256_storeu_ps(o + c0 + 8 * c, _mm256_mul_ps(acc[c], inv));
+    }
+    for (; c0 < hd; c0 += 8) {
+        __m256 acc = _mm256_setzero_ps();
+        for (a = 0; a < n; a++)
+            acc = _mm256_fmadd_ps(_mm256_set1_ps(scores[a]), _mm256_loadu_ps(vh + (long)keys[a] * hd + c0), acc);
+        _mm256_storeu_ps(o + c0, _mm256_mul_ps(acc, inv));
+    }
+}
+
+/*
  * Attention of T new tokens over L cached ones plus the new ones themselves.
  * q: row t, head h at q + t * q_stride + h * hd. k, v: [nkv, cap, hd] for this layer, the new
  * tokens already written at slots L..L+T-1. tree: [T, T] bytes (1 = may attend) or NULL for
@@ -110,8 +175,6 @@ AVX2 void tree_attention(const float *q, long q_stride, const float *k, const fl
         for (long item = 0; item < T * nh; item++) {
             const long t = item / nh;
             const int h = (int)(item % nh), g = h / group;
-            const float *qr = q + t * q_stride + (long)h * hd;
-            const float *kh = k + (long)g * cap * hd, *vh = v + (long)g * cap * hd;
             const long pq = positions ? positions[t] : L + t;
             long n = 0;
             for (long j = 0; j < L; j++)
@@ -121,62 +184,43 @@ AVX2 void tree_attention(const float *q, long q_stride, const float *k, const fl
                 const long pk = positions ? positions[i] : L + i;
                 if (visible && (window <= 0 || pq - pk < window)) keys[n++] = (int)(L + i);
             }
-            /* scores, 8 keys at a time (8 independent FMA chains), then one at a time */
-            const __m256 sc = _mm256_set1_ps(scale);
-            long a0 = 0;
-            for (; a0 + 8 <= n; a0 += 8) {
-                __m256 d[8];
-                const float *kr[8];
-                for (int i = 0; i < 8; i++) {
-                    d[i] = _mm256_setzero_ps();
-                    kr[i] = kh + (long)keys[a0 + i] * hd;
-                }
-                for (int c = 0; c < hd; c += 8) {
-                    const __m256 qc = _mm256_loadu_ps(qr + c);
-                    for (int i = 0; i < 8; i++) d[i] = _mm256_fmadd_ps(qc, _mm256_loadu_ps(kr[i] + c), d[i]);
-                }
-                _mm256_storeu_ps(scores + a0, _mm256_mul_ps(hsum8x8(d), sc));
-            }
-            for (; a0 < n; a0++) scores[a0] = dot(qr, kh + (long)keys[a0] * hd, hd) * scale;
-            float mx = -INFINITY;
-            for (long a = 0; a < n; a++)
-                if (scores[a] > mx) mx = scores[a];
-            const __m256 m8 = _mm256_set1_ps(mx);
-            __m256 s8 = _mm256_setzero_ps();
-            long a = 0;
-            for (; a + 8 <= n; a += 8) {
-                const __m256 e = exp8(_mm256_sub_ps(_mm256_loadu_ps(scores + a), m8));
-                _mm256_storeu_ps(scores + a, e);
-                s8 = _mm256_add_ps(s8, e);
-            }
-            float sum = hsum(s8);
-            for (; a < n; a++) {
-                float lane[8] = {scores[a] - mx};
-                float e[8];
-                _mm256_storeu_ps(e, exp8(_mm256_loadu_ps(lane)));
-                scores[a] = e[0];
-                sum += e[0];
-            }
-            /* out = sum_a p_a v_a / sum, 64 columns at a time in registers */
-            const __m256 inv = _mm256_set1_ps(1.0f / sum);
-            float *o = out + t * (long)nh * hd + (long)h * hd;
-            int c0 = 0;
-            for (; c0 + 64 <= hd; c0 += 64) {
-                __m256 acc[8];
-                for (int c = 0; c < 8; c++) acc[c] = _mm256_setzero_ps();
-                for (a = 0; a < n; a++) {
-                    const __m256 p = _mm256_set1_ps(scores[a]);
-                    const float *vr = vh + (long)keys[a] * hd + c0;
-                    for (int c = 0; c < 8; c++) acc[c] = _mm256_fmadd_ps(p, _mm256_loadu_ps(vr + 8 * c), acc[c]);
-                }
-                for (int c = 0; c < 8; c++) _mm256_storeu_ps(o + c0 + 8 * c, _mm256_mul_ps(acc[c], inv));
-            }
-            for (; c0 < hd; c0 += 8) {
-                __m256 acc = _mm256_setzero_ps();
-                for (a = 0; a < n; a++)
-                    acc = _mm256_fmadd_ps(_mm256_set1_ps(scores[a]), _mm256_loadu_ps(vh + (long)keys[a] * hd + c0), acc);
-                _mm256_storeu_ps(o + c0, _mm256_mul_ps(acc, inv));
-            }
+            attend(q + t * q_stride + (long)h * hd, k + (long)g * cap * hd, v + (long)g * cap * hd, keys, n, hd,
+                   scale, scores, out + t * (long)nh * hd + (long)h * hd);
+        }
+        free(scores);
+        free(keys);
+    }
+}
+
+/*
+ * Attention of T tokens of independent sequences ("rows") sharing one cache tensor: token t
+ * sees the slots seg[t] .. slots[t] of its own row, in slot order (its committed prefix, then
+ * its own fresh entry at slots[t]); slot seg[t] + j holds position j. Prompt chunks of new rows
+ * and one decoding token of each running row go into one call, which is how the training-data
+ * engine decodes many conversations per forward. A token lists the same keys in the same order
+ * as it would in a one-sequence call, so its output is bit-identical to that call's.
+ */
+AVX2 void rows_attention(const float *q, long q_stride, const float *k, const float *v, long cap, long T, int nh,
+                         int nkv, int hd, const long *seg, const long *slots, long window, const long *positions,
+                         float scale, float *out, int nthreads) {
+    const int group = nh / nkv;
+    long most = 1;
+    for (long t = 0; t < T; t++)
+        if (slots[t] - seg[t] + 1 > most) most = slots[t] - seg[t] + 1;
+#pragma omp parallel num_threads(nthreads)
+    {
+        float *scores = malloc(sizeof(float) * (size_t)most);
+        int *keys = malloc(sizeof(int) * (size_t)most);
+#pragma omp for schedule(dynamic, 4)
+        for (long item = 0; item < T * nh; item++) {
+            const long t = item / nh;
+            const int h = (int)(item % nh), g = h / group;
+            const long pq = positions[t];
+            long n = 0;
+            for (long j = seg[t]; j <= slots[t]; j++)
+                if (window <= 0 || pq - (j - seg[t]) < window) keys[n++] = (int)j;
+            attend(q + t * q_stride + (long)h * hd, k + (long)g * cap * hd, v + (long)g * cap * hd, keys, n, hd,
+                   scale, scores, out + t * (long)nh * hd + (long)h * hd);
         }
         free(scores);
         free(keys);

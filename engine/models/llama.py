@@ -370,6 +370,41 @@ class LlamaModel:
             aux.append(x)
         return self._output(x, aux, logits, return_hidden)
 
+    @property
+    def runs_rows(self) -> bool:
+        """Whether :meth:`forward_rows` can run here (it needs the native decoder)."""
+        return self._decoder is not None
+
+    @torch.inference_mode()
+    def forward_rows(self, tokens: torch.Tensor, cache: KVCache, seg: torch.Tensor, slots: torch.Tensor, *,
+                     logits_at: torch.Tensor, capture_layers: Sequence[int] = ()) -> ForwardOutput:
+        """Tokens of many independent sequences in one forward (the training-data engine).
+
+        Each sequence owns a range of ``cache``'s slots starting at ``seg[t]``; token t is written
+        at ``slots[t]``, sits at position ``slots[t] - seg[t]`` and attends to its own sequence's
+        slots up to itself. Every token's result is bit-identical to what a one-sequence forward
+        computes for it (same kernels, same keys in the same order). ``logits_at``: the token
+        indices whose logits are wanted; ``hidden`` (final-normed) and ``aux`` cover every token.
+        """
+        if self._decoder is None:
+            raise RuntimeError("forward_rows needs the native CPU decoder")
+        seg = seg.to(torch.int64).contiguous()
+        slots = slots.to(torch.int64).contiguous()
+        positions = (slots - seg).contiguous()
+        self.rotary.ensure(int(positions.max()) + 1)
+        x = self.embed_tokens(tokens).float().contiguous()
+        rot = self.rotary.lookup(positions).reshape(x.shape[0], -1).contiguous()
+        capture = set(capture_layers)
+        aux: list[torch.Tensor] = []
+        for start, stop in layer_runs(self.config.num_layers, capture_layers):
+            if start in capture:
+                aux.append(x.clone())
+            self._decoder.run_rows(x, cache.k, cache.v, rot, positions, seg, slots, start, stop)
+        if self.config.num_layers in capture:
+            aux.append(x)
+        hidden = self._rms_norm(x, self.norm)
+        return ForwardOutput(self.lm_head(hidden[logits_at].contiguous()).float(), hidden, aux)
+
     def _output(self, x: torch.Tensor, aux: list[torch.Tensor], logits: Literal["all", "last", "none"],
                 return_hidden: bool) -> ForwardOutput:
         """Final norm and the LM head on the residual stream after the last layer."""

@@ -58,7 +58,7 @@ def train_head(target_model: torch.nn.Module, tokenizer: Any | None, sequences: 
     fields: dict[str, Any] = {
         "draft_vocab_size": draft_vocab_size or vocab, "ttt_steps": ttt_steps, "lr": lr, "batch_tokens": batch_tokens,
         "seed": seed, "epochs": 1e9, "max_steps": steps, "warmup_steps": 10, "checkpoint_every": max(1, steps // 4),
-        "eval_every": 0, "export_dtype": export_dtype,
+        "eval_every": 0, "export_dtype": export_dtype, "bf16": "off",
     }
     settings = TrainSettings(**{**fields, **overrides})
     if tokenizer is not None:

@@ -34,6 +34,7 @@ class Sample:
     ids: list[int]
     answer_start: int  # loss on ids[answer_start:]: the target's own answer
     greedy: bool  # answered with greedy decoding (held-out tau is measured on these)
+    ref: tuple[int, int] | None = field(default=None, compare=False)  # (shard, first token) in its DataCache
 
     @property
     def key(self) -> str:
@@ -181,6 +182,17 @@ def generate_batch(model: torch.nn.Module, prompts: Sequence[Sequence[int]], *, 
     return [(new[r], bool(stopped[r])) for r in range(n)]
 
 
+def draw(logits: torch.Tensor, temperature: float, generator: torch.Generator) -> int:
+    """One token from softmax(logits / temperature) by inverting its CDF with one uniform.
+
+    The data paths' sampling rule (one-row and rows engine alike, so their outputs match).
+    ``torch.multinomial`` costs ~1 ms on a 49k vocabulary; this ~0.1 ms.
+    """
+    cdf = torch.softmax(logits.double() / temperature, dim=-1).cumsum_(0)
+    u = torch.rand((), generator=generator, dtype=torch.float64) * cdf[-1]
+    return min(int(torch.searchsorted(cdf, u, right=True)), cdf.shape[0] - 1)
+
+
 def _generate_native(model: Any, prompt: list[int], *, max_new_tokens: int, temperature: float,
                      stop_ids: frozenset[int], generator: torch.Generator) -> tuple[list[int], bool]:
     """One row on our engine's model: the same sampling rule as the batched path."""
@@ -190,10 +202,7 @@ def _generate_native(model: Any, prompt: list[int], *, max_new_tokens: int, temp
     new: list[int] = []
     for _ in range(max_new_tokens):
         logits = logits.float()
-        if temperature <= 0:
-            nxt = int(logits.argmax())
-        else:
-            nxt = int(torch.multinomial(torch.softmax(logits / temperature, dim=-1), 1, generator=generator))
+        nxt = int(logits.argmax()) if temperature <= 0 else draw(logits, temperature, generator)
         new.append(nxt)
         if nxt in stop_ids:
             return new, True
@@ -205,8 +214,14 @@ def _generate_native(model: Any, prompt: list[int], *, max_new_tokens: int, temp
 
 
 # the on-disk cache -----------------------------------------------------------------------------
+FEATURE_FILES = ("features", "hidden", "argmax")  # per-token arrays a shard may carry beside its ids
+
+
 class DataCache:
-    """Shards ``batch-000123.npz`` (ids as uint16/int32, lengths, answer starts, greedy flags)."""
+    """Shards ``batch-000123.npz`` (ids as uint16/int32, lengths, answer starts, greedy flags) and,
+    from the rows engine, per-token ``features-000123.npy`` (bf16 bits as uint16, [tokens, F]),
+    ``hidden-…`` ([tokens, H]) and ``argmax-…`` (int32), memory-mapped when read. The npz is
+    written last, so a shard without it was never finished and is ignored."""
 
     def __init__(self, folder: Path, vocab_size: int) -> None:
         self.folder = Path(folder)
@@ -216,13 +231,19 @@ class DataCache:
     def shard_indices(self) -> list[int]:
         return sorted(int(p.stem.split("-")[1]) for p in self.folder.glob("batch-*.npz"))
 
-    def write(self, index: int, samples: Sequence[Sample]) -> None:
+    def write(self, index: int, samples: Sequence[Sample], *, arrays: dict[str, np.ndarray] | None = None,
+              conversations: Sequence[int] = ()) -> None:
+        for name, arr in (arrays or {}).items():
+            part = self.folder / f".{name}-{index:06d}.tmp.npy"
+            np.save(part, arr)
+            os.replace(part, self.folder / f"{name}-{index:06d}.npy")
         ids = np.concatenate([np.asarray(s.ids, dtype=self.dtype) for s in samples]) if samples else \
             np.zeros(0, self.dtype)
         part = self.folder / f".batch-{index:06d}.tmp.npz"
         np.savez(part, ids=ids, lengths=np.asarray([len(s.ids) for s in samples], dtype=np.int32),
                  starts=np.asarray([s.answer_start for s in samples], dtype=np.int32),
-                 greedy=np.asarray([s.greedy for s in samples], dtype=bool))
+                 greedy=np.asarray([s.greedy for s in samples], dtype=bool),
+                 conversations=np.asarray(list(conversations), dtype=np.int64))
         os.replace(part, self.folder / f"batch-{index:06d}.npz")
 
     def read(self, index: int) -> list[Sample]:
@@ -230,12 +251,36 @@ class DataCache:
             ids, lengths, starts, greedy = z["ids"], z["lengths"], z["starts"], z["greedy"]
         out, at = [], 0
         for n, s, g in zip(lengths.tolist(), starts.tolist(), greedy.tolist(), strict=True):
-            out.append(Sample(ids[at:at + n].astype(np.int64).tolist(), int(s), bool(g)))
+            out.append(Sample(ids[at:at + n].astype(np.int64).tolist(), int(s), bool(g), (index, at)))
             at += n
         return out
 
+    def read_arrays(self, index: int) -> dict[str, np.ndarray]:
+        """The shard's per-token arrays (memory-mapped; absent ones left out)."""
+        out = {}
+        for name in FEATURE_FILES:
+            path = self.folder / f"{name}-{index:06d}.npy"
+            if path.is_file():
+                out[name] = np.load(path, mmap_mode="r")
+        return out
+
+    def next_conversation(self) -> int:
+        """One past the highest conversation index any finished shard holds (0 for none)."""
+        best = -1
+        for i in self.shard_indices():
+            with np.load(self.folder / f"batch-{i:06d}.npz", allow_pickle=False) as z:
+                if "conversations" in z.files and z["conversations"].size:
+                    best = max(best, int(z["conversations"].max()))
+        return best + 1
+
     def samples(self) -> list[Sample]:
         return [s for i in self.shard_indices() for s in self.read(i)]
+
+    def has_features(self, samples: Sequence[Sample]) -> bool:
+        """Whether every sample's shard carries the per-token arrays training reads."""
+        shards = {s.ref[0] for s in samples if s.ref is not None}
+        return all(s.ref is not None for s in samples) and all(
+            (self.folder / f"{name}-{i:06d}.npy").is_file() for i in shards for name in FEATURE_FILES)
 
 
 def answer_tokens(samples: Sequence[Sample]) -> int:

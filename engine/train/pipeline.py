@@ -76,12 +76,26 @@ def prompt_list_and_digest(prompts: str | None, use_builtin: bool = True) -> tup
 
 
 def prepare_data(target: Target, settings: GenSettings, token_budget: int, prompts: str | None = None,
-                 *, use_builtin_prompts: bool = True, log=print):
-    """Generate (resuming) until the cache holds ``token_budget`` answer tokens."""
+                 *, use_builtin_prompts: bool = True, aux_layer_ids: list[int] | None = None, rows: int = 24,
+                 log=print) -> tuple[list, DataCache]:
+    """Generate (resuming) until the cache holds ``token_budget`` answer tokens.
+
+    On our native CPU engine the rows engine generates many conversations per forward and
+    stores the target's features for ``aux_layer_ids`` beside them; elsewhere the one-at-a-time
+    (or transformers-batched) path writes ids only and training runs the target itself.
+    """
     from tqdm.auto import tqdm
 
-    rows, digest = prompt_list_and_digest(prompts, use_builtin_prompts)
+    from engine.train.data_engine import generate_data_rows
+    from engine.train.head import default_aux_layer_ids
+
+    prompt_rows, digest = prompt_list_and_digest(prompts, use_builtin_prompts)
     settings.prompt_digest = digest
+    engine = target.engine
+    use_rows = engine is not None and getattr(engine, "runs_rows", False)
+    aux = list(aux_layer_ids or default_aux_layer_ids(int(target.hf.config.num_hidden_layers)))
+    if use_rows:
+        settings.extra = {**settings.extra, "engine": "rows", "aux_layer_ids": aux}
     folder = data_folder(target, settings)
     cache = DataCache(folder, target.hf.config.vocab_size)
     (folder / "settings.json").write_text(json.dumps({"model": target.name, "model_id": target.model_id,
@@ -95,7 +109,12 @@ def prepare_data(target: Target, settings: GenSettings, token_budget: int, promp
         bar.set_postfix(rate=f"{done / max(time.monotonic() - start, 1e-6):.0f}/s", refresh=False)
         bar.refresh()
 
-    samples = generate_data(target.generator_model, target.tokenizer, cache, token_budget=token_budget,
-                            settings=settings, prompt_list=rows, progress=progress)
+    if use_rows:
+        samples = generate_data_rows(engine, target.tokenizer, cache, token_budget=token_budget, settings=settings,
+                                     capture_layers=[i + 1 for i in aux], prompt_list=prompt_rows, rows=rows,
+                                     progress=progress)
+    else:
+        samples = generate_data(target.generator_model, target.tokenizer, cache, token_budget=token_budget,
+                                settings=settings, prompt_list=prompt_rows, progress=progress)
     bar.close()
-    return samples, folder
+    return samples, cache

@@ -1,8 +1,8 @@
 """Training an EAGLE-3 head with training-time test (TTT) on the target's own data.
 
-The target's features are computed on the fly for every batch (transformers' model, batched, no
-gradients) rather than dumped to disk: for a small model on a CPU the forward is cheap next to the
-head's unrolled backward, and a dump would be gigabytes. Loss per TTT step i is the soft cross
+The target's features and labels come from a :class:`~engine.train.targets.TargetSource`: the
+ones the data engine stored beside the ids (the target never runs during training), or, for
+data without them, transformers' model run on every batch. Loss per TTT step i is the soft cross
 entropy against the target's next-token distribution restricted to the draft vocabulary
 (renormalised), weighted 0.8**i; positions whose target argmax is outside the draft vocabulary,
 and tokens that are not part of an answer, are masked.
@@ -19,7 +19,7 @@ import os
 import random
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +28,7 @@ import torch.nn.functional as F
 
 from engine.train.data import Sample, iter_batches
 from engine.train.head import Eagle3Head, HeadConfig, draft_vocab, export_head, load_exported
+from engine.train.targets import LiveTarget, TargetSource, decoder_of
 
 
 @dataclass
@@ -47,6 +48,12 @@ class TrainSettings:
     max_steps: int | None = None  # stop after this many steps in total (tests, time-boxed runs)
     aux_layer_ids: list[int] | None = None
     export_dtype: str = "bfloat16"
+    bf16: str = "auto"  # the head's forward under bf16 autocast: "auto" (where the CPU has bf16 dot products), on, off
+
+    def use_bf16(self) -> bool:
+        if self.bf16 in ("on", "off"):
+            return self.bf16 == "on"
+        return cpu_has_bf16()
 
     def fingerprint(self) -> dict[str, Any]:
         """What must not change when resuming (schedule lengths may)."""
@@ -54,44 +61,18 @@ class TrainSettings:
                                               "batch_tokens", "seed", "aux_layer_ids")}
 
 
+def cpu_has_bf16() -> bool:
+    """AVX-512 BF16 or AMX: where bf16 matrix products run faster than fp32 on this CPU."""
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return False
+    flags = next((ln for ln in text.splitlines() if ln.startswith("flags")), "").split()
+    return any(f in flags for f in ("avx512_bf16", "amx_bf16"))
+
+
 class ResumeError(ValueError):
     """A checkpoint that cannot be continued with these settings; the message says why."""
-
-
-# target side -------------------------------------------------------------------------------------
-def _decoder(hf: torch.nn.Module) -> torch.nn.Module:
-    return hf.get_decoder() if hasattr(hf, "get_decoder") else hf.model
-
-
-@torch.no_grad()
-def target_features(hf: torch.nn.Module, ids: torch.Tensor, aux_layer_ids: Sequence[int]
-                    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(embeds [B,T,H], features [B,T,3H], final normed hidden [B,T,H]) for right-padded ``ids``.
-
-    features = concat of the residual streams entering layers ids+1 (low, mid, high), exactly what
-    ``LlamaModel.forward(capture_layers=[i + 1 for i in ids]).aux`` returns. Right padding needs no
-    attention mask: a causal query never sees the pads after it.
-    """
-    out = _decoder(hf)(input_ids=ids, output_hidden_states=True, use_cache=False)
-    hs = out.hidden_states  # hs[k] = residual entering layer k (k < L)
-    feats = torch.cat([hs[i + 1] for i in aux_layer_ids], dim=-1)
-    return hs[0], feats, out.last_hidden_state
-
-
-@torch.no_grad()
-def target_labels(hf: torch.nn.Module, hidden: torch.Tensor, used_ids: torch.Tensor, t2d: torch.Tensor,
-                  chunk: int = 512) -> tuple[torch.Tensor, torch.Tensor]:
-    """Target probabilities over the draft vocabulary [B,T,Vd] (renormalised) and whether the
-    target's argmax over the full vocabulary is inside it [B,T]."""
-    w = hf.get_output_embeddings().weight
-    B, T, H = hidden.shape
-    flat = hidden.reshape(B * T, H)
-    probs, inside = [], []
-    for s in range(0, B * T, chunk):
-        logits = (flat[s:s + chunk] @ w.T).float()
-        inside.append(t2d[logits.argmax(-1)])
-        probs.append(torch.softmax(logits[:, used_ids], dim=-1))
-    return torch.cat(probs).view(B, T, -1), torch.cat(inside).view(B, T)
 
 
 # one batch ---------------------------------------------------------------------------------------
@@ -113,17 +94,19 @@ def _pad(batch: Sequence[Sample]) -> tuple[torch.Tensor, torch.Tensor, torch.Ten
     return ids, lengths, starts
 
 
-def batch_loss(head: Eagle3Head, hf: torch.nn.Module, batch: Sequence[Sample], steps: int, step_weight: float
+def batch_loss(head: Eagle3Head, source: TargetSource, batch: Sequence[Sample], steps: int, step_weight: float,
+               *, bf16: bool = False
                ) -> tuple[torch.Tensor, BatchStats, list[torch.Tensor], torch.Tensor, torch.Tensor]:
-    """TTT loss of one batch. Also returns per-step draft logits and the ids/validity for eval."""
+    """TTT loss of one batch. Also returns per-step draft logits and the ids/validity for eval.
+    ``bf16``: the head's forward (and so its backward) under CPU bf16 autocast."""
     device = head.d2t.device
     ids, lengths, starts = _pad(batch)
     ids, lengths, starts = ids.to(device), lengths.to(device), starts.to(device)
     B, T = ids.shape
     N = T - 1
-    embeds, feats, hidden = target_features(hf, ids, head.config.aux_layer_ids)
-    probs, inside = target_labels(hf, hidden, head.used_ids, head.t2d)
-    logits = head.ttt_forward(embeds.float(), feats.float(), steps)
+    embeds, feats, probs, inside = source.batch(head, batch, ids)
+    with torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16):
+        logits = head.ttt_forward(embeds.float(), feats.float(), steps)
     Vd = probs.shape[-1]
     probs = torch.cat([probs, probs.new_zeros(B, steps + 1, Vd)], dim=1)
     inside = torch.cat([inside, inside.new_zeros(B, steps + 1)], dim=1)
@@ -158,7 +141,7 @@ def chain_tau(acc: Sequence[float]) -> float:
 
 
 @torch.no_grad()
-def measure_tau(head: Eagle3Head, hf: torch.nn.Module, samples: Sequence[Sample], steps: int,
+def measure_tau(head: Eagle3Head, source: TargetSource | torch.nn.Module, samples: Sequence[Sample], steps: int,
                 batch_tokens: int = 2048) -> dict[str, Any]:
     """Greedy chain speculation replayed on held-out greedy answers.
 
@@ -167,12 +150,14 @@ def measure_tau(head: Eagle3Head, hf: torch.nn.Module, samples: Sequence[Sample]
     accepted run at position p is the number of leading TTT steps whose draft argmax (mapped to a
     target id) equals the answer's token; tau = 1 + mean run over every answer position.
     """
+    if isinstance(source, torch.nn.Module):
+        source = LiveTarget(source)
     head.eval()
     runs_total, positions = 0.0, 0
     hits = [0] * steps
     tries = [0] * steps
     for batch in iter_batches(list(samples), batch_tokens, random.Random(0)):
-        _, _, logits, ids, (lengths, starts) = batch_loss(head, hf, batch, steps, 1.0)
+        _, _, logits, ids, (lengths, starts) = batch_loss(head, source, batch, steps, 1.0)
         B, T = ids.shape
         N = T - 1
         p = torch.arange(N, device=ids.device)
@@ -250,7 +235,7 @@ def build_head(hf: torch.nn.Module, train: Sequence[Sample], settings: TrainSett
     cfg = HeadConfig.for_target(hf.config, len(used), settings.intermediate_size, settings.aux_layer_ids)
     torch.manual_seed(settings.seed)
     head = Eagle3Head(cfg, used)
-    norm = getattr(_decoder(hf), "norm", None)
+    norm = getattr(decoder_of(hf), "norm", None)
     head.reset_parameters_from_target(hf.get_output_embeddings().weight, norm.weight if norm is not None else None)
     return head
 
@@ -258,7 +243,8 @@ def build_head(hf: torch.nn.Module, train: Sequence[Sample], settings: TrainSett
 def train(hf: torch.nn.Module, train_samples: Sequence[Sample], eval_samples: Sequence[Sample], out_dir: str | Path,
           settings: TrainSettings, *, stop_ids: Sequence[int] = (), resume: bool = False,
           card: dict[str, Any] | None = None, log: Callable[[str], None] = print, progress_bar: bool = True,
-          deadline: float | None = None, init_from: str | Path | None = None) -> TrainResult:
+          deadline: float | None = None, init_from: str | Path | None = None,
+          source: TargetSource | None = None) -> TrainResult:
     """Train (or continue) a head; export the best-by-tau weights to ``out_dir`` in EAGLE-3 layout.
 
     ``deadline`` (time.time()) stops early after a checkpoint, then evaluates and exports.
@@ -267,6 +253,8 @@ def train(hf: torch.nn.Module, train_samples: Sequence[Sample], eval_samples: Se
     """
     from tqdm.auto import tqdm
 
+    source = source or LiveTarget(hf)
+    bf16 = settings.use_bf16()
     out = Path(out_dir)
     ckpt = out / "checkpoint"
     device = next(hf.parameters()).device
@@ -320,7 +308,7 @@ def train(hf: torch.nn.Module, train_samples: Sequence[Sample], eval_samples: Se
     def evaluate() -> dict[str, Any]:
         if not eval_samples:
             return {}
-        res = measure_tau(head, hf, eval_samples, settings.ttt_steps)
+        res = measure_tau(head, source, eval_samples, settings.ttt_steps)
         res.update(step=state["step"], elapsed_s=round(state["elapsed_s"], 1), train_tokens=state["train_tokens"])
         state["history"].append(res)
         log(f"step {state['step']}: held-out tau {res['tau']:.3f} (chain of {res['chain_depth']}, "
@@ -348,7 +336,7 @@ def train(hf: torch.nn.Module, train_samples: Sequence[Sample], eval_samples: Se
             batch = batches[state["batch"]]
             for g in opt.param_groups:
                 g["lr"] = lr_at(state["step"])
-            loss, stats, *_ = batch_loss(head, hf, batch, settings.ttt_steps, settings.step_weight)
+            loss, stats, *_ = batch_loss(head, source, batch, settings.ttt_steps, settings.step_weight, bf16=bf16)
             opt.zero_grad(set_to_none=True)
             if loss.requires_grad:
                 loss.backward()
@@ -382,6 +370,3 @@ def train(hf: torch.nn.Module, train_samples: Sequence[Sample], eval_samples: Se
     save_checkpoint(ckpt, head, opt, state)
     return TrainResult(head, out, state["step"], res, state["history"])
 
-
-def settings_dict(settings: TrainSettings) -> dict[str, Any]:
-    return asdict(settings)

@@ -124,7 +124,7 @@ def engine_target():
 
 
 def _generate(engine_target, folder: Path, budget: int):
-    hf, model = engine_target
+    _, model = engine_target
     settings = GenSettings(max_user_tokens=8, max_answer_tokens=12, multi_turn_fraction=0.5)
     prompts = [[{"role": "user", "content": "hello"}], [{"role": "user", "content": "bye"}]]
     cache = DataCache(folder, VOCAB)

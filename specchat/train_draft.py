@@ -41,8 +41,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--data-only", action="store_true",
                    help="generate (or extend) the self-distilled data and stop; --out is not written")
-    p.add_argument("--rows", type=int, default=24,
-                   help="conversations generated per forward by the CPU data engine (default 24)")
+    p.add_argument("--rows", type=int, default=48,
+                   help="conversations generated per forward by the CPU data engine (default 48)")
+    p.add_argument("--data-precision", default="auto", choices=["auto", "fast", "exact"],
+                   help="the data engine's arithmetic (auto: fast where the CPU has it)")
     p.add_argument("--bf16", default="auto", choices=["auto", "on", "off"],
                    help="train the head under bf16 autocast (auto: where the CPU has bf16 dot products)")
     p.add_argument("--export-dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"])
@@ -79,7 +81,8 @@ def run_train_draft(args: argparse.Namespace) -> int:
     target = load_target(args.model, device=str(device), revision=args.revision)
     print(f"target: {target.name}  device: {device}  threads: {threads}")
     samples, cache = prepare_data(target, GenSettings(seed=args.seed), args.tokens, args.prompts,
-                                  use_builtin_prompts=not args.no_builtin_prompts, rows=args.rows)
+                                  use_builtin_prompts=not args.no_builtin_prompts, rows=args.rows,
+                                  precision=args.data_precision)
     folder = cache.folder
     if args.data_only:
         n_all = sum(len(s.ids) - s.answer_start for s in samples)

@@ -22,6 +22,9 @@ void skinny_linear(const float *x, long M, long K, const float *panels, long N, 
 void stored_linear(const float *x, long M, long K, int kind, long group, const void *codes, const float *scales,
                    const float *offsets, long N, const float *bias, float *y, long ldy, int accumulate,
                    int nthreads);
+int stored_linear_fast(const float *x, long M, long K, int kind, long group, const void *codes, const float *scales,
+                       const float *offsets, long N, const float *bias, float *y, long ldy, int accumulate,
+                       int nthreads);
 void rms_norm(const float *x, long T, long H, const float *w, float eps, float *out);
 void silu_mul(const float *gu, long T, long I, float *out);
 void tree_attention(const float *q, long q_stride, const float *k, const float *v, long cap, long L, long T,
@@ -56,9 +59,10 @@ typedef struct {
 typedef struct {
     long hidden, heads, kv_heads, head_dim, inter, window, nthreads;
     float eps, scale;
+    long fast; /* 1: the fast precision's integer products (fast.c) where a part's kind allows */
 } dims_t;
 
-static void linear(const lin_t *l, const float *x, long M, float *y, int accumulate, int nthreads) {
+static void linear(const lin_t *l, const float *x, long M, float *y, int accumulate, int nthreads, int fast) {
     if (l->panels) {
         skinny_linear(x, M, l->k, l->panels, l->n, l->bias, y, accumulate, nthreads);
         return;
@@ -66,8 +70,11 @@ static void linear(const lin_t *l, const float *x, long M, float *y, int accumul
     long col = 0;
     for (long i = 0; i < l->nparts; i++) {
         const part_t *p = &l->parts[i];
-        stored_linear(x, M, l->k, (int)p->kind, p->group, p->codes, p->scales, p->offsets, p->n,
-                      l->bias ? l->bias + col : NULL, y + col, l->n, accumulate, nthreads);
+        const float *b = l->bias ? l->bias + col : NULL;
+        if (!fast || stored_linear_fast(x, M, l->k, (int)p->kind, p->group, p->codes, p->scales, p->offsets, p->n, b,
+                                        y + col, l->n, accumulate, nthreads) != 0)
+            stored_linear(x, M, l->k, (int)p->kind, p->group, p->codes, p->scales, p->offsets, p->n, b, y + col, l->n,
+                          accumulate, nthreads);
         col += p->n;
     }
 }
@@ -108,7 +115,7 @@ static int run_layers(const layer_t *layers, long nlayers, const dims_t *d, floa
         const layer_t *l = &layers[li];
         float *kl = kc + li * layer_stride, *vl = vc + li * layer_stride;
         rms_norm(x, T, H, l->ln_attn, d->eps, h);
-        linear(&l->qkv, h, T, qkv, 0, nt);
+        linear(&l->qkv, h, T, qkv, 0, nt, (int)d->fast);
         rotate(qkv, T, qkv_w, nh + nkv, hd, rot);
         for (long t = 0; t < T; t++) {
             const long slot = slots ? slots[t] : L + t;
@@ -124,11 +131,11 @@ static int run_layers(const layer_t *layers, long nlayers, const dims_t *d, floa
         else
             tree_attention(qkv, qkv_w, kl, vl, cap, L, T, (int)nh, (int)nkv, (int)hd, tree, d->window, positions,
                            d->scale, att, nt);
-        linear(&l->o, att, T, x, 1, nt);
+        linear(&l->o, att, T, x, 1, nt, (int)d->fast);
         rms_norm(x, T, H, l->ln_mlp, d->eps, h);
-        linear(&l->gate_up, h, T, gu, 0, nt);
+        linear(&l->gate_up, h, T, gu, 0, nt, (int)d->fast);
         silu_mul(gu, T, I, act);
-        linear(&l->down, act, T, x, 1, nt);
+        linear(&l->down, act, T, x, 1, nt, (int)d->fast);
     }
     free(h);
     return 0;

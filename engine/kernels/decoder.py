@@ -43,7 +43,7 @@ class _Layer(ctypes.Structure):
 
 class _Dims(ctypes.Structure):
     _fields_ = [("hidden", _l), ("heads", _l), ("kv_heads", _l), ("head_dim", _l), ("inter", _l),
-                ("window", _l), ("nthreads", _l), ("eps", _f), ("scale", _f)]
+                ("window", _l), ("nthreads", _l), ("eps", _f), ("scale", _f), ("fast", _l)]
 
 
 def _describe(lin: Linear | StoredLinear) -> _Lin | None:
@@ -93,8 +93,16 @@ class NativeDecoder:
             structs.append(_Layer(_ptr(norms[0]), _ptr(norms[1]), *lins))
         layers = (_Layer * len(structs))(*structs)
         dims = _Dims(c.hidden_size, c.num_heads, c.num_kv_heads, c.head_dim, c.intermediate_size,
-                     c.sliding_window or 0, 1, c.rms_norm_eps, model.scale)
+                     c.sliding_window or 0, 1, c.rms_norm_eps, model.scale, 0)
         return cls(kernel, layers, dims, keep)
+
+    @property
+    def fast(self) -> bool:
+        return bool(self._dims.fast)
+
+    @fast.setter
+    def fast(self, on: bool) -> None:
+        self._dims.fast = int(on)
 
     def run(self, x: torch.Tensor, cache: KVCache, rot: torch.Tensor, tree: torch.Tensor | None,
             positions: torch.Tensor, start: int, stop: int) -> None:

@@ -29,7 +29,7 @@ import torch
 if TYPE_CHECKING:
     from engine.kernels.stored import StoredPanels
 
-SOURCES = tuple(Path(__file__).with_name(n) for n in ("skinny.c", "ops.c", "stored.c", "decoder.c"))
+SOURCES = tuple(Path(__file__).with_name(n) for n in ("skinny.c", "ops.c", "stored.c", "fast.c", "decoder.c"))
 # -ffp-contract=off: a*b + c stays two roundings wherever the source says so (the rotary product
 # must equal torch's complex multiply); the kernels' FMAs are explicit intrinsics.
 FLAGS = ("-O3", "-shared", "-fPIC", "-fopenmp", "-ffp-contract=off")
@@ -68,6 +68,10 @@ class NativeKernel:
         self.decoder_layers.restype = _i
         self.decoder_rows = lib.decoder_rows
         self.decoder_rows.restype = _i
+        self._lib.stored_linear_fast.argtypes = _SIGNATURES["stored_linear"]
+        self._lib.stored_linear_fast.restype = _i
+        self._lib.fast_supported.restype = _i
+        self.fast_variant = "avx512vnni" if lib.fast_supported() else None  # None: no fast kernel on this CPU
 
     def linear(
         self,
@@ -121,6 +125,20 @@ class NativeKernel:
             int(accumulate),
             torch.get_num_threads(),
         )
+
+    def stored_linear_fast(self, x: torch.Tensor, weight: StoredPanels, bias: torch.Tensor | None, out: torch.Tensor,
+                           accumulate: bool) -> bool:
+        """The fast precision's product (fast.c), arguments as :meth:`stored_linear`; False when
+        this weight's kind or this CPU has no fast kernel (nothing was written)."""
+        m, k = x.shape
+        rc = self._lib.stored_linear_fast(
+            x.data_ptr(), m, k, weight.kind_id, weight.group, weight.codes.data_ptr(), _ptr(weight.scales),
+            _ptr(weight.offsets), weight.n, _ptr(bias), out.data_ptr(), out.stride(0), int(accumulate),
+            torch.get_num_threads(),
+        )
+        if rc == -2:
+            raise MemoryError("the fast kernel could not allocate its activation buffers")
+        return rc == 0
 
     def rms_norm(self, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
         """x: [T, H] contiguous, H a multiple of 8."""

@@ -191,7 +191,7 @@ class StoredLinear:
     dequantized for each call and multiplied exactly as the fp32 fallback would: slow, same answers.
     """
 
-    __slots__ = ("_bias", "_kernel", "in_features", "layout", "out_features", "parts")
+    __slots__ = ("_bias", "_kernel", "fast", "in_features", "layout", "out_features", "parts")
 
     def __init__(self, parts: list[QuantRows], bias: torch.Tensor | None = None) -> None:
         merged = cat_rows(parts)
@@ -201,6 +201,7 @@ class StoredLinear:
         self._bias = bias.float().contiguous() if bias is not None else None
         self.layout = cpu_layout()
         self._kernel = native.load() if self.layout == "native" else None
+        self.fast = False  # the fast precision (engine/kernels/fast.c) for q4/q8 parts; set by the model
 
     @property
     def nbytes(self) -> int:
@@ -215,7 +216,9 @@ class StoredLinear:
         col = 0
         for part in self.parts:
             bias = self._bias[col : col + part.n] if self._bias is not None else None
-            self._kernel.stored_linear(x, part, bias, out[:, col : col + part.n], accumulate)
+            view = out[:, col : col + part.n]
+            if not (self.fast and self._kernel.stored_linear_fast(x, part, bias, view, accumulate)):
+                self._kernel.stored_linear(x, part, bias, view, accumulate)
             col += part.n
 
     def _fallback(self) -> Linear:

@@ -211,6 +211,7 @@ class LlamaModel:
         self._decoder = (NativeDecoder.for_model(self, self._ops)
                          if self._ops is not None and os.environ.get("SPECCHAT_NATIVE_DECODER", "1") != "0"
                          else None)
+        self._precision = "exact"
         self._static = None  # CUDA: bucketed static-shape forwards replayed from CUDA graphs
         if self.device.type == "cuda":
             from engine.gpu.static import StaticDecoder
@@ -229,6 +230,31 @@ class LlamaModel:
             and c.head_dim % 8 == 0
         )
         return native.load() if fits else None
+
+    @property
+    def precision(self) -> str:
+        """"exact" (fp32 arithmetic, the reference) or "fast" (8-bit activations, integer products
+        on the stored q4/q8 blocks: engine/kernels/fast.c); both batch-invariant."""
+        return self._precision
+
+    @precision.setter
+    def precision(self, value: str) -> None:
+        if value not in ("exact", "fast"):
+            raise ValueError(f"precision is exact or fast, not {value!r}")
+        if value == "fast" and not self.fast_available:
+            raise ValueError("the fast precision needs stored weights and a CPU with AVX-512 VNNI; use exact")
+        self._precision = value
+        on = value == "fast"
+        for lin in [self.lm_head, *(x for layer in self.layers for x in (layer.qkv, layer.o, layer.gate_up,
+                                                                         layer.down))]:
+            if isinstance(lin, StoredLinear):
+                lin.fast = on
+        if self._decoder is not None:
+            self._decoder.fast = on
+
+    @property
+    def fast_available(self) -> bool:
+        return self.weights == "stored" and self._ops is not None and self._ops.fast_variant is not None
 
     @property
     def kernels(self) -> str:

@@ -168,8 +168,10 @@ class Eagle3Head(nn.Module):
         ang = torch.cat([ang, ang], dim=-1)
         return x * ang.cos() + _rotate_half(x) * ang.sin()
 
-    def ttt_forward(self, embeds: torch.Tensor, features: torch.Tensor, steps: int) -> list[torch.Tensor]:
-        """Logits [B, N, Vd] for TTT steps 0..steps-1, N = T - 1 draft positions.
+    def ttt_forward(self, embeds: torch.Tensor, features: torch.Tensor, steps: int,
+                    keep: torch.Tensor | None = None) -> list[torch.Tensor]:
+        """Logits [B, N, Vd] for TTT steps 0..steps-1, N = T - 1 draft positions; with ``keep``
+        ([B, N] bool) only the kept positions' logits, [K, Vd] in row-major order.
 
         embeds [B, T, H]: target embedding of x_0..x_{T-1}; features [B, T, 3H] (f_0..f_{T-1}).
         Index p at step i reads token x_{p+1+i} (zero past the end; masked by the caller) and, for
@@ -216,7 +218,7 @@ class Eagle3Head(nn.Module):
                 o = torch.matmul(w[..., :N], v0) + (w[..., N:, None] * torch.stack(diag_v, dim=-2)).sum(-2)
             h1 = h + att.o_proj(o.transpose(1, 2).reshape(B, N, nh * hd))
             g = h1 + m.mlp(m.post_attention_layernorm(h1))
-            out.append(self.lm_head(self.norm(g)))
+            out.append(self.lm_head(self.norm(g if keep is None else g[keep])))
             h = g
         return out
 

@@ -76,12 +76,14 @@ def prompt_list_and_digest(prompts: str | None, use_builtin: bool = True) -> tup
 
 
 def prepare_data(target: Target, settings: GenSettings, token_budget: int, prompts: str | None = None,
-                 *, use_builtin_prompts: bool = True, aux_layer_ids: list[int] | None = None, rows: int = 24,
-                 log=print) -> tuple[list, DataCache]:
+                 *, use_builtin_prompts: bool = True, aux_layer_ids: list[int] | None = None, rows: int = 48,
+                 precision: str = "auto", log=print) -> tuple[list, DataCache]:
     """Generate (resuming) until the cache holds ``token_budget`` answer tokens.
 
     On our native CPU engine the rows engine generates many conversations per forward and
-    stores the target's features for ``aux_layer_ids`` beside them; elsewhere the one-at-a-time
+    stores the target's features for ``aux_layer_ids`` beside them, in the fast precision where
+    this CPU has it (``precision="auto"``; its answers differ from exact ones only where two tokens
+    are nearly tied, which does not matter to a draft head); elsewhere the one-at-a-time
     (or transformers-batched) path writes ids only and training runs the target itself.
     """
     from tqdm.auto import tqdm
@@ -95,7 +97,10 @@ def prepare_data(target: Target, settings: GenSettings, token_budget: int, promp
     use_rows = engine is not None and getattr(engine, "runs_rows", False)
     aux = list(aux_layer_ids or default_aux_layer_ids(int(target.hf.config.num_hidden_layers)))
     if use_rows:
-        settings.extra = {**settings.extra, "engine": "rows", "aux_layer_ids": aux}
+        if precision == "auto":
+            precision = "fast" if engine.fast_available else "exact"
+        engine.precision = precision
+        settings.extra = {**settings.extra, "engine": "rows", "aux_layer_ids": aux, "precision": precision}
     folder = data_folder(target, settings)
     cache = DataCache(folder, target.hf.config.vocab_size)
     (folder / "settings.json").write_text(json.dumps({"model": target.name, "model_id": target.model_id,
@@ -110,6 +115,7 @@ def prepare_data(target: Target, settings: GenSettings, token_budget: int, promp
         bar.refresh()
 
     if use_rows:
+        log(f"data engine: {rows} conversations per forward, {precision} precision")
         samples = generate_data_rows(engine, target.tokenizer, cache, token_budget=token_budget, settings=settings,
                                      capture_layers=[i + 1 for i in aux], prompt_list=prompt_rows, rows=rows,
                                      progress=progress)

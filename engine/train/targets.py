@@ -52,14 +52,26 @@ def target_features(hf: torch.nn.Module, ids: torch.Tensor, aux_layer_ids: Seque
     return hs[0], feats, out.last_hidden_state
 
 
+def answer_rows(samples: Sequence[Sample], T: int, device: torch.device) -> torch.Tensor:
+    """[B, T] bool: the positions whose next token is an answer token (the only labels training reads)."""
+    q = torch.arange(T, device=device)
+    starts = torch.tensor([s.answer_start for s in samples], device=device)
+    lengths = torch.tensor([len(s.ids) for s in samples], device=device)
+    return (q[None, :] >= starts[:, None] - 1) & (q[None, :] < lengths[:, None] - 1)
+
+
 @torch.no_grad()
-def draft_labels(hidden: torch.Tensor, head_weight: torch.Tensor, chunk: int = 512) -> torch.Tensor:
-    """softmax over the draft vocabulary of ``hidden [B,T,H] @ head_weight[Vd,H].T``, by chunks."""
-    B, T, H = hidden.shape
-    flat = hidden.reshape(B * T, H)
-    out = [torch.softmax((flat[s:s + chunk].float() @ head_weight.T).float(), dim=-1)
-           for s in range(0, B * T, chunk)]
-    return torch.cat(out).view(B, T, -1)
+def draft_labels(hidden: torch.Tensor, head_weight: torch.Tensor, rows: torch.Tensor, chunk: int = 512
+                 ) -> torch.Tensor:
+    """softmax over the draft vocabulary of ``hidden [B,T,H] @ head_weight[Vd,H].T`` at ``rows``
+    ([B, T] bool), zero elsewhere."""
+    B, T, _ = hidden.shape
+    flat = hidden[rows]
+    out = torch.zeros(B, T, head_weight.shape[0], device=hidden.device)
+    if flat.shape[0]:
+        out[rows] = torch.cat([torch.softmax(flat[s:s + chunk].float() @ head_weight.T, dim=-1)
+                               for s in range(0, flat.shape[0], chunk)])
+    return out
 
 
 class LiveTarget:
@@ -75,7 +87,8 @@ class LiveTarget:
         B, T, H = hidden.shape
         flat = hidden.reshape(B * T, H)
         inside = torch.cat([head.t2d[(flat[s:s + 512] @ w.T).argmax(-1)] for s in range(0, B * T, 512)]).view(B, T)
-        return embeds, feats, draft_labels(hidden, w[head.used_ids]), inside
+        rows = answer_rows(samples, T, ids.device)
+        return embeds, feats, draft_labels(hidden, w[head.used_ids], rows), inside
 
 
 class StoredTarget:
@@ -119,6 +132,6 @@ class StoredTarget:
         device = head.d2t.device
         ids, top = ids.to(device), top.to(device)
         embeds = F.embedding(ids, self.embed.to(device))
-        probs = draft_labels(hidden.to(device), self._rows(head).to(device))
+        probs = draft_labels(hidden.to(device), self._rows(head).to(device), answer_rows(samples, T, device))
         inside = head.t2d[top.clamp(min=0)] & (top >= 0)
         return embeds, feats.to(device), probs, inside

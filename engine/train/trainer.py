@@ -95,35 +95,42 @@ def _pad(batch: Sequence[Sample]) -> tuple[torch.Tensor, torch.Tensor, torch.Ten
 
 
 def batch_loss(head: Eagle3Head, source: TargetSource, batch: Sequence[Sample], steps: int, step_weight: float,
-               *, bf16: bool = False
+               *, bf16: bool = False, full_logits: bool = False
                ) -> tuple[torch.Tensor, BatchStats, list[torch.Tensor], torch.Tensor, torch.Tensor]:
     """TTT loss of one batch. Also returns per-step draft logits and the ids/validity for eval.
-    ``bf16``: the head's forward (and so its backward) under CPU bf16 autocast."""
+
+    ``bf16``: the head's forward (and so its backward) under CPU bf16 autocast. The head's LM head,
+    half of its arithmetic, runs only at positions some TTT step is trained on (answer tokens);
+    ``full_logits`` returns every position's logits [B, N, Vd] instead (evaluation)."""
     device = head.d2t.device
     ids, lengths, starts = _pad(batch)
     ids, lengths, starts = ids.to(device), lengths.to(device), starts.to(device)
     B, T = ids.shape
     N = T - 1
     embeds, feats, probs, inside = source.batch(head, batch, ids)
+    p = torch.arange(N, device=device)
+    keep = None
+    if not full_logits:  # some step i predicts an answer token p + 2 + i
+        keep = (p[None, :] + 2 < lengths[:, None]) & (p[None, :] + 1 + steps >= starts[:, None])
     with torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16):
-        logits = head.ttt_forward(embeds.float(), feats.float(), steps)
+        logits = head.ttt_forward(embeds.float(), feats.float(), steps, keep=keep)
     Vd = probs.shape[-1]
     probs = torch.cat([probs, probs.new_zeros(B, steps + 1, Vd)], dim=1)
     inside = torch.cat([inside, inside.new_zeros(B, steps + 1)], dim=1)
-    p = torch.arange(N, device=device)
     total = torch.zeros((), device=device)
     acc, counts = [], []
     for i, lg in enumerate(logits):
         tok_pos = p + 2 + i  # the token predicted
         in_answer = (tok_pos[None, :] < lengths[:, None]) & (tok_pos[None, :] >= starts[:, None])
         valid = in_answer & inside[:, 1 + i:1 + i + N]
-        tp = probs[:, 1 + i:1 + i + N]
-        ce = -(tp * F.log_softmax(lg.float(), dim=-1)).sum(-1)
+        tp = probs[:, 1 + i:1 + i + N][valid]  # [n, Vd], positions in row-major order
+        lg = lg[valid[keep]] if keep is not None else lg[valid]  # valid is inside keep: the same order
         n = int(valid.sum())
         counts.append(n)
         if n:
-            total = total + (step_weight**i) * ce[valid].mean()
-            acc.append(float((lg.argmax(-1) == tp.argmax(-1))[valid].float().mean()))
+            ce = -(tp * F.log_softmax(lg.float(), dim=-1)).sum(-1)
+            total = total + (step_weight**i) * ce.mean()
+            acc.append(float((lg.argmax(-1) == tp.argmax(-1)).float().mean()))
         else:
             acc.append(0.0)
     stats = BatchStats(float(total.detach()), acc, counts, int((lengths - starts).sum()))
@@ -157,7 +164,7 @@ def measure_tau(head: Eagle3Head, source: TargetSource | torch.nn.Module, sample
     hits = [0] * steps
     tries = [0] * steps
     for batch in iter_batches(list(samples), batch_tokens, random.Random(0)):
-        _, _, logits, ids, (lengths, starts) = batch_loss(head, source, batch, steps, 1.0)
+        _, _, logits, ids, (lengths, starts) = batch_loss(head, source, batch, steps, 1.0, full_logits=True)
         B, T = ids.shape
         N = T - 1
         p = torch.arange(N, device=ids.device)

@@ -1,0 +1,215 @@
+/*
+ * The "fast" precision's matrix product on stored quant weights: activations quantized to 8 bits
+ * per block, integer dot products with the weights' own codes (AVX-512 VNNI), one float scaling
+ * per block. y[M, N] = x[M, K] @ W[N, K]^T (+ bias).
+ *
+ * Why: on a CPU a forward of many rows (a draft tree, a prefill chunk, the data engine's batch)
+ * is bound by multiply-adds, and vpdpbusd does 64 of them per instruction where an fp32 FMA does
+ * 16; the 4-bit codes need no conversion to float at all.
+ *
+ * The arithmetic, which tests/test_fast_kernel.py recomputes in torch bit for bit:
+ *   per row r and block b of `group` k (the weight's scale group):
+ *     d[r,b] = max|x| / 127 (fp32 division), xq = rint(x / d) (ties to even; 0 when d = 0),
+ *     sx[r,b] = sum of xq over the block;
+ *   per output (r, n), over blocks in order from zero:
+ *     isum = sum_k code[n,k] * xq[r,k]             (exact, int32)
+ *     acc  = acc + (float)isum * (scale[n,b] * d[r,b])
+ *     acc  = acc + offset[n,b] * (d[r,b] * (float)sx[r,b])   (kinds with an offset)
+ *   then y = acc (+ bias) (+ y when accumulating), as stored.c does.
+ * Every row is quantized and reduced on its own, in an order that does not depend on how many
+ * rows share the call, so a row's result is the same in a one-token step, a tree or a prefill:
+ * the property that keeps speculation lossless against the fast baseline.
+ *
+ * Codes as stored.c keeps them: q4 (0..15) eight k per 32-bit word per column, so the even-k and
+ * odd-k codes come out as bytes with one mask each, and the activations are stored in the same
+ * even/odd order; q8 (signed) as 16 bytes per k, transposed in registers to four k per lane and
+ * offset by 128 (vpdpbusd multiplies unsigned by signed bytes), which the block sum corrects.
+ */
+#include <immintrin.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define PANEL 16
+#define FAST_ROWS 12
+#define VNNI __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi,avx2,fma")))
+
+enum { KIND_Q8 = 3, KIND_Q4 = 4 };
+
+int fast_supported(void) {
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+           __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512vnni") &&
+           __builtin_cpu_supports("avx512vbmi");
+}
+
+/* Quantize one row: K values in blocks of `group` (a multiple of 8). q4_order: store each 8 k as
+ * the four even-k bytes then the four odd-k bytes (the order the q4 words' nibbles come out in). */
+static VNNI void quantize_row(const float *x, long K, long group, int q4_order, int8_t *xq, float *d, int32_t *s) {
+    const __m128i evenodd = _mm_setr_epi8(0, 2, 4, 6, 1, 3, 5, 7, 8, 10, 12, 14, 9, 11, 13, 15);
+    const __m256 sign = _mm256_set1_ps(-0.0f);
+    for (long b = 0; b < K / group; b++) {
+        const float *xb = x + b * group;
+        __m256 mx = _mm256_setzero_ps();
+        for (long i = 0; i < group; i += 8) mx = _mm256_max_ps(mx, _mm256_andnot_ps(sign, _mm256_loadu_ps(xb + i)));
+        __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(mx), _mm256_extractf128_ps(mx, 1));
+        m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+        m4 = _mm_max_ss(m4, _mm_shuffle_ps(m4, m4, 1));
+        const float db = _mm_cvtss_f32(m4) / 127.0f;
+        d[b] = db;
+        int8_t *qb = xq + b * group;
+        __m256i sum = _mm256_setzero_si256();
+        const __m256 dv = _mm256_set1_ps(db);
+        for (long i = 0; i < group; i += 16) {
+            __m256i q0 = _mm256_setzero_si256(), q1 = _mm256_setzero_si256();
+            if (db != 0.0f) {
+                q0 = _mm256_cvtps_epi32(_mm256_div_ps(_mm256_loadu_ps(xb + i), dv));
+                if (i + 8 < group) q1 = _mm256_cvtps_epi32(_mm256_div_ps(_mm256_loadu_ps(xb + i + 8), dv));
+            }
+            sum = _mm256_add_epi32(sum, _mm256_add_epi32(q0, q1));
+            __m128i bytes = _mm_unpacklo_epi64(_mm256_cvtepi32_epi8(q0), _mm256_cvtepi32_epi8(q1));
+            if (q4_order) bytes = _mm_shuffle_epi8(bytes, evenodd);
+            if (i + 8 < group)
+                _mm_storeu_si128((__m128i *)(qb + i), bytes);
+            else
+                _mm_storel_epi64((__m128i *)(qb + i), bytes);
+        }
+        int32_t lanes[8];
+        _mm256_storeu_si256((__m256i *)lanes, sum);
+        s[b] = ((lanes[0] + lanes[1]) + (lanes[2] + lanes[3])) + ((lanes[4] + lanes[5]) + (lanes[6] + lanes[7]));
+    }
+}
+
+/* One tile of MR rows by one 16-column panel; results to out[MR][16]. */
+static inline __attribute__((always_inline)) VNNI void
+tile(const int MR, const int q4, const int8_t *xq, long K, const float *xd, const int32_t *xs, long group,
+     const void *codes, const float *sc, const float *of, float *out) {
+    const long ng = K / group;
+    const __m512i m4 = _mm512_set1_epi32(0x0F0F0F0F);
+    const __m512i flip = _mm512_set1_epi8((char)0x80);
+    /* byte 4j + i of the result = byte 16i + j of the source: four k of column j in lane j */
+    const __m512i tr = _mm512_set_epi8(63, 47, 31, 15, 62, 46, 30, 14, 61, 45, 29, 13, 60, 44, 28, 12, 59, 43, 27, 11,
+                                       58, 42, 26, 10, 57, 41, 25, 9, 56, 40, 24, 8, 55, 39, 23, 7, 54, 38, 22, 6, 53,
+                                       37, 21, 5, 52, 36, 20, 4, 51, 35, 19, 3, 50, 34, 18, 2, 49, 33, 17, 1, 48, 32,
+                                       16, 0);
+    __m512 acc[FAST_ROWS];
+#pragma GCC unroll 12
+    for (int r = 0; r < MR; r++) acc[r] = _mm512_setzero_ps();
+    for (long g = 0; g < ng; g++) {
+        __m512i isum[FAST_ROWS];
+#pragma GCC unroll 12
+        for (int r = 0; r < MR; r++) isum[r] = _mm512_setzero_si512();
+        if (q4) {
+            const uint32_t *cw = (const uint32_t *)codes + g * (group / 8) * PANEL;
+            for (long w = 0; w < group / 8; w++) {
+                const __m512i word = _mm512_loadu_si512(cw + w * PANEL);
+                const __m512i lo = _mm512_and_si512(word, m4);
+                const __m512i hi = _mm512_and_si512(_mm512_srli_epi32(word, 4), m4);
+                const long k = g * group + w * 8;
+#pragma GCC unroll 12
+                for (int r = 0; r < MR; r++) {
+                    const int32_t *xr = (const int32_t *)(xq + r * K + k);
+                    isum[r] = _mm512_dpbusd_epi32(isum[r], lo, _mm512_set1_epi32(xr[0]));
+                    isum[r] = _mm512_dpbusd_epi32(isum[r], hi, _mm512_set1_epi32(xr[1]));
+                }
+            }
+        } else {
+            const int8_t *cb = (const int8_t *)codes + g * group * PANEL;
+            for (long w = 0; w < group / 4; w++) {
+                const __m512i raw = _mm512_loadu_si512(cb + w * 4 * PANEL);
+                const __m512i wt = _mm512_xor_si512(_mm512_permutexvar_epi8(tr, raw), flip);
+                const long k = g * group + w * 4;
+#pragma GCC unroll 12
+                for (int r = 0; r < MR; r++)
+                    isum[r] = _mm512_dpbusd_epi32(isum[r], wt, _mm512_set1_epi32(*(const int32_t *)(xq + r * K + k)));
+            }
+#pragma GCC unroll 12
+            for (int r = 0; r < MR; r++) isum[r] = _mm512_sub_epi32(isum[r], _mm512_set1_epi32(128 * xs[r * ng + g]));
+        }
+        const __m512 s = _mm512_loadu_ps(sc + g * PANEL);
+#pragma GCC unroll 12
+        for (int r = 0; r < MR; r++) {
+            const float dx = xd[r * ng + g];
+            acc[r] = _mm512_add_ps(acc[r], _mm512_mul_ps(_mm512_cvtepi32_ps(isum[r]),
+                                                         _mm512_mul_ps(s, _mm512_set1_ps(dx))));
+        }
+        if (of) {
+            const __m512 o = _mm512_loadu_ps(of + g * PANEL);
+#pragma GCC unroll 12
+            for (int r = 0; r < MR; r++) {
+                const float c = xd[r * ng + g] * (float)xs[r * ng + g];
+                acc[r] = _mm512_add_ps(acc[r], _mm512_mul_ps(o, _mm512_set1_ps(c)));
+            }
+        }
+    }
+#pragma GCC unroll 12
+    for (int r = 0; r < MR; r++) _mm512_storeu_ps(out + r * PANEL, acc[r]);
+}
+
+typedef void (*fast_tile_fn)(const int8_t *, long, const float *, const int32_t *, long, const void *, const float *,
+                             const float *, float *);
+#define FTILE(n)                                                                                                    \
+    static VNNI void ft_q4_##n(const int8_t *xq, long K, const float *xd, const int32_t *xs, long group,          \
+                               const void *c, const float *s, const float *o, float *out) {                       \
+        tile(n, 1, xq, K, xd, xs, group, c, s, o, out);                                                            \
+    }                                                                                                               \
+    static VNNI void ft_q8_##n(const int8_t *xq, long K, const float *xd, const int32_t *xs, long group,          \
+                               const void *c, const float *s, const float *o, float *out) {                       \
+        tile(n, 0, xq, K, xd, xs, group, c, s, o, out);                                                            \
+    }
+FTILE(1) FTILE(2) FTILE(3) FTILE(4) FTILE(5) FTILE(6) FTILE(7) FTILE(8) FTILE(9) FTILE(10) FTILE(11) FTILE(12)
+static const fast_tile_fn FT_Q4[FAST_ROWS + 1] = {0, ft_q4_1, ft_q4_2, ft_q4_3, ft_q4_4, ft_q4_5, ft_q4_6,
+                                                  ft_q4_7, ft_q4_8, ft_q4_9, ft_q4_10, ft_q4_11, ft_q4_12};
+static const fast_tile_fn FT_Q8[FAST_ROWS + 1] = {0, ft_q8_1, ft_q8_2, ft_q8_3, ft_q8_4, ft_q8_5, ft_q8_6,
+                                                  ft_q8_7, ft_q8_8, ft_q8_9, ft_q8_10, ft_q8_11, ft_q8_12};
+
+/*
+ * Arguments as stored_linear's (stored.c). Returns 0, -1 for a kind or shape this kernel does not
+ * take (the caller runs the exact kernel and says so), -2 when out of memory.
+ */
+int stored_linear_fast(const float *x, long M, long K, int kind, long group, const void *codes, const float *scales,
+                       const float *offsets, long N, const float *bias, float *y, long ldy, int accumulate,
+                       int nthreads) {
+    const int q4 = kind == KIND_Q4;
+    if ((kind != KIND_Q4 && kind != KIND_Q8) || group <= 0 || K % group || group % (q4 ? 8 : 4) || !fast_supported())
+        return -1;
+    const long ng = K / group;
+    int8_t *xq = aligned_alloc(64, (size_t)((M * K + 63) / 64 * 64));
+    float *xd = malloc(sizeof(float) * (size_t)(M * ng));
+    int32_t *xs = malloc(sizeof(int32_t) * (size_t)(M * ng));
+    if (!xq || !xd || !xs) {
+        free(xq);
+        free(xd);
+        free(xs);
+        return -2;
+    }
+#pragma omp parallel for num_threads(nthreads) schedule(static) if (M > 1)
+    for (long r = 0; r < M; r++) quantize_row(x + r * K, K, group, q4, xq + r * K, xd + r * ng, xs + r * ng);
+    const long npanels = (N + PANEL - 1) / PANEL;
+    const long panel_bytes = q4 ? K * PANEL / 2 : K * PANEL;
+    const fast_tile_fn *tiles = q4 ? FT_Q4 : FT_Q8;
+#pragma omp parallel for num_threads(nthreads) schedule(static)
+    for (long p = 0; p < npanels; p++) {
+        float out[FAST_ROWS * PANEL] __attribute__((aligned(64)));
+        const char *pc = (const char *)codes + p * panel_bytes;
+        const float *ps = scales + p * ng * PANEL;
+        const float *po = offsets ? offsets + p * ng * PANEL : 0;
+        const long col0 = p * PANEL;
+        const int ncols = (int)(N - col0 < PANEL ? N - col0 : PANEL);
+        for (long m0 = 0; m0 < M; m0 += FAST_ROWS) {
+            const int mr = (int)(M - m0 < FAST_ROWS ? M - m0 : FAST_ROWS);
+            tiles[mr](xq + m0 * K, K, xd + m0 * ng, xs + m0 * ng, group, pc, ps, po, out);
+            for (int r = 0; r < mr; r++) {
+                float *yr = y + (m0 + r) * ldy + col0;
+                for (int j = 0; j < ncols; j++) {
+                    const float val = bias ? out[r * PANEL + j] + bias[col0 + j] : out[r * PANEL + j];
+                    yr[j] = accumulate ? yr[j] + val : val;
+                }
+            }
+        }
+    }
+    free(xq);
+    free(xd);
+    free(xs);
+    return 0;
+}

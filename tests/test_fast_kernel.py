@@ -1,0 +1,155 @@
+"""The fast precision (engine/kernels/fast.c): 8-bit activations, integer products on stored blocks.
+
+The promises: the kernel computes exactly the torch definition in engine/kernels/fast.py, bit
+for bit, for every GGUF block format it takes (Q4_0, Q4_1, Q4_K, Q8_0, Q6_K) and any row count;
+a row's result does not depend on the rows beside it (batch invariance, what keeps speculation
+lossless against the fast baseline); a model in the fast precision gives every token of a
+prefill or a rows forward the logits a one-token step gives it; and it stays close to exact.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from gguf import GGMLQuantizationType as Q
+
+from engine.kernels import native
+from engine.kernels.fast import fast_linear_reference, quantize_activations
+from engine.kernels.stored import StoredLinear, StoredPanels
+from engine.models.gguf_weights import load_gguf_state, quant_rows
+from engine.models.kv_cache import KVCache
+from engine.models.llama import LlamaConfig, LlamaModel
+from tests.test_stored_weights import VOCAB, gguf_bytes, write_model_gguf
+
+KERNEL = native.load()
+FAST = KERNEL is not None and KERNEL.fast_variant is not None
+needs_fast = pytest.mark.skipif(not FAST, reason="no fast kernel here (needs AVX-512 VNNI and VBMI)")
+INT_FORMATS = [Q.Q4_0, Q.Q4_1, Q.Q4_K, Q.Q8_0, Q.Q6_K]
+
+
+@pytest.fixture(params=INT_FORMATS, ids=lambda q: q.name)
+def weight(request):
+    rng = np.random.default_rng(2)
+    n, k = 37, 512
+    data = gguf_bytes(rng.standard_normal((n, k)).astype(np.float32) * 0.1, request.param, rng)
+    return quant_rows(data, request.param.name, n, k)
+
+
+def test_activation_quantization_is_within_half_a_step() -> None:
+    x = torch.randn(3, 64) * torch.tensor([1.0, 100.0, 1e-3])[:, None]
+    x[0, :32] = 0
+    xq, d, sums = quantize_activations(x, 32)
+    assert xq.abs().max() <= 127 and torch.equal(sums, xq.view(3, 2, 32).sum(-1))
+    assert d[0, 0] == 0 and (xq[0, :32] == 0).all()
+    back = xq.view(3, 2, 32).float() * d[..., None]
+    assert ((back - x.view(3, 2, 32)).abs() <= d[..., None] / 2 + 1e-12).all()
+
+
+@needs_fast
+@pytest.mark.parametrize("m", [1, 2, 5, 12, 13, 30])
+def test_kernel_equals_the_torch_definition_and_is_row_invariant(weight, m: int) -> None:
+    gen = torch.Generator().manual_seed(m)
+    x = torch.randn(m, weight.shape[1], generator=gen) * 0.5
+    x[0, 32:64] = 0  # a zero block: scale 0
+    bias = torch.randn(weight.shape[0], generator=gen)
+    panels = StoredPanels.from_rows(weight)
+    y = torch.empty(m, weight.shape[0])
+    assert KERNEL.stored_linear_fast(x, panels, bias, y, False)
+    assert torch.equal(y, fast_linear_reference(x, weight, bias))
+    for r in range(m):
+        one = torch.empty(1, weight.shape[0])
+        KERNEL.stored_linear_fast(x[r:r + 1].contiguous(), panels, bias, one, False)
+        assert torch.equal(one[0], y[r])
+    acc = torch.ones(m, weight.shape[0])
+    KERNEL.stored_linear_fast(x, panels, bias, acc, True)
+    assert torch.equal(acc, 1 + y)
+
+
+@needs_fast
+def test_fast_is_close_to_exact(weight) -> None:
+    x = torch.randn(4, weight.shape[1])
+    exact = x @ weight.dequantize().T
+    fast = fast_linear_reference(x, weight)
+    assert (fast - exact).abs().max() <= 0.02 * exact.abs().max()
+
+
+def test_float_kinds_have_no_fast_product() -> None:
+    lin = StoredLinear([StoredPanels.from_rows(quant_rows(np.zeros((16, 32), np.float32), "F32", 16, 32)).to_rows()])
+    if FAST:
+        assert not KERNEL.stored_linear_fast(torch.zeros(1, 32), lin.parts[0], None, torch.empty(1, 16), False)
+    with pytest.raises(ValueError, match="no integer product"):
+        fast_linear_reference(torch.zeros(1, 32), lin.parts[0].to_rows())
+
+
+@pytest.fixture(scope="module")
+def fast_model(tmp_path_factory) -> LlamaModel:
+    path = tmp_path_factory.mktemp("m") / "m.gguf"
+    write_model_gguf(path, tied=False)
+    config, state = load_gguf_state(path)
+    return LlamaModel(LlamaConfig.from_dict(config), state, weights="stored")
+
+
+@needs_fast
+def test_fast_model_rows_equal_one_token_steps(fast_model: LlamaModel) -> None:
+    """Prefill of 9 tokens, then plain steps: every row's logits equal the one-token forward's, and
+    a rows forward of two sequences gives them too."""
+    model = fast_model
+    model.precision = "fast"
+    try:
+        tokens = torch.randint(0, VOCAB, (9,), generator=torch.Generator().manual_seed(0))
+        batch = model.forward(tokens, model.new_cache(16)).logits
+        cache = model.new_cache(16)
+        for i, t in enumerate(tokens.tolist()):
+            assert torch.equal(model.forward(torch.tensor([t]), cache).logits[0], batch[i])
+            cache.commit(1)
+        c = model.config
+        rows = KVCache(c.num_layers, c.num_kv_heads, c.head_dim, 32)
+        both = torch.cat([tokens, tokens[:4]])
+        seg = torch.tensor([0] * 9 + [16] * 4)
+        slots = torch.cat([torch.arange(9), 16 + torch.arange(4)])
+        out = model.forward_rows(both, rows, seg, slots, logits_at=torch.arange(13))
+        assert torch.equal(out.logits[:9], batch) and torch.equal(out.logits[9:], batch[:4])
+        model.precision = "exact"
+        exact = model.forward(tokens, model.new_cache(16)).logits
+        assert not torch.equal(exact, batch)  # another arithmetic (closeness: test_fast_is_close_to_exact)
+    finally:
+        model.precision = "exact"
+
+
+def test_fast_precision_is_refused_where_it_cannot_run(tmp_path: Path) -> None:
+    write_model_gguf(tmp_path / "m.gguf", tied=True)
+    config, state = load_gguf_state(tmp_path / "m.gguf")
+    model = LlamaModel(LlamaConfig.from_dict(config), state, weights="fp32")
+    with pytest.raises(ValueError, match="needs stored weights"):
+        model.precision = "fast"
+    assert model.precision == "exact"
+    with pytest.raises(ValueError, match="exact or fast"):
+        model.precision = "fp8"
+
+
+@needs_fast
+def test_data_engine_in_fast_precision_matches_the_one_row_path(fast_model: LlamaModel) -> None:
+    from engine.train.data import _generate_native
+    from engine.train.rows import Request, RowEngine
+
+    model = fast_model
+    model.precision = "fast"
+    try:
+        gen = torch.Generator().manual_seed(3)
+        reqs = [Request(torch.randint(3, VOCAB, (n,), generator=gen).tolist(), 10, t, seed=i)
+                for i, (n, t) in enumerate([(4, 0.0), (11, 1.0), (2, 0.0)])]
+        done = {}
+        engine = RowEngine(model, rows=2, row_capacity=32, stop_ids=[2])
+        for r in reqs:
+            r.on_done = lambda f: done.__setitem__(f.request.seed, f.new_ids)
+            engine.submit(r)
+        engine.run()
+        for r in reqs:
+            ref, _ = _generate_native(model, r.prompt, max_new_tokens=10, temperature=r.temperature,
+                                      stop_ids=frozenset({2}), generator=torch.Generator().manual_seed(r.seed))
+            assert done[r.seed] == ref
+    finally:
+        model.precision = "exact"

@@ -71,20 +71,27 @@ def load_prompts(path: str | Path, limit: int | None = None) -> list[Prompt]:
     return prompts
 
 
+_FLAGS = ("avx2", "fma", "avx512f", "avx512bw", "avx512vl", "avx512_vnni", "avx512vbmi", "avx512_bf16", "avx_vnni",
+          "amx_int8", "amx_bf16")  # the ones our kernels choose variants by
+
+
 def machine_info(model: object | None = None) -> dict[str, Any]:
     """The machine, plus which compute path the model runs (our native CPU kernels or torch's)."""
     import torch
 
     cpu = platform.processor() or ""
+    flags: list[str] = []
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
+            if line.startswith("model name") and not flags:
                 cpu = line.split(":", 1)[1].strip()
+            if line.startswith("flags"):
+                flags = [f for f in line.split(":", 1)[1].split() if f in _FLAGS]
                 break
     except OSError:
         pass
-    info = {"cpu": cpu, "cores": os.cpu_count(), "torch": torch.__version__, "threads": torch.get_num_threads(),
-            "python": platform.python_version(), "platform": platform.platform()}
+    info = {"cpu": cpu, "cpu_flags": flags, "cores": os.cpu_count(), "torch": torch.__version__,
+            "threads": torch.get_num_threads(), "python": platform.python_version(), "platform": platform.platform()}
     if torch.cuda.is_available():
         info["gpu"] = torch.cuda.get_device_name(0)
     kernels = getattr(model, "kernels", None)
@@ -94,6 +101,34 @@ def machine_info(model: object | None = None) -> dict[str, Any]:
 
         info["kernel_variant"] = native.variant() if kernels == "native" else "torch"
     return info
+
+
+@dataclass
+class StepSplit:
+    """Where our steps' time went: drafting vs verifying, levels drafted (drafters that pay per
+    level), steps with drafting paused by the adaptive budget."""
+
+    steps: int = 0
+    draft_ms: float = 0.0
+    verify_ms: float = 0.0
+    levels: int = 0
+    paused: int = 0
+
+    def add(self, step) -> None:
+        self.steps += 1
+        self.draft_ms += step.timing.draft_ms
+        self.verify_ms += step.timing.verify_ms
+        self.levels += step.draft_levels
+        self.paused += int(step.draft_paused)
+
+    def fields(self) -> dict[str, float | None]:
+        n = self.steps
+        return {
+            "draft_ms_per_step": round(self.draft_ms / n, 3) if n else None,
+            "verify_ms_per_step": round(self.verify_ms / n, 3) if n else None,
+            "mean_draft_levels": round(self.levels / n, 3) if n else None,
+            "paused_share": round(self.paused / n, 3) if n else None,
+        }
 
 
 @dataclass
@@ -109,6 +144,7 @@ class Row:
     same_as_reference: int = 0  # equal to the baseline of the first --weights mode
     prompts: int = 0
     outputs: list[list[int]] = field(default_factory=list)
+    split: StepSplit = field(default_factory=StepSplit)
 
     @property
     def tokens_per_s(self) -> float:
@@ -126,7 +162,8 @@ class Row:
         return self.produced / self.steps if self.steps else None
 
 
-def _run_ours(session, prompt: Prompt, config) -> tuple[list[int], int, float]:
+def _run_ours(session, prompt: Prompt, config, split: StepSplit | None = None
+              ) -> tuple[list[int], int, int, float, float]:
     from engine.events import Finished, Started, Step
 
     session.reset()
@@ -144,6 +181,8 @@ def _run_ours(session, prompt: Prompt, config) -> tuple[list[int], int, float]:
         elif isinstance(event, Step):
             tokens.extend(c.id for c in event.committed)
             steps += 1
+            if split is not None:
+                split.add(event)
         elif isinstance(event, Finished):
             seconds = time.perf_counter() - t0
             produced = event.tokens + (event.reason == "stop")  # tau counts a final stop token
@@ -213,6 +252,10 @@ def run_bench(args: argparse.Namespace) -> int:
         from specchat.gpu_bench import run_random_bench
 
         return run_random_bench(args)
+    if getattr(args, "data_engine", None) is not None or getattr(args, "train_speed", False):
+        from specchat.bench_train import run_data_bench, run_train_bench
+
+        return run_data_bench(args) if args.data_engine is not None else run_train_bench(args)
     base_config = make_config(args, method="none", max_new_tokens=256)
     modes = weights_modes(args)
     if args.cost_curve:
@@ -287,7 +330,7 @@ def run_bench(args: argparse.Namespace) -> int:
                 bar.update(task, description=f"{prompt.id}: {name}")
                 if row.weights is not None:
                     tokens, steps, produced, seconds, prefill = _run_ours(sessions[row.weights], prompt,
-                                                                          configs[row.name])
+                                                                          configs[row.name], row.split)
                 elif row.name.startswith("llamacpp"):
                     tokens, steps, produced, seconds, prefill = llama_peer.run(
                         first, prompt, lookup=row.name.endswith("lookup"))
@@ -329,6 +372,7 @@ def run_bench(args: argparse.Namespace) -> int:
             "prompts": row.prompts,
             "tokens": row.tokens,
             "seconds": round(row.seconds, 3),
+            **(row.split.fields() if row.weights is not None else {}),
         })
     machine = machine_info(first.model)
     machine["weights"] = {w: {"kernels": getattr(sessions[w].model, "kernels", None),
@@ -379,8 +423,8 @@ def print_table(report: dict[str, Any]) -> None:
     if weights:
         kernels += f", weights {'/'.join(weights)}"
     table = Table(title=f"{report['model']} on {machine['cpu']} ({machine['threads']} threads{kernels})")
-    for col in ("method", "tokens/s", "tau", "speedup", "decode tok/s", "decode speedup", "identical", "tokens",
-                "seconds"):
+    for col in ("method", "tokens/s", "tau", "speedup", "decode tok/s", "decode speedup", "draft|verify ms",
+                "paused", "identical", "tokens", "seconds"):
         table.add_column(col, justify="left" if col == "method" else "right", no_wrap=col == "method")
     multi = len(report.get("weights") or ()) > 1
     for r in report["results"]:
@@ -390,6 +434,9 @@ def print_table(report: dict[str, Any]) -> None:
             f"{r['speedup']:.2f}x" if r["speedup"] else "-",
             f"{r['decode_tokens_per_s']:.2f}" if r["decode_tokens_per_s"] else "-",
             f"{r['decode_speedup']:.2f}x" if r["decode_speedup"] else "-",
+            f"{r['draft_ms_per_step']:.2f}|{r['verify_ms_per_step']:.2f}" if r.get("draft_ms_per_step") is not None
+            else "-",
+            f"{r['paused_share']:.0%}" if r.get("paused_share") is not None else "-",
             f"{r['identical_prompts']}/{r['prompts']}", str(r["tokens"]), f"{r['seconds']:.1f}",
         )
     console = Console()

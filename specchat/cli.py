@@ -109,6 +109,11 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--cost-curve", action="store_true",
                        help="time one target forward over n new tokens relative to n = 1")
     bench.add_argument("--context", type=int, default=300, help="cost curve: cached tokens before the tree")
+    bench.add_argument("--data-engine", dest="data_engine", type=int, default=None, metavar="N",
+                       help="time train-draft's data paths (one row; rows exact; rows fast), N answer tokens each")
+    bench.add_argument("--train-speed", dest="train_speed", action="store_true",
+                       help="time a training step with the target run per batch vs stored features (fp32, bf16)")
+    bench.add_argument("--rows", type=int, default=48, help="data engine: conversations per forward")
     bench.add_argument("--random-weights", dest="random_weights", default=None, metavar="SHAPE",
                        help="no checkpoint: a random model of this shape (llama-3.1-8b, smollm2-135m or a "
                             "config.json); reports decode tok/s, bandwidth fraction, cost curve, oracle acceptance")

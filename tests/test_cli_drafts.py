@@ -53,6 +53,10 @@ def test_bench_runs_every_draft_method_against_the_baseline(tiny, tmp_path: Path
         rows = {r["method"]: r for r in json.loads(out.read_text())["results"]}
         assert set(rows) == {"none", "ngram", kind}
         assert all(r["identical_to_baseline"] for r in rows.values())
+        # the cost split of each row's steps
+        assert rows["none"]["draft_ms_per_step"] < 0.1 * rows["none"]["verify_ms_per_step"]
+        assert rows[kind]["draft_ms_per_step"] > 0 and 0 <= rows[kind]["paused_share"] <= 1
+        assert rows[kind]["mean_draft_levels"] > 0 and rows["ngram"]["mean_draft_levels"] == 0
 
 
 def _one_line_error(capsys, argv: list[str], *needles: str) -> None:
@@ -81,3 +85,21 @@ def test_bad_drafts_end_in_one_line(tiny, capsys, tmp_path: Path) -> None:
     _one_line_error(capsys, [*gen, "--draft", str(pickled)], "--allow-pickle")
     assert main([*gen, "--draft", str(pickled), "--allow-pickle", "--json"]) == 0
     assert json.loads(capsys.readouterr().out.strip().splitlines()[-1])["method"] == "eagle"
+
+
+def test_bench_times_the_draft_training_paths(tiny, tmp_path: Path, monkeypatch) -> None:
+    """--data-engine: the one-row generator against the rows engine; --train-speed: the target
+    run per batch against stored features (a tiny model: the machinery, not the numbers)."""
+    import specchat.bench_train as bench_train
+
+    model, _ = tiny
+    out = tmp_path / "data.json"
+    assert main(["bench", str(model), "--data-engine", "40", "--rows", "4", "--threads", "1", "--json", str(out)]) == 0
+    rows = json.loads(out.read_text())["results"]
+    assert [r["rows"] for r in rows[:2]] == [1, 4]
+    assert all(r["answer_tokens"] >= 40 and r["answer_tokens_per_s"] > 0 for r in rows)
+    monkeypatch.setattr(bench_train, "TRAIN_BENCH_TOKENS", 300)
+    out = tmp_path / "train.json"
+    assert main(["bench", str(model), "--train-speed", "--rows", "4", "--threads", "1", "--json", str(out)]) == 0
+    rows = json.loads(out.read_text())["results"]
+    assert [r["bf16"] for r in rows] == [False, False, True] and all(r["answer_tokens_per_s"] > 0 for r in rows)

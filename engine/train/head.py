@@ -178,8 +178,8 @@ class Eagle3Head(nn.Module):
         i = 0, fc(f_p), else its own previous pre-norm output; it sits at RoPE position p+i and
         attends to step-0 keys 0..p plus its own keys from steps 1..i; it predicts x_{p+2+i}.
         """
-        c, m = self.config, self.midlayer
-        B, T, H = embeds.shape
+        c, m = self.config, self.midlayer  # norms get fp32 inputs: under bf16 autocast a bf16 input
+        B, T, H = embeds.shape             # with an fp32 weight misses torch's fused RMS norm
         N = T - 1
         nh, nkv, hd = c.num_attention_heads, c.num_key_value_heads, c.head_dim
         rep = nh // nkv
@@ -195,7 +195,7 @@ class Eagle3Head(nn.Module):
         out = []
         for i in range(steps):
             e = emb_all[:, 1 + i:1 + i + N]
-            a = torch.cat([m.input_layernorm(e), m.hidden_norm(h)], dim=-1)
+            a = torch.cat([m.input_layernorm(e.float()), m.hidden_norm(h.float())], dim=-1)
             att = m.self_attn
             q = att.q_proj(a).view(B, N, nh, hd).transpose(1, 2)
             k = att.k_proj(a).view(B, N, nkv, hd).transpose(1, 2)
@@ -217,8 +217,8 @@ class Eagle3Head(nn.Module):
                 w = torch.softmax(torch.cat([s0, sd], dim=-1), dim=-1)
                 o = torch.matmul(w[..., :N], v0) + (w[..., N:, None] * torch.stack(diag_v, dim=-2)).sum(-2)
             h1 = h + att.o_proj(o.transpose(1, 2).reshape(B, N, nh * hd))
-            g = h1 + m.mlp(m.post_attention_layernorm(h1))
-            out.append(self.lm_head(self.norm(g if keep is None else g[keep])))
+            g = h1 + m.mlp(m.post_attention_layernorm(h1.float()))
+            out.append(self.lm_head(self.norm((g if keep is None else g[keep]).float())))
             h = g
         return out
 

@@ -80,6 +80,9 @@ class RowEngine:
         self.cap = row_capacity
         self.stop_ids = frozenset(int(i) for i in stop_ids)
         self.capture_layers = tuple(capture_layers)
+        # the forward captures each layer once, in layer order; a head may ask for one twice
+        unique = sorted(set(self.capture_layers))
+        self._aux_order = [unique.index(i) for i in self.capture_layers]
         self.prefill_tokens = prefill_tokens
         self.cache = KVCache(c.num_layers, c.num_kv_heads, c.head_dim, rows * row_capacity)
         feat = c.hidden_size * len(self.capture_layers)
@@ -112,7 +115,7 @@ class RowEngine:
         tokens, seg, slots, owners, want = self._gather()
         at = torch.tensor([i for i, _ in want], dtype=torch.long)
         out = self.model.forward_rows(torch.tensor(tokens), self.cache, torch.tensor(seg), torch.tensor(slots),
-                                      logits_at=at, capture_layers=self.capture_layers)
+                                      logits_at=at, capture_layers=sorted(set(self.capture_layers)))
         self.forwards += 1
         self.tokens_run += len(tokens)
         self._keep_features(out, owners, slots)
@@ -171,7 +174,7 @@ class RowEngine:
         pos = torch.tensor(slots) - rows * self.cap
         self._hid[rows, pos] = out.hidden.to(torch.bfloat16)
         if self._feat is not None:
-            self._feat[rows, pos] = torch.cat(out.aux, dim=-1).to(torch.bfloat16)
+            self._feat[rows, pos] = torch.cat([out.aux[i] for i in self._aux_order], dim=-1).to(torch.bfloat16)
 
     def _sample(self, logits: torch.Tensor, row: _Row) -> int:
         """The one-row path's rule: argmax at temperature 0, else :func:`draw`."""

@@ -1,0 +1,141 @@
+"""``specchat bench --data-engine N`` and ``--train-speed``: the draft-training paths, timed in one run.
+
+Why a benchmark and not a log line: the speed-ups of the data engine (many conversations per
+forward, the fast precision) and of training from stored features are claims against the paths
+they replace, so both sides run here, in one process, on the same machine, one after the other:
+
+* data: answer tokens/s of the one-conversation-at-a-time generator (exact precision, today's
+  path before the rows engine) against the rows engine in exact and in fast precision, each
+  generating at least N answer tokens into a fresh temporary cache with the same recipe;
+* training: answer tokens/s of one optimizer step with the target run on every batch
+  (transformers, fp32, today's path) against stored features in fp32 and under bf16 autocast,
+  on the same batches of freshly generated data.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from specchat.cli import UsageError
+
+TRAIN_BENCH_TOKENS = 12_000  # answer tokens generated for the training benchmark's batches
+
+
+def run_data_bench(args: argparse.Namespace) -> int:
+    import torch
+
+    from engine.loader import configure_threads
+    from engine.train.data import DataCache, GenSettings, generate_data
+    from engine.train.data_engine import generate_data_rows
+    from engine.train.head import default_aux_layer_ids
+    from engine.train.pipeline import load_target, prompt_list_and_digest
+    from specchat.bench import machine_info
+
+    budget = int(args.data_engine)
+    if budget <= 0:
+        raise UsageError("--data-engine takes a positive number of answer tokens per path")
+    configure_threads(args.threads)
+    target = load_target(args.model)
+    model = target.engine
+    if model is None or not model.runs_rows:
+        raise UsageError("the data engine runs on our native CPU decoder; this model or machine has none")
+    prompts, _ = prompt_list_and_digest(None)
+    capture = [i + 1 for i in default_aux_layer_ids(model.num_layers)]
+    paths: list[tuple[str, str, int]] = [("one row", "exact", 1), ("rows", "exact", args.rows)]
+    if model.fast_available:
+        paths.append(("rows", "fast", args.rows))
+    results = []
+    for name, precision, rows in paths:
+        model.precision = precision
+        folder = Path(tempfile.mkdtemp(prefix="specchat-data-bench-"))
+        cache = DataCache(folder, model.vocab_size)
+        t0 = time.perf_counter()
+        if rows == 1:
+            samples = generate_data(model, target.tokenizer, cache, token_budget=budget, settings=GenSettings(),
+                                    prompt_list=prompts)
+        else:
+            samples = generate_data_rows(model, target.tokenizer, cache, token_budget=budget, settings=GenSettings(),
+                                         capture_layers=capture, prompt_list=prompts, rows=rows)
+        seconds = time.perf_counter() - t0
+        answer = sum(len(s.ids) - s.answer_start for s in samples)
+        results.append({"path": name, "precision": precision, "rows": rows, "answer_tokens": answer,
+                        "conversations": len(samples), "seconds": round(seconds, 2),
+                        "answer_tokens_per_s": round(answer / seconds, 2),
+                        "features_stored": rows > 1})
+        print(f"{name:7s} {precision:5s} rows={rows:3d}: {answer} answer tokens in {seconds:.1f} s = "
+              f"{answer / seconds:.1f} tok/s", flush=True)
+    model.precision = "exact"
+    base = results[0]["answer_tokens_per_s"]
+    for r in results:
+        r["speedup"] = round(r["answer_tokens_per_s"] / base, 2)
+    print("speed-up against one row: " + ", ".join(f"{r['path']} {r['precision']} {r['speedup']:.2f}x"
+                                                  for r in results[1:]))
+    _write(args, {"machine": machine_info(model), "benchmark": "data engine", "threads": torch.get_num_threads(),
+                  "results": results})
+    return 0
+
+
+def run_train_bench(args: argparse.Namespace) -> int:
+    import torch
+
+    from engine.loader import configure_threads
+    from engine.train.data import DataCache, GenSettings, iter_batches
+    from engine.train.data_engine import generate_data_rows
+    from engine.train.head import default_aux_layer_ids
+    from engine.train.pipeline import load_target, prompt_list_and_digest
+    from engine.train.targets import LiveTarget, StoredTarget
+    from engine.train.trainer import TrainSettings, batch_loss, build_head
+    from specchat.bench import machine_info
+
+    configure_threads(args.threads)
+    target = load_target(args.model)
+    model = target.engine
+    if model is None or not model.runs_rows:
+        raise UsageError("training from stored features needs the data engine (our native CPU decoder)")
+    prompts, _ = prompt_list_and_digest(None)
+    cache = DataCache(Path(tempfile.mkdtemp(prefix="specchat-train-bench-")), model.vocab_size)
+    aux = default_aux_layer_ids(model.num_layers)
+    samples = generate_data_rows(model, target.tokenizer, cache, token_budget=TRAIN_BENCH_TOKENS,
+                                 settings=GenSettings(seed=7), capture_layers=[i + 1 for i in aux],
+                                 prompt_list=prompts, rows=args.rows)
+    settings = TrainSettings(batch_tokens=1024)
+    head = build_head(target.hf, samples, settings, sorted(target.tokenizer.stop_token_ids))
+    opt = torch.optim.AdamW(head.parameters(), lr=1e-5)
+    batches = list(iter_batches(samples, settings.batch_tokens, random.Random(0)))[:10]
+    paths = [("target run per batch", LiveTarget(target.hf), False),
+             ("stored features", StoredTarget(cache, target.hf), False),
+             ("stored features, bf16 autocast", StoredTarget(cache, target.hf), True)]
+    results = []
+    for name, source, bf16 in paths:
+        tokens, seconds = 0, 0.0
+        for i, batch in enumerate(batches):
+            t0 = time.perf_counter()
+            loss, stats, *_ = batch_loss(head, source, batch, settings.ttt_steps, settings.step_weight, bf16=bf16)
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            opt.step()
+            if i >= 2:  # the first batches warm allocators and caches
+                seconds += time.perf_counter() - t0
+                tokens += stats.tokens
+        results.append({"path": name, "bf16": bf16, "answer_tokens": tokens, "seconds": round(seconds, 2),
+                        "answer_tokens_per_s": round(tokens / seconds, 2)})
+        print(f"{name:32s}: {tokens / seconds:.1f} answer tok/s", flush=True)
+    base = results[0]["answer_tokens_per_s"]
+    for r in results:
+        r["speedup"] = round(r["answer_tokens_per_s"] / base, 2)
+    print("speed-up against the target run per batch: " + ", ".join(f"{r['path']} {r['speedup']:.2f}x"
+                                                                   for r in results[1:]))
+    _write(args, {"machine": machine_info(model), "benchmark": "training", "ttt_steps": settings.ttt_steps,
+                  "batch_tokens": settings.batch_tokens, "threads": torch.get_num_threads(), "results": results})
+    return 0
+
+
+def _write(args: argparse.Namespace, report: dict[str, Any]) -> None:
+    if args.json_out:
+        Path(args.json_out).write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")

@@ -23,6 +23,7 @@ import torch
 from engine.config import SpecConfig
 from engine.drafters.eagle_head import EagleHead
 from engine.drafters.tree_search import Candidates, DraftRandom, coupled_scores, grow_tree
+from engine.kernels.head import Keys
 from engine.tree import DraftTree
 
 
@@ -75,8 +76,7 @@ class EagleDrafter:
     def propose(self, history: Sequence[int], root: int, config: SpecConfig) -> DraftTree:
         head = self.head
         n = len(self._tokens)
-        g_last = self._extend(root)
-        root_logp = head.log_probs(g_last[None])[0]
+        g_last, root_logp = self._extend(root)
         steps, topk = config.num_steps, config.eagle_topk
         budget = min(config.num_draft_tokens, steps + 1) if topk == 1 else config.num_draft_tokens
         state: dict[int, torch.Tensor] = {}
@@ -86,19 +86,15 @@ class EagleDrafter:
             start = n + len(slots)
             for j, i in enumerate(frontier):
                 slots[i] = start + j
-            keys = start + len(frontier)
-            mask = torch.zeros(len(frontier), keys, dtype=torch.bool)
-            mask[:, :n] = True
-            for row, i in enumerate(frontier):
-                for a in cands.ancestors(i):
-                    mask[row, slots[a]] = True
+            # each node sees the committed entries, then its ancestors and itself (never a sibling)
+            keys = Keys.build([n] * len(frontier), [[slots[a] for a in cands.ancestors(i)] for i in frontier])
             tokens = torch.tensor([cands.tokens[i] for i in frontier], device=head.device)
             stream = torch.stack([state.get(cands.parent[i], g_last) for i in frontier])
             positions = torch.tensor([n - 1 + cands.depth[i] for i in frontier], device=head.device)
-            g = head.forward(tokens, stream, positions, self.cache, start, mask)
+            g, logp = head.run(tokens, stream, positions, self.cache, start, keys, logits=len(frontier))
             for row, i in enumerate(frontier):
                 state[i] = g[row]
-            return head.log_probs(g)
+            return logp
 
         tree, _, _ = grow_tree(root, root_logp, expand, head.to_target, num_steps=steps, topk=topk,
                                num_draft_tokens=budget,
@@ -107,8 +103,9 @@ class EagleDrafter:
         return tree
 
     # -- internals --------------------------------------------------------------------------------
-    def _extend(self, root: int) -> torch.Tensor:
-        """Add head entries for every committed position that lacks one; return the last output."""
+    def _extend(self, root: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Add head entries for every committed position that lacks one; return the last entry's
+        output and its log-probabilities (the root's children)."""
         head, cache = self.head, self.cache
         n = len(self._tokens)
         first = cache.length
@@ -119,10 +116,10 @@ class EagleDrafter:
             raise RuntimeError(f"EAGLE drafter out of step: {features.shape[0]} features for {n - first} positions")
         tokens = torch.tensor(self._entry_tokens(first, root), device=head.device)
         positions = torch.arange(first, n, device=head.device)
-        g = head.forward(tokens, features, positions, cache, first)
+        g, logp = head.run(tokens, features, positions, cache, first, Keys.causal(first, n - first), logits=1)
         cache.commit(n - first)
         self._pending = []
-        return g[-1]
+        return g[-1], logp[0]
 
     def _entry_tokens(self, first: int, root: int) -> list[int]:
         """Tokens of the entries from position ``first``: entry p pairs the token at p+1 with the

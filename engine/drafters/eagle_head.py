@@ -25,6 +25,7 @@ import torch
 import torch.nn.functional as F
 
 from engine.drafters.eagle_checkpoint import HeadSpec
+from engine.kernels.head import Keys, NativeHead
 from engine.kernels.linear import Linear
 from engine.kernels.stored import QuantRows, StoredLinear
 from engine.models.kv_cache import KVCache
@@ -101,13 +102,38 @@ class EagleHead:
         inv_freq, factor = rope_inv_freq(hd, spec.rope_theta, spec.rope_scaling, spec.max_position_embeddings)
         self.rotary = RotaryTable(inv_freq, factor, dev)
         self.scale = hd**-0.5
+        # a level in one native call where the target runs our CPU kernels (SPECCHAT_NATIVE_HEAD=0: per op)
+        ops = getattr(target, "_ops", None)
+        self.native = (NativeHead.for_head(self, ops)
+                       if ops is not None and os.environ.get("SPECCHAT_NATIVE_HEAD", "1") != "0" else None)
+        if self.native is not None and q8 and ops.fast_variant is not None:
+            # drafts are verified, so their arithmetic never reaches the output: the head takes the
+            # fast precision's integer products on its 8-bit codes wherever the CPU has them
+            self.native.fast = os.environ.get("SPECCHAT_HEAD_PRECISION", "fast") == "fast"
 
     @property
-    def feature_width(self) -> int:
-        """Width of the target feature one committed position contributes."""
-        if self.spec.kind == "eagle3":
-            return self.spec.target_hidden_size * len(self.spec.aux_layer_ids)
-        return self.spec.hidden_size
+    def intermediate(self) -> int:
+        return self.gate_up.out_features // 2
+
+    @torch.inference_mode()
+    def run(self, tokens: torch.Tensor, stream: torch.Tensor, positions: torch.Tensor, cache: KVCache, start: int,
+            keys: Keys, logits: int = 0) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Entries ``tokens`` at slots start.. of ``cache``, each attending to the slots ``keys``
+        lists; returns their outputs g [T, H] and the log-probabilities of the last ``logits``
+        of them (None for 0). One native call where there is one, the per-op forward otherwise."""
+        T = tokens.shape[0]
+        if cache.capacity < start + T:
+            cache.grow(start + T + 256)
+        if self.native is None:
+            g = self.forward(tokens, stream, positions, cache, start, keys.mask(start + T))
+            return g, (self.log_probs(g[T - logits:]) if logits else None)
+        self.rotary.ensure(int(positions.max()) + 1)
+        rot = self.rotary.lookup(positions).contiguous()
+        emb = self.target.embed_tokens(tokens).float().contiguous()
+        slots = torch.arange(start, start + T)
+        g, out = self.native.forward(emb, stream.float().contiguous(), rot, cache.k[0], cache.v[0], slots, keys,
+                                     logits)
+        return g, (torch.log_softmax(out, dim=-1) if out is not None else None)
 
     @property
     def vocab_size(self) -> int:

@@ -29,7 +29,9 @@ import torch
 if TYPE_CHECKING:
     from engine.kernels.stored import StoredPanels
 
-SOURCES = tuple(Path(__file__).with_name(n) for n in ("skinny.c", "ops.c", "stored.c", "fast.c", "decoder.c"))
+SOURCES = tuple(Path(__file__).with_name(n) for n in ("skinny.c", "ops.c", "stored.c", "fast.c", "decoder.c",
+                                                        "head.c"))
+HEADERS = tuple(Path(__file__).with_name(n) for n in ("layers.h",))
 # -ffp-contract=off: a*b + c stays two roundings wherever the source says so (the rotary product
 # must equal torch's complex multiply); the kernels' FMAs are explicit intrinsics.
 FLAGS = ("-O3", "-shared", "-fPIC", "-fopenmp", "-ffp-contract=off")
@@ -46,6 +48,8 @@ _SIGNATURES = {
     "tree_attention": [_p, _l, _p, _p, _l, _l, _l, _i, _i, _i, _p, _l, _p, _f, _p, _i],
     "decoder_layers": [_p, _l, _p, _p, _l, _p, _p, _l, _l, _l, _p, _p, _p],
     "decoder_rows": [_p, _l, _p, _p, _l, _p, _p, _l, _l, _p, _p, _p, _p],
+    "keyed_attention": [_p, _l, _p, _p, _l, _l, _i, _i, _i, _p, _p, _l, _p, _f, _p, _i],
+    "eagle_head_forward": [_p, _p, _p, _p, _l, _l, _p, _p, _l, _p, _p, _p, _p, _l, _p, _p, _l, _p],
 }
 
 
@@ -68,6 +72,8 @@ class NativeKernel:
         self.decoder_layers.restype = _i
         self.decoder_rows = lib.decoder_rows
         self.decoder_rows.restype = _i
+        self.eagle_head_forward = lib.eagle_head_forward  # driven by engine/kernels/head.py
+        self.eagle_head_forward.restype = _i
         self._lib.stored_linear_fast.argtypes = _SIGNATURES["stored_linear"]
         self._lib.stored_linear_fast.restype = _i
         self._lib.fast_supported.restype = _i
@@ -139,6 +145,18 @@ class NativeKernel:
         if rc == -2:
             raise MemoryError("the fast kernel could not allocate its activation buffers")
         return rc == 0
+
+    def keyed_attention(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, prefix: torch.Tensor,
+                        extra: torch.Tensor, nextra: torch.Tensor, scale: float) -> torch.Tensor:
+        """q: [T, nh, hd] (contiguous heads); k, v: [nkv, cap, hd]; query t sees slots
+        0..prefix[t]-1 then extra[t, :nextra[t]] (int32 [T, E]). Returns [T, nh*hd]."""
+        t, nh, hd = q.shape
+        nkv, cap, _ = k.shape
+        out = torch.empty(t, nh * hd, dtype=torch.float32)
+        self._lib.keyed_attention(q.data_ptr(), q.stride(0), k.data_ptr(), v.data_ptr(), cap, t, nh, nkv, hd,
+                                  prefix.data_ptr(), extra.data_ptr(), extra.shape[1], nextra.data_ptr(), scale,
+                                  out.data_ptr(), torch.get_num_threads())
+        return out
 
     def rms_norm(self, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
         """x: [T, H] contiguous, H a multiple of 8."""
@@ -220,7 +238,7 @@ def _library_path(compiler: str) -> Path:
 
     version = subprocess.run([compiler, "--version"], capture_output=True, text=True, timeout=30).stdout
     digest = hashlib.sha256(
-        b"".join(p.read_bytes() for p in SOURCES) + version.encode() + " ".join(FLAGS).encode()
+        b"".join(p.read_bytes() for p in (*SOURCES, *HEADERS)) + version.encode() + " ".join(FLAGS).encode()
     ).hexdigest()[:16]
     return cache_dir() / "kernels" / f"specchat-cpu-{sys.platform}-{digest}.so"
 

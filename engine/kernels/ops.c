@@ -226,3 +226,34 @@ AVX2 void rows_attention(const float *q, long q_stride, const float *k, const fl
         free(keys);
     }
 }
+
+/*
+ * Attention where each query lists its keys: slots 0 .. prefix[t]-1, then the nextra[t] slots
+ * extra[t * max_extra ..] in the given order. An EAGLE head drafting a tree level: the committed
+ * entries, then the query's ancestors in the tree and itself (never a sibling's branch).
+ */
+AVX2 void keyed_attention(const float *q, long q_stride, const float *k, const float *v, long cap, long T, int nh,
+                          int nkv, int hd, const long *prefix, const int *extra, long max_extra, const int *nextra,
+                          float scale, float *out, int nthreads) {
+    const int group = nh / nkv;
+    long most = 1;
+    for (long t = 0; t < T; t++)
+        if (prefix[t] + nextra[t] > most) most = prefix[t] + nextra[t];
+#pragma omp parallel num_threads(nthreads) if (T * nh * most > 4096)
+    {
+        float *scores = malloc(sizeof(float) * (size_t)most);
+        int *keys = malloc(sizeof(int) * (size_t)most);
+#pragma omp for schedule(static)
+        for (long item = 0; item < T * nh; item++) {
+            const long t = item / nh;
+            const int h = (int)(item % nh), g = h / group;
+            long n = 0;
+            for (long j = 0; j < prefix[t]; j++) keys[n++] = (int)j;
+            for (long i = 0; i < nextra[t]; i++) keys[n++] = extra[t * max_extra + i];
+            attend(q + t * q_stride + (long)h * hd, k + (long)g * cap * hd, v + (long)g * cap * hd, keys, n, hd,
+                   scale, scores, out + t * (long)nh * hd + (long)h * hd);
+        }
+        free(scores);
+        free(keys);
+    }
+}

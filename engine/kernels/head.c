@@ -1,0 +1,97 @@
+/*
+ * One EAGLE head forward (EAGLE-3, or EAGLE-1/2) over T entries in one call: the whole draft
+ * level of a tree, or the catch-up over newly committed positions.
+ *
+ * Why: the head is ~9 M parameters against the target's 135 M, so a level should cost a small
+ * fraction of a target step; run as ~20 torch operations with their Python between, a level cost
+ * as much as the arithmetic of several. Here it is the kernels the per-op path calls (rms_norm,
+ * the stored / fp32 products in either precision, the rotation, attention over listed keys,
+ * silu_mul), in the same order on the same buffers, so the two agree bit for bit
+ * (tests/test_eagle_native.py).
+ *
+ *   EAGLE-3: h = fc(stream) when the stream is the target's features (width != hidden), else the
+ *            stream (the parent's output); a = [rms(e, ln_in) | rms(h, ln_hidden)]
+ *   EAGLE-1/2: h = a = fc([e | stream])
+ *   then qkv(a), rotation, K/V to the head cache at slots[t], attention over each entry's listed
+ *   keys, x = h + o(att), g = x + down(silu(gate) * up)(rms(x, ln_post)); logits = lm_head(rms(g,
+ *   norm)) (EAGLE-3) or lm_head(g) when asked for (the caller takes their log-softmax).
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#include "layers.h"
+
+void keyed_attention(const float *q, long q_stride, const float *k, const float *v, long cap, long T, int nh,
+                     int nkv, int hd, const long *prefix, const int *extra, long max_extra, const int *nextra,
+                     float scale, float *out, int nthreads);
+
+typedef struct {
+    const float *ln_in, *ln_hidden, *ln_post, *norm; /* NULL where the head has none (EAGLE-1/2) */
+    lin_t fc, qkv, o, gate_up, down, lm_head;
+    long eagle3;
+} head_t;
+
+/*
+ * emb: [T, H] token embeddings; stream: [T, F]; kc, vc: the head's one-layer cache
+ * [kv_heads, cap, head_dim]; slots: where each entry's K/V go; rot: [T][head_dim] (cos, sin);
+ * prefix / extra / nextra: the keys each entry sees (keyed_attention). g_out: [T, H];
+ * logits_out: [nlogits, vocab] for the last nlogits entries (0: none). Returns 0, or -1 when out of memory.
+ */
+int eagle_head_forward(const head_t *hd_, const dims_t *d, const float *emb, const float *stream, long F, long T,
+                       float *kc, float *vc, long cap, const long *slots, const float *rot, const long *prefix,
+                       const int *extra, long max_extra, const int *nextra, float *g_out, long nlogits,
+                       float *logits_out) {
+    const long H = d->hidden, nh = d->heads, nkv = d->kv_heads, hd = d->head_dim, I = d->inter;
+    const int nt = (int)d->nthreads, fast = (int)d->fast;
+    const long qkv_w = (nh + 2 * nkv) * hd;
+    float *buf = malloc(sizeof(float) * (size_t)(T * (2 * H + qkv_w + nh * hd + 3 * I + H)));
+    if (!buf) return -1;
+    float *a = buf, *qkv = a + T * 2 * H, *att = qkv + T * qkv_w, *gu = att + T * nh * hd, *act = gu + T * 2 * I;
+    float *h = act + T * I;
+    if (hd_->eagle3) {
+        if (F != H)
+            linear(&hd_->fc, stream, T, h, 0, nt, fast);
+        else
+            memcpy(h, stream, sizeof(float) * (size_t)(T * H));
+        float *tmp = qkv; /* free until the product below: the two normed halves, then interleaved */
+        rms_norm(emb, T, H, hd_->ln_in, d->eps, tmp);
+        rms_norm(h, T, H, hd_->ln_hidden, d->eps, tmp + T * H);
+        for (long t = 0; t < T; t++) {
+            memcpy(a + t * 2 * H, tmp + t * H, sizeof(float) * (size_t)H);
+            memcpy(a + t * 2 * H + H, tmp + T * H + t * H, sizeof(float) * (size_t)H);
+        }
+        linear(&hd_->qkv, a, T, qkv, 0, nt, fast);
+    } else {
+        for (long t = 0; t < T; t++) {
+            memcpy(a + t * 2 * H, emb + t * H, sizeof(float) * (size_t)H);
+            memcpy(a + t * 2 * H + H, stream + t * F, sizeof(float) * (size_t)H);
+        }
+        linear(&hd_->fc, a, T, h, 0, nt, fast);
+        linear(&hd_->qkv, h, T, qkv, 0, nt, fast);
+    }
+    rotate(qkv, T, qkv_w, nh + nkv, hd, rot);
+    for (long t = 0; t < T; t++)
+        for (long g = 0; g < nkv; g++) {
+            const float *row = qkv + t * qkv_w + (nh + g) * hd;
+            memcpy(kc + (g * cap + slots[t]) * hd, row, sizeof(float) * (size_t)hd);
+            memcpy(vc + (g * cap + slots[t]) * hd, row + nkv * hd, sizeof(float) * (size_t)hd);
+        }
+    keyed_attention(qkv, qkv_w, kc, vc, cap, T, (int)nh, (int)nkv, (int)hd, prefix, extra, max_extra, nextra,
+                    d->scale, att, nt);
+    memcpy(g_out, h, sizeof(float) * (size_t)(T * H));
+    linear(&hd_->o, att, T, g_out, 1, nt, fast);
+    rms_norm(g_out, T, H, hd_->ln_post, d->eps, a);
+    linear(&hd_->gate_up, a, T, gu, 0, nt, fast);
+    silu_mul(gu, T, I, act);
+    linear(&hd_->down, act, T, g_out, 1, nt, fast);
+    if (nlogits > 0) {
+        const float *y = g_out + (T - nlogits) * H;
+        if (hd_->norm) {
+            rms_norm(y, nlogits, H, hd_->norm, d->eps, a);
+            y = a;
+        }
+        linear(&hd_->lm_head, y, nlogits, logits_out, 0, nt, fast);
+    }
+    free(buf);
+    return 0;
+}

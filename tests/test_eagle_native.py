@@ -1,0 +1,144 @@
+"""An EAGLE head's forward in one native call (engine/kernels/head.c) against the per-op path.
+
+The promise: the one-call forward is the per-op forward with the same kernels (rms_norm, the
+stored products in the head's precision, the rotation, attention over listed keys, silu_mul),
+so its outputs and log-probabilities are bit-identical to it, for EAGLE-3 and EAGLE-1/2 heads,
+for a catch-up over committed positions and for a tree level whose nodes see their ancestors
+only; and close to the torch path (SDPA, F.rms_norm) the head ran before.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from heads import head_config, head_state
+from tiny import hf_model
+
+from engine.drafters.eagle_checkpoint import read_head
+from engine.drafters.eagle_head import EagleHead
+from engine.kernels import native
+from engine.kernels.head import Keys
+from engine.kernels.stored import StoredLinear
+from engine.models.llama import LlamaConfig, LlamaModel
+from engine.models.rope import apply_rotary_interleaved
+
+pytestmark = pytest.mark.skipif(native.load() is None, reason=f"no native kernel: {native.why_not}")
+LAYERS = 6
+
+
+@pytest.fixture(scope="module")
+def target() -> tuple[LlamaModel, dict]:
+    hf, cfg = hf_model("llama", 0, num_hidden_layers=LAYERS, hidden_size=64)
+    sd = {k: v.detach().clone() for k, v in hf.state_dict().items()}
+    return LlamaModel(LlamaConfig.from_dict(cfg), sd, weights="stored"), cfg
+
+
+def _head(target, kind: str) -> EagleHead:
+    model, cfg = target
+    hcfg = head_config(cfg, kind, draft_vocab=40 if kind == "eagle3" else None, aux_ids=[1, 2, 4])
+    spec, weights = read_head(hcfg, head_state(cfg, kind, draft_vocab=40 if kind == "eagle3" else None),
+                              kind=None, target=model.config)
+    head = EagleHead(spec, weights, model)
+    assert head.native is not None
+    return head
+
+
+def _per_op(head: EagleHead, tokens, stream, positions, cache, start: int, keys: Keys, logits: int):
+    """The same kernels one by one, in the native call's order."""
+    ops, s = head.target._ops, head.spec
+    eps, T, H = s.rms_norm_eps, tokens.shape[0], s.hidden_size
+    nh, nkv, hd = s.num_heads, s.num_kv_heads, s.head_dim
+    e = head.target.embed_tokens(tokens).float().contiguous()
+    if s.kind == "eagle3":
+        h = head.fc(stream) if stream.shape[1] != H else stream.clone()
+        a = torch.cat([ops.rms_norm(e, head.ln_in, eps), ops.rms_norm(h, head.ln_hidden, eps)], -1).contiguous()
+    else:
+        h = head.fc(torch.cat([e, stream], -1).contiguous())
+        a = h
+    qkv = head.qkv(a)
+    head.rotary.ensure(int(positions.max()) + 1)
+    qk = apply_rotary_interleaved(qkv[:, :(nh + nkv) * hd].reshape(T, nh + nkv, hd), head.rotary.lookup(positions))
+    cache.k[0, :, start:start + T] = qk[:, nh:].transpose(0, 1)
+    cache.v[0, :, start:start + T] = qkv[:, (nh + nkv) * hd:].reshape(T, nkv, hd).transpose(0, 1)
+    att = ops.keyed_attention(qk[:, :nh].contiguous(), cache.k[0], cache.v[0], keys.prefix, keys.extra, keys.count,
+                              head.scale)
+    x = h.clone()
+    head.o.add_into(x, att)
+    head.down.add_into(x, ops.silu_mul(head.gate_up(ops.rms_norm(x, head.ln_post, eps))))
+    y = x[T - logits:].contiguous()
+    out = head.lm_head(ops.rms_norm(y, head.norm, eps)) if s.kind == "eagle3" else head.target.lm_head(y)
+    return x, torch.log_softmax(out, -1)
+
+
+def _set_fast(head: EagleHead, on: bool) -> None:
+    head.native.fast = on
+    lm = head.lm_head if head.lm_head is not None else head.target.lm_head
+    for lin in (head.fc, head.qkv, head.o, head.gate_up, head.down, lm):
+        if isinstance(lin, StoredLinear):
+            lin.fast = on
+
+
+@pytest.mark.parametrize("kind", ["eagle3", "eagle"])
+@pytest.mark.parametrize("fast", [False, True])
+def test_native_head_equals_the_per_op_forward(target, kind: str, fast: bool) -> None:
+    kernel = native.load()
+    if fast and kernel.fast_variant is None:
+        pytest.skip("no fast kernel on this CPU")
+    head = _head(target, kind)
+    _set_fast(head, fast)
+    try:
+        gen = torch.Generator().manual_seed(0)
+        H = head.spec.hidden_size
+        width = 3 * H if kind == "eagle3" else H
+        n = 7  # catch-up over 7 committed positions, then a level of 3 nodes with ancestors at 7, 8
+        tokens = torch.randint(0, 97, (n,), generator=gen)
+        stream = torch.randn(n, width, generator=gen)
+        level_tokens = torch.tensor([5, 6, 7])
+        level_stream = torch.randn(3, H, generator=gen)
+        level_keys = Keys.build([n] * 3, [[n, 9], [n + 1, 10], [11]])
+        results = []
+        for run in ("native", "per-op"):
+            cache = head.new_cache(32)
+            if run == "native":
+                g0, lp0 = head.run(tokens, stream, torch.arange(n), cache, 0, Keys.causal(0, n), logits=1)
+                cache.length = n
+                head.run(torch.tensor([1, 2]), torch.randn(2, H, generator=torch.Generator().manual_seed(5)),
+                         torch.tensor([n, n]), cache, n, Keys.build([n, n], [[n], [n + 1]]))
+                g1, lp1 = head.run(level_tokens, level_stream, torch.tensor([n + 1, n + 1, n]), cache, n + 2,
+                                   level_keys, logits=3)
+            else:
+                g0, lp0 = _per_op(head, tokens, stream, torch.arange(n), cache, 0, Keys.causal(0, n), 1)
+                cache.length = n
+                _per_op(head, torch.tensor([1, 2]), torch.randn(2, H, generator=torch.Generator().manual_seed(5)),
+                        torch.tensor([n, n]), cache, n, Keys.build([n, n], [[n], [n + 1]]), 1)
+                g1, lp1 = _per_op(head, level_tokens, level_stream, torch.tensor([n + 1, n + 1, n]), cache, n + 2,
+                                  level_keys, 3)
+            results.append((g0, lp0, g1, lp1, cache.k[0, :, :n + 5].clone()))
+        for a, b in zip(*results, strict=True):
+            assert torch.equal(a, b)
+    finally:
+        _set_fast(head, False)
+
+
+def test_native_head_is_close_to_the_torch_path(target) -> None:
+    head = _head(target, "eagle3")
+    _set_fast(head, False)  # the exact arithmetic: the torch path has no fast precision
+    gen = torch.Generator().manual_seed(1)
+    tokens = torch.randint(0, 97, (6,), generator=gen)
+    stream = torch.randn(6, 3 * head.spec.hidden_size, generator=gen)
+    g, lp = head.run(tokens, stream, torch.arange(6), head.new_cache(16), 0, Keys.causal(0, 6), logits=6)
+    native, head.native = head.native, None
+    try:
+        g_ref, lp_ref = head.run(tokens, stream, torch.arange(6), head.new_cache(16), 0, Keys.causal(0, 6), logits=6)
+    finally:
+        head.native = native
+    torch.testing.assert_close(g, g_ref, rtol=1e-3, atol=1e-3)
+    torch.testing.assert_close(lp, lp_ref, rtol=1e-3, atol=1e-3)
+
+
+def test_keys_mask_matches_the_key_lists() -> None:
+    keys = Keys.build([2, 3], [[5], [4, 6]])
+    mask = keys.mask(7)
+    assert mask.tolist() == [[True, True, False, False, False, True, False],
+                             [True, True, True, False, True, False, True]]
+    assert Keys.causal(2, 3).mask(5).tolist() == [[True, True, True, False, False], [True] * 4 + [False], [True] * 5]

@@ -68,6 +68,25 @@ def configure_threads(threads: int | None = None, *, reserve: int = 0) -> int:
     return torch.get_num_threads()
 
 
+def check_precision(precision: str, *, weights: str = "stored", device: torch.device | None = None,
+                    dtype: torch.dtype = torch.float32, backend: str = "auto") -> None:
+    """Refuse a precision this machine or these options cannot run, in one line, before loading."""
+    if precision == "exact":
+        return
+    if precision != "fast":
+        raise LoadError(f"unknown --precision {precision!r}; choose exact or fast")
+    if backend == "hf" or weights != "stored" or (device is not None and device.type != "cpu") \
+            or dtype != torch.float32:
+        raise LoadError("--precision fast needs specchat's CPU forward on stored weights (--weights stored, "
+                        "float32, no --backend hf); use --precision exact")
+    from engine.kernels import native
+
+    kernel = native.load()
+    if kernel is None or kernel.fast_variant is None:
+        why = native.why_not or "this CPU lacks AVX-512 VNNI/VBMI"
+        raise LoadError(f"--precision fast needs our native kernel with AVX-512 VNNI ({why}); use --precision exact")
+
+
 def load_model(
     model: str | None,
     *,
@@ -80,9 +99,12 @@ def load_model(
     reserve_cores: int = 0,
     revision: str | None = None,
     weights: str = "stored",
+    precision: str = "exact",
 ) -> LoadedModel:
     """``weights``: "stored" keeps GGUF blocks / bf16 / f16 as stored (decoded in our kernels, same
-    logits); "fp32" upcasts once (GGUFs go through the cached fp32 safetensors conversion)."""
+    logits); "fp32" upcasts once (GGUFs go through the cached fp32 safetensors conversion).
+    ``precision``: "exact" (fp32 arithmetic) or "fast" (8-bit activations, integer products on the
+    stored blocks; engine/kernels/fast.c), checked before the weights are read."""
     from engine.models.checkpoint import load_state_dict, read_config
     from engine.models.llama import LlamaConfig, LlamaModel, UnsupportedModelError
     from engine.models.resolve import resolve_model
@@ -93,6 +115,7 @@ def load_model(
     torch_dtype = pick_dtype(dtype, torch_device)
     if weights not in ("stored", "fp32"):
         raise LoadError(f"unknown --weights {weights!r}; choose stored or fp32")
+    check_precision(precision, weights=weights, device=torch_device, dtype=torch_dtype, backend=backend)
     stored = (weights == "stored" and torch_device.type == "cpu" and torch_dtype == torch.float32
               and backend != "hf")
     resolved = resolve_model(model, revision=revision, progress=progress, weights="stored" if stored else "fp32")
@@ -117,10 +140,17 @@ def load_model(
             net = LlamaModel(config, state, dtype=torch_dtype, device=torch_device, consume=True,
                              weights="stored" if stored else "fp32")
             del state
+            try:
+                net.precision = precision
+            except ValueError as exc:
+                raise LoadError(str(exc)) from None
             if progress:
                 progress("loading weights", 1, 1)
             key = "smollm2-135m" if resolved.source == "embedded" else ""
             return LoadedModel(net, tokenizer, resolved.name, str(resolved.path), "specchat", resolved.source, key)
+    if precision != "exact":
+        raise LoadError("the fast precision runs on specchat's own forward; this model needs --backend hf: "
+                        "use --precision exact")
     from engine.models.hf import HFModel
 
     net = HFModel.from_pretrained(resolved.path, dtype=torch_dtype, device=torch_device)
@@ -145,6 +175,7 @@ def load_session(
     draft_revision: str | None = None,
     method_from_draft: bool = False,
     weights: str = "stored",
+    precision: str = "exact",
 ):
     """Load everything a chat needs; raises LoadError / ModelResolutionError / ConfigError /
     DraftLoadError.
@@ -159,7 +190,7 @@ def load_session(
 
     loaded = load_model(model, dtype=dtype, device=device, backend=backend, allow_pickle=allow_pickle,
                         progress=progress, threads=threads, reserve_cores=reserve_cores,
-                        revision=revision, weights=weights)
+                        revision=revision, weights=weights, precision=precision)
     drafters = default_drafters()
     features = None
     description = ""

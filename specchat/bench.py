@@ -224,13 +224,31 @@ class HFPeer:
 
 
 def weights_modes(args: argparse.Namespace) -> list[str]:
-    """``--weights stored,fp32`` -> ["stored", "fp32"] (order kept, duplicates dropped)."""
-    modes = list(dict.fromkeys(w.strip() for w in (getattr(args, "weights", None) or "stored").split(",")
-                               if w.strip()))
-    bad = [w for w in modes if w not in ("stored", "fp32")]
-    if bad or not modes:
+    """``--weights stored,fp32`` x ``--precision exact,fast`` -> the modes to load, one session each:
+    "stored", "fp32" (exact precision only), or "stored/exact", "stored/fast" (order kept,
+    duplicates dropped). Each method is compared with the baseline of its own mode."""
+    def listed(value: str | None, default: str) -> list[str]:
+        return list(dict.fromkeys(v.strip() for v in (value or default).split(",") if v.strip()))
+
+    weights = listed(getattr(args, "weights", None), "stored")
+    bad = [w for w in weights if w not in ("stored", "fp32")]
+    if bad or not weights:
         raise UsageError(f"--weights takes stored, fp32 or stored,fp32, not {args.weights!r}")
-    return modes
+    precisions = listed(getattr(args, "precision", None), "exact")
+    bad = [p for p in precisions if p not in ("exact", "fast")]
+    if bad or not precisions:
+        raise UsageError(f"--precision takes exact, fast or exact,fast, not {args.precision!r}")
+    if "fast" in precisions and "fp32" in weights:
+        raise UsageError("--precision fast runs on stored weights only; drop fp32 from --weights")
+    if precisions == ["exact"]:
+        return weights
+    return [f"{w}/{p}" for w in weights for p in precisions]
+
+
+def mode_parts(mode: str) -> tuple[str, str]:
+    """"stored/fast" -> ("stored", "fast"); "fp32" -> ("fp32", "exact")."""
+    weights, _, precision = mode.partition("/")
+    return weights, precision or "exact"
 
 
 def _load_sessions(args: argparse.Namespace, base_config, modes: list[str]) -> dict[str, Any]:
@@ -239,11 +257,12 @@ def _load_sessions(args: argparse.Namespace, base_config, modes: list[str]) -> d
 
     sessions = {}
     with rich_progress() as progress:
-        for w in modes:
-            sessions[w] = load_session(args.model, base_config, dtype=args.dtype, device=args.device,
-                                       backend=args.backend, allow_pickle=args.allow_pickle, progress=progress,
-                                       threads=args.threads, revision=args.revision, weights=w,
-                                       **draft_options(args))
+        for mode in modes:
+            weights, precision = mode_parts(mode)
+            sessions[mode] = load_session(args.model, base_config, dtype=args.dtype, device=args.device,
+                                          backend=args.backend, allow_pickle=args.allow_pickle, progress=progress,
+                                          threads=args.threads, revision=args.revision, weights=weights,
+                                          precision=precision, **draft_options(args))
     return sessions
 
 
@@ -360,7 +379,9 @@ def run_bench(args: argparse.Namespace) -> int:
         decode = row.decode_tokens_per_s
         results.append({
             "method": row.name,
-            "weights": row.weights,
+            "weights": mode_parts(row.weights)[0] if row.weights else None,
+            "precision": mode_parts(row.weights)[1] if row.weights else None,
+            "mode": row.weights,
             "tokens_per_s": round(row.tokens_per_s, 2),
             "decode_tokens_per_s": round(decode, 2) if decode else None,
             "decode_speedup": round(decode / base_decode, 3) if decode and base_decode else None,
@@ -429,7 +450,7 @@ def print_table(report: dict[str, Any]) -> None:
     multi = len(report.get("weights") or ()) > 1
     for r in report["results"]:
         table.add_row(
-            f"{r['method']} ({r['weights']})" if multi and r.get("weights") else r["method"],
+            f"{r['method']} ({r['mode']})" if multi and r.get("mode") else r["method"],
             f"{r['tokens_per_s']:.2f}", "-" if r["tau"] is None else f"{r['tau']:.2f}",
             f"{r['speedup']:.2f}x" if r["speedup"] else "-",
             f"{r['decode_tokens_per_s']:.2f}" if r["decode_tokens_per_s"] else "-",

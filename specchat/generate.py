@@ -34,6 +34,13 @@ def _one_weights(args: argparse.Namespace) -> str:
     return weights
 
 
+def _one_precision(args: argparse.Namespace) -> str:
+    precision = getattr(args, "precision", None) or "exact"
+    if precision not in ("exact", "fast"):
+        raise UsageError(f"--precision must be exact or fast, not {precision!r}")
+    return precision
+
+
 def run_generate(args: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.text import Text
@@ -50,7 +57,7 @@ def run_generate(args: argparse.Namespace) -> int:
         session = load_session(args.model, config, dtype=args.dtype, device=args.device,
                                backend=args.backend, allow_pickle=args.allow_pickle, progress=progress,
                                threads=args.threads, revision=args.revision,
-                               weights=_one_weights(args), **draft_options(args))
+                               weights=_one_weights(args), precision=_one_precision(args), **draft_options(args))
     config = session.config
     if args.raw:
         events = session.generate_ids(session.tokenizer.encode(prompt))

@@ -103,3 +103,26 @@ def test_bench_times_the_draft_training_paths(tiny, tmp_path: Path, monkeypatch)
     assert main(["bench", str(model), "--train-speed", "--rows", "4", "--threads", "1", "--json", str(out)]) == 0
     rows = json.loads(out.read_text())["results"]
     assert [r["bf16"] for r in rows] == [False, False, True] and all(r["answer_tokens_per_s"] > 0 for r in rows)
+
+
+def test_bench_and_generate_take_a_precision(tiny, tmp_path: Path, capsys) -> None:
+    from engine.kernels import native
+
+    model, _ = tiny
+    _one_line_error(capsys, ["generate", str(model), "--prompt", "hi", "--precision", "fp8"], "--precision")
+    kernel = native.load()
+    if kernel is None or kernel.fast_variant is None:
+        _one_line_error(capsys, ["generate", str(model), "--prompt", "hi", "--precision", "fast"],
+                        "use --precision exact")
+        return
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text(json.dumps({"prompt": "again and again and again"}) + "\n")
+    out = tmp_path / "b.json"
+    assert main(["bench", str(model), "--methods", "none,ngram", "--precision", "exact,fast", "--prompts",
+                 str(prompts), "--max-new-tokens", "12", "--json", str(out), "--threads", "1"]) == 0
+    rows = json.loads(out.read_text())["results"]
+    assert {(r["method"], r["precision"]) for r in rows} == {(m, p) for m in ("none", "ngram")
+                                                             for p in ("exact", "fast")}
+    assert all(r["identical_to_baseline"] for r in rows)
+    _one_line_error(capsys, ["bench", str(model), "--precision", "fast", "--weights", "fp32", "--prompts",
+                             str(prompts)], "stored weights only")

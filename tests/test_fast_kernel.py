@@ -153,3 +153,45 @@ def test_data_engine_in_fast_precision_matches_the_one_row_path(fast_model: Llam
             assert done[r.seed] == ref
     finally:
         model.precision = "exact"
+
+
+@needs_fast
+@pytest.mark.parametrize("method", ["ngram", "eagle"])
+def test_speculation_in_fast_precision_equals_the_fast_baseline(fast_model: LlamaModel, tmp_path: Path,
+                                                                method: str) -> None:
+    """Lossless against the baseline of the same precision: trees verified in one forward give the
+    tokens plain fast decoding gives (batch invariance), with an n-gram and an EAGLE drafter."""
+    from heads import write_head
+    from tiny import TinyTokenizer
+
+    from engine.config import SpecConfig
+    from engine.drafters.base import NoDrafter
+    from engine.drafters.loading import load_draft
+    from engine.drafters.ngram import NgramDrafter
+    from engine.events import Step
+    from engine.session import Session
+
+    model = fast_model
+    model.precision = "fast"
+    try:
+        c = model.config
+        tok = TinyTokenizer(vocab_size=c.vocab_size)
+        drafters, features = {"none": NoDrafter, "ngram": NgramDrafter}, None
+        if method == "eagle":
+            cfg = {"hidden_size": c.hidden_size, "num_attention_heads": c.num_heads,
+                   "num_key_value_heads": c.num_kv_heads, "vocab_size": c.vocab_size}
+            bundle = load_draft(str(write_head(tmp_path / "head", cfg, "eagle")), model, tok)
+            drafters["eagle"], features = bundle.factory, bundle.features
+
+        def run(m: str, prompt: list[int]) -> list[int]:
+            session = Session(model, tok, SpecConfig(method=m, max_new_tokens=24, adaptive_draft=False,
+                                                     num_steps=3, eagle_topk=2, num_draft_tokens=6),
+                              drafters=drafters, features=features)
+            return [t.id for e in session.generate_ids(prompt) if isinstance(e, Step) for t in e.committed]
+
+        gen = torch.Generator().manual_seed(4)
+        for n in (3, 9, 17):
+            prompt = torch.randint(3, c.vocab_size, (n,), generator=gen).tolist() * 2
+            assert run(method, prompt) == run("none", prompt)
+    finally:
+        model.precision = "exact"

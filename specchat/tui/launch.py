@@ -64,7 +64,7 @@ class SessionLoader:
 def _real_factory(args: argparse.Namespace, config: SpecConfig) -> SessionLoader:
     # loader options the CLI may carry beyond the documented four. The engine gets every core, as in
     # `generate`/`bench`: it runs in its own process and the UI yields the CPU to it (engine_process.py).
-    passed = ("backend", "allow_pickle", "threads", "revision", "weights")
+    passed = ("backend", "allow_pickle", "threads", "revision", "weights", "precision")
     extra = {k: getattr(args, k) for k in passed if getattr(args, k, None) is not None}
     extra["reserve_cores"] = 0
     from specchat.cli import draft_options
@@ -89,6 +89,15 @@ def run_tui(args: argparse.Namespace) -> int:
         return 2
     ui, warnings = _ui_settings(args)
     fake = bool(getattr(args, "fake", False))
+    precision = getattr(args, "precision", None) or "exact"
+    if not fake and precision != "exact":
+        from engine.loader import LoadError, check_precision
+
+        try:  # before the app starts: a precision this machine cannot run is a one-line refusal
+            check_precision(precision, weights=getattr(args, "weights", None) or "stored")
+        except LoadError as exc:
+            print(f"specchat run: {exc}", file=sys.stderr)
+            return 2
     factory = _fake_factory(config) if fake else _real_factory(args, config)
 
     from specchat.tui.app import SpecChatApp
@@ -102,7 +111,7 @@ def run_tui(args: argparse.Namespace) -> int:
         start_in="compare" if getattr(args, "compare", False) else "chat",
         teach=bool(getattr(args, "teach", False)),
         record=getattr(args, "record", None),
-        model_label="fake-model" if fake else (model or "embedded model"),
+        model_label="fake-model" if fake else _model_label(model, getattr(args, "precision", None)),
         draft_model=getattr(args, "draft", None) or "",
         engine_process=os.environ.get("SPECCHAT_ENGINE_PROCESS", "1") != "0",
     )
@@ -111,6 +120,12 @@ def run_tui(args: argparse.Namespace) -> int:
         print(f"specchat run: could not load the model: {app.load_error}", file=sys.stderr)
         return 1
     return int(result or 0)
+
+
+def _model_label(model: str | None, precision: str | None) -> str:
+    """The title's model name, with the precision when it is not the exact reference."""
+    label = model or "embedded model"
+    return f"{label} · {precision} precision" if precision and precision != "exact" else label
 
 
 def replay_tui(args: argparse.Namespace) -> int:

@@ -39,6 +39,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--eval-every", type=int, default=200, help="measure held-out tau and export every N steps")
     p.add_argument("--checkpoint-every", type=int, default=20)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--import-data", default=None, metavar="DIR",
+                   help="first copy the id shards (batch-*.npz) of DIR into the data cache (e.g. the shipped "
+                        "assets/train-data/...); their target features are computed here")
     p.add_argument("--data-only", action="store_true",
                    help="generate (or extend) the self-distilled data and stop; --out is not written")
     p.add_argument("--rows", type=int, default=48,
@@ -64,6 +67,8 @@ def run_train_draft(args: argparse.Namespace) -> int:
             or args.rows < 1:
         raise UsageError("--tokens, --draft-vocab-size, --ttt-steps, --rows and --batch-tokens must be positive "
                          "(batch-tokens at least 16)")
+    if args.import_data is not None and not Path(args.import_data).is_dir():
+        raise UsageError(f"--import-data {args.import_data}: no such folder")
     if args.out is None and not args.data_only:
         raise UsageError("--out is required (the folder the trained head is written to), unless --data-only")
     out = Path(args.out or ".")
@@ -82,7 +87,7 @@ def run_train_draft(args: argparse.Namespace) -> int:
     print(f"target: {target.name}  device: {device}  threads: {threads}")
     samples, cache = prepare_data(target, GenSettings(seed=args.seed), args.tokens, args.prompts,
                                   use_builtin_prompts=not args.no_builtin_prompts, rows=args.rows,
-                                  precision=args.data_precision)
+                                  precision=args.data_precision, import_from=args.import_data)
     folder = cache.folder
     if args.data_only:
         n_all = sum(len(s.ids) - s.answer_start for s in samples)

@@ -185,3 +185,28 @@ def test_cli_refuses_an_unwritable_out_before_any_work(tmp_path: Path, capsys: p
     assert err.count("\n") == 1 and "cannot write to --out" in err
     assert main(["train-draft", "--tokens", "10"]) == 2
     assert "--out is required" in capsys.readouterr().err
+
+
+def test_features_are_filled_for_shards_that_lack_them(engine_target, tmp_path: Path) -> None:
+    """Ids carried without their features (another machine, the one-row path) get them from one
+    scoring prefill per conversation: the same arrays the generating run stored."""
+    from engine.train.data_engine import fill_features
+
+    samples, cache = _generate(engine_target, tmp_path / "d", 40)
+    shards = cache.shard_indices()
+    before = {i: {k: np.array(v) for k, v in cache.read_arrays(i).items()} for i in shards}
+    for i in shards:
+        for name in ("features", "hidden", "argmax"):
+            (cache.folder / f"{name}-{i:06d}.npy").unlink()
+    assert not cache.has_features(samples)
+    capture = [i + 1 for i in default_aux_layer_ids(8)]
+    assert fill_features(engine_target[1], cache, capture_layers=capture, rows=3, row_capacity=64) == len(shards)
+    assert cache.has_features(cache.samples())
+    for i in shards:
+        after = cache.read_arrays(i)
+        ends = np.cumsum([len(s.ids) for s in cache.read(i)]) - 1  # each conversation's last token:
+        keep = np.ones(len(after["argmax"]), bool)                  # the generating run never ran it
+        keep[ends] = False
+        for name in ("features", "hidden", "argmax"):
+            assert np.array_equal(np.asarray(after[name])[keep], before[i][name][keep]), name
+    assert fill_features(engine_target[1], cache, capture_layers=capture, rows=3, row_capacity=64) == 0

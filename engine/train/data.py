@@ -231,12 +231,16 @@ class DataCache:
     def shard_indices(self) -> list[int]:
         return sorted(int(p.stem.split("-")[1]) for p in self.folder.glob("batch-*.npz"))
 
-    def write(self, index: int, samples: Sequence[Sample], *, arrays: dict[str, np.ndarray] | None = None,
-              conversations: Sequence[int] = ()) -> None:
-        for name, arr in (arrays or {}).items():
+    def write_arrays(self, index: int, arrays: dict[str, np.ndarray]) -> None:
+        """Per-token arrays of shard ``index``, each written atomically."""
+        for name, arr in arrays.items():
             part = self.folder / f".{name}-{index:06d}.tmp.npy"
             np.save(part, arr)
             os.replace(part, self.folder / f"{name}-{index:06d}.npy")
+
+    def write(self, index: int, samples: Sequence[Sample], *, arrays: dict[str, np.ndarray] | None = None,
+              conversations: Sequence[int] = ()) -> None:
+        self.write_arrays(index, arrays or {})
         ids = np.concatenate([np.asarray(s.ids, dtype=self.dtype) for s in samples]) if samples else \
             np.zeros(0, self.dtype)
         part = self.folder / f".batch-{index:06d}.tmp.npz"

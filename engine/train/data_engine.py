@@ -180,3 +180,31 @@ def generate_data_rows(model: Any, tokenizer: Any, cache: DataCache, *, token_bu
 
 def _prompt_key(s: Sample) -> str:
     return hashlib.sha1(bytes(str(s.ids[:s.answer_start]), "ascii")).hexdigest()
+
+
+def fill_features(model: Any, cache: DataCache, *, capture_layers: Sequence[int], rows: int = 48,
+                  row_capacity: int = 1024, progress: Callable[[int, int], None] | None = None) -> int:
+    """Compute and store the features of every shard that has ids but no features (data carried
+    from another machine, or written by the one-row path): each conversation is scored in one
+    prefill on the rows engine. Returns the number of shards filled."""
+    todo = [i for i in cache.shard_indices() if not cache.has_features(cache.read(i))]
+    engine = RowEngine(model, rows=rows, row_capacity=row_capacity, stop_ids=(), capture_layers=capture_layers)
+    for n, index in enumerate(todo):
+        samples = cache.read(index)
+        done: dict[int, Finished] = {}
+        for j, s in enumerate(samples):
+            if len(s.ids) > row_capacity:
+                raise ValueError(f"shard {index}: a conversation of {len(s.ids)} tokens does not fit a row of "
+                                 f"{row_capacity}")
+            engine.submit(Request(s.ids, 0, 0.0, seed=0, capture=True, argmax_from=s.answer_start - 1,
+                                  on_done=lambda f, j=j, done=done: done.__setitem__(j, f)))
+        engine.run()
+        parts = [done[j] for j in range(len(samples))]
+        arrays = {"hidden": np.concatenate([f.hidden.view(torch.uint16).numpy() for f in parts]),
+                  "argmax": np.concatenate([f.argmax.numpy() for f in parts])}
+        if parts and parts[0].features is not None:
+            arrays["features"] = np.concatenate([f.features.view(torch.uint16).numpy() for f in parts])
+        cache.write_arrays(index, arrays)
+        if progress:
+            progress(n + 1, len(todo))
+    return len(todo)

@@ -77,7 +77,8 @@ def prompt_list_and_digest(prompts: str | None, use_builtin: bool = True) -> tup
 
 def prepare_data(target: Target, settings: GenSettings, token_budget: int, prompts: str | None = None,
                  *, use_builtin_prompts: bool = True, aux_layer_ids: list[int] | None = None, rows: int = 48,
-                 precision: str = "auto", log=print) -> tuple[list, DataCache]:
+                 precision: str = "auto", import_from: str | Path | None = None, log=print
+                 ) -> tuple[list, DataCache]:
     """Generate (resuming) until the cache holds ``token_budget`` answer tokens.
 
     On our native CPU engine the rows engine generates many conversations per forward and
@@ -88,7 +89,7 @@ def prepare_data(target: Target, settings: GenSettings, token_budget: int, promp
     """
     from tqdm.auto import tqdm
 
-    from engine.train.data_engine import generate_data_rows
+    from engine.train.data_engine import fill_features, generate_data_rows
     from engine.train.head import default_aux_layer_ids
 
     prompt_rows, digest = prompt_list_and_digest(prompts, use_builtin_prompts)
@@ -106,6 +107,8 @@ def prepare_data(target: Target, settings: GenSettings, token_budget: int, promp
     (folder / "settings.json").write_text(json.dumps({"model": target.name, "model_id": target.model_id,
                                                       **settings.__dict__}, indent=2))
     log(f"data cache: {folder}")
+    if import_from is not None:
+        log(f"imported {import_shards(Path(import_from), cache)} shards of ids from {import_from}")
     bar = tqdm(total=token_budget, desc="generating data (answer tokens)", unit="tok", dynamic_ncols=True)
     start = time.monotonic()
 
@@ -119,8 +122,28 @@ def prepare_data(target: Target, settings: GenSettings, token_budget: int, promp
         samples = generate_data_rows(engine, target.tokenizer, cache, token_budget=token_budget, settings=settings,
                                      capture_layers=[i + 1 for i in aux], prompt_list=prompt_rows, rows=rows,
                                      progress=progress)
+        if not cache.has_features(samples):  # imported or one-row shards: score them once
+            filled = fill_features(engine, cache, capture_layers=[i + 1 for i in aux], rows=rows)
+            log(f"stored the target's features for {filled} shards")
+            samples = cache.samples()
     else:
         samples = generate_data(target.generator_model, target.tokenizer, cache, token_budget=token_budget,
                                 settings=settings, prompt_list=prompt_rows, progress=progress)
     bar.close()
     return samples, cache
+
+
+def import_shards(source: Path, cache: DataCache) -> int:
+    """Copy the id shards (``batch-*.npz``) of ``source`` that ``cache`` lacks: data generated on
+    another machine (a GPU, an earlier session), whose features are then computed here."""
+    import shutil
+
+    if not source.is_dir():
+        raise FileNotFoundError(f"--import-data {source}: no such folder")
+    copied = 0
+    for shard in sorted(source.glob("batch-*.npz")):
+        target = cache.folder / shard.name
+        if not target.exists():
+            shutil.copyfile(shard, target)
+            copied += 1
+    return copied

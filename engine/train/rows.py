@@ -37,6 +37,13 @@ class Request:
     capture: bool = False  # keep features / hidden / argmax of every position
     on_done: Callable[[Finished], None] | None = None
     tag: object = None  # the caller's bookkeeping
+    # max_new_tokens 0 scores a finished conversation instead: no sampling, the argmax after each
+    # position from argmax_from on (to the second-to-last) kept with the features
+    argmax_from: int | None = None
+
+    @property
+    def scoring(self) -> bool:
+        return self.max_new_tokens == 0
 
 
 @dataclass
@@ -95,6 +102,8 @@ class RowEngine:
 
     # ------------------------------------------------------------------------------------------
     def submit(self, req: Request) -> None:
+        if not req.prompt:
+            raise ValueError("a request needs at least one prompt token")
         if len(req.prompt) + req.max_new_tokens > self.cap:
             raise ValueError(f"a request of {len(req.prompt)} + {req.max_new_tokens} tokens does not fit a row of "
                              f"{self.cap}")
@@ -113,21 +122,26 @@ class RowEngine:
         """Admit, run one forward over every row's next tokens, sample, retire finished rows."""
         self._admit()
         tokens, seg, slots, owners, want = self._gather()
-        at = torch.tensor([i for i, _ in want], dtype=torch.long)
+        at = torch.tensor([i for i, _, _ in want], dtype=torch.long)
         out = self.model.forward_rows(torch.tensor(tokens), self.cache, torch.tensor(seg), torch.tensor(slots),
                                       logits_at=at, capture_layers=sorted(set(self.capture_layers)))
         self.forwards += 1
         self.tokens_run += len(tokens)
         self._keep_features(out, owners, slots)
         finished = []
-        for (_, r), logits in zip(want, out.logits, strict=True):
+        for (_, r, sample), logits in zip(want, out.logits, strict=True):
             row = self._slots[r]
             assert row is not None
             row.argmax.append(int(logits.argmax()))
+            if not sample:
+                continue
             nxt = self._sample(logits, row)
             row.new.append(nxt)
             if nxt in self.stop_ids or len(row.new) >= row.req.max_new_tokens:
                 finished.append(self._retire(r, stopped=nxt in self.stop_ids))
+        for r, row in enumerate(self._slots):
+            if row is not None and row.req.scoring and row.done_prompt == len(row.req.prompt):
+                finished.append(self._retire(r, stopped=False))
         for f in finished:
             if f.request.on_done is not None:
                 f.request.on_done(f)
@@ -140,16 +154,17 @@ class RowEngine:
                 req = self._waiting.popleft()
                 self._slots[r] = _Row(req, torch.Generator().manual_seed(req.seed))
 
-    def _gather(self) -> tuple[list[int], list[int], list[int], list[int], list[tuple[int, int]]]:
+    def _gather(self) -> tuple[list[int], list[int], list[int], list[int], list[tuple[int, int, bool]]]:
         """This step's tokens: one per decoding row, then prompt chunks within the prefill budget.
-        Returns tokens, seg, slots, the row of each token, and (token index, row) pairs whose
-        logits are wanted (a decoding row, or a row whose prompt ends in this chunk)."""
+        Returns tokens, seg, slots, the row of each token, and (token index, row, sample) for the
+        tokens whose logits are wanted: a decoding row's, the last prompt token of a row that
+        then samples, and a scored conversation's positions from its argmax_from on."""
         tokens, seg, slots, owners, want = [], [], [], [], []
         budget = self.prefill_tokens
         for r, row in enumerate(self._slots):
             if row is None or row.done_prompt < len(row.req.prompt):
                 continue
-            want.append((len(tokens), r))
+            want.append((len(tokens), r, True))
             tokens.append(row.new[-1])
             seg.append(r * self.cap)
             slots.append(r * self.cap + row.length)
@@ -157,16 +172,19 @@ class RowEngine:
         for r, row in enumerate(self._slots):
             if row is None or row.done_prompt >= len(row.req.prompt) or budget <= 0:
                 continue
-            start = row.done_prompt
-            chunk = row.req.prompt[start:start + budget]
+            start, req = row.done_prompt, row.req
+            chunk = req.prompt[start:start + budget]
+            if req.scoring and req.argmax_from is not None:
+                want += [(len(tokens) + i, r, False) for i in range(len(chunk))
+                         if req.argmax_from <= start + i < len(req.prompt) - 1]
             budget -= len(chunk)
             tokens += chunk
             seg += [r * self.cap] * len(chunk)
             slots += [r * self.cap + start + i for i in range(len(chunk))]
             owners += [r] * len(chunk)
             row.done_prompt += len(chunk)
-            if row.done_prompt == len(row.req.prompt):
-                want.append((len(tokens) - 1, r))
+            if row.done_prompt == len(req.prompt) and not req.scoring:
+                want.append((len(tokens) - 1, r, True))
         return tokens, seg, slots, owners, want
 
     def _keep_features(self, out, owners: list[int], slots: list[int]) -> None:
@@ -190,7 +208,7 @@ class RowEngine:
         done = Finished(row.req, row.new, stopped)
         if row.req.capture:
             n = len(row.req.prompt) + len(row.new)
-            have = n - 1  # the last token was sampled, never run
+            have = row.length  # a sampled last token never ran
             hid = torch.zeros(n, self._hid.shape[-1], dtype=torch.bfloat16)
             hid[:have] = self._hid[r, :have]
             done.hidden = hid
@@ -199,7 +217,8 @@ class RowEngine:
                 feat[:have] = self._feat[r, :have]
                 done.features = feat
             arg = torch.full((n,), -1, dtype=torch.int32)
-            first = len(row.req.prompt) - 1
-            arg[first:first + len(row.argmax)] = torch.tensor(row.argmax, dtype=torch.int32)
+            first = row.req.argmax_from if row.req.scoring else len(row.req.prompt) - 1
+            if row.argmax:
+                arg[first:first + len(row.argmax)] = torch.tensor(row.argmax, dtype=torch.int32)
             done.argmax = arg
         return done

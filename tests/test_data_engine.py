@@ -210,3 +210,16 @@ def test_features_are_filled_for_shards_that_lack_them(engine_target, tmp_path: 
         for name in ("features", "hidden", "argmax"):
             assert np.array_equal(np.asarray(after[name])[keep], before[i][name][keep]), name
     assert fill_features(engine_target[1], cache, capture_layers=capture, rows=3, row_capacity=64) == 0
+
+
+def test_a_rows_step_of_prompt_chunks_only_wants_no_logits() -> None:
+    """A step where every row is still reading its prompt asks for no logits (an empty LM-head
+    call crashed the exact kernel once: it has no zero-row tile)."""
+    model, _ = our_model("llama", num_hidden_layers=2, hidden_size=64, head_dim=16)
+    c = model.config
+    cache = KVCache(c.num_layers, c.num_kv_heads, c.head_dim, 32)
+    out = model.forward_rows(torch.tensor([5, 6, 7]), cache, torch.zeros(3, dtype=torch.long), torch.arange(3),
+                             logits_at=torch.zeros(0, dtype=torch.long))
+    assert out.logits.shape == (0, c.vocab_size) and out.hidden.shape == (3, c.hidden_size)
+    lin = model.lm_head
+    assert lin(torch.zeros(0, c.hidden_size)).shape == (0, c.vocab_size)

@@ -195,3 +195,13 @@ def test_speculation_in_fast_precision_equals_the_fast_baseline(fast_model: Llam
             assert run(method, prompt) == run("none", prompt)
     finally:
         model.precision = "exact"
+
+
+@pytest.mark.skipif(KERNEL is None, reason="no native kernel")
+def test_zero_rows_are_a_no_op_in_both_precisions(weight) -> None:
+    panels = StoredPanels.from_rows(weight)
+    x = torch.zeros(0, weight.shape[1])
+    y = torch.empty(0, weight.shape[0])
+    KERNEL.stored_linear(x, panels, None, y, False)  # used to call a null zero-row tile
+    if FAST:
+        assert KERNEL.stored_linear_fast(x, panels, None, y, False)

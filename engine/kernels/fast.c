@@ -174,6 +174,7 @@ int stored_linear_fast(const float *x, long M, long K, int kind, long group, con
     if ((kind != KIND_Q4 && kind != KIND_Q8) || group <= 0 || K % group || group % (q4 ? 8 : 4) || !fast_supported())
         return -1;
     const long ng = K / group;
+    if (M <= 0 || N <= 0) return 0;
     int8_t *xq = aligned_alloc(64, (size_t)((M * K + 63) / 64 * 64));
     float *xd = malloc(sizeof(float) * (size_t)(M * ng));
     int32_t *xs = malloc(sizeof(int32_t) * (size_t)(M * ng));

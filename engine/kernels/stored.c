@@ -448,6 +448,7 @@ void stored_linear(const float *x, long M, long K, int kind, long group, const v
     const long panel_bytes = kind == KIND_Q4 ? K * PANEL / 2 : K * PANEL * code_bytes;
     const long ngroups = group > 0 ? K / group : 0;
     const long passes = (M + MAX_ROWS - 1) / MAX_ROWS;
+    if (M <= 0 || N <= 0) return; /* nothing to compute (and no zero-row tile to call) */
     if (M == 1 && use_avx512 != 1 && (kind == KIND_Q4 || kind == KIND_Q8)) {
         stored_linear_row(x, K, kind, group, codes, scales, offsets, N, bias, y, accumulate, nthreads,
                           panel_bytes, ngroups);

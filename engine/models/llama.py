@@ -429,6 +429,8 @@ class LlamaModel:
         if self.config.num_layers in capture:
             aux.append(x)
         hidden = self._rms_norm(x, self.norm)
+        if logits_at.numel() == 0:  # a step of prompt chunks only
+            return ForwardOutput(torch.empty(0, self.config.vocab_size), hidden, aux)
         return ForwardOutput(self.lm_head(hidden[logits_at].contiguous()).float(), hidden, aux)
 
     def _output(self, x: torch.Tensor, aux: list[torch.Tensor], logits: Literal["all", "last", "none"],

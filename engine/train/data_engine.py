@@ -61,6 +61,7 @@ class _Conversations:
                  ) -> None:
         self.engine, self.fmt, self.st, self.prompt_list, self.accept = engine, fmt, st, prompt_list, accept
         self.live = 0
+        self.ended = 0
 
     def start(self, j: int) -> None:
         st = self.st
@@ -83,6 +84,7 @@ class _Conversations:
 
     def _end(self) -> None:
         self.live -= 1
+        self.ended += 1
 
     def _user_turn(self, j: int, history: list[dict[str, str]], turn: int,
                    then: Callable[[list[dict[str, str]]], None]) -> None:
@@ -153,16 +155,16 @@ def generate_data_rows(model: Any, tokenizer: Any, cache: DataCache, *, token_bu
     convs = _Conversations(engine, fmt, settings, prompt_list, accept)
     if progress:
         progress(have, token_budget)
-    started, have0 = 0, have
+    have0 = have
 
     def expected() -> float:
-        """Answer tokens the live conversations will still add (a running mean per conversation)."""
-        per = (have - have0) / started if started and have > have0 else 150.0
+        """Answer tokens the live conversations will still add (a running mean per ended one), so
+        the last conversations started are about the ones the budget needs: few rows idle at the end."""
+        per = (have - have0) / convs.ended if convs.ended and have > have0 else 200.0
         return convs.live * per
 
     while have < token_budget or engine.busy:
         while have + expected() < token_budget and convs.live < rows + rows // 2:
-            started += 1
             convs.start(j)
             j += 1
         if not engine.busy:

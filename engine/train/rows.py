@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 import torch
 
 from engine.models.kv_cache import KVCache
-from engine.train.data import draw
+from engine.train.data import draw_rows
 
 
 @dataclass
@@ -129,13 +129,14 @@ class RowEngine:
         self.tokens_run += len(tokens)
         self._keep_features(out, owners, slots)
         finished = []
-        for (_, r, sample), logits in zip(want, out.logits, strict=True):
+        for (_, r, sample), best, nxt in zip(want, out.logits.argmax(-1).tolist(), self._sample(out.logits, want),
+                                             strict=True):
             row = self._slots[r]
             assert row is not None
-            row.argmax.append(int(logits.argmax()))
+            row.argmax.append(best)
             if not sample:
                 continue
-            nxt = self._sample(logits, row)
+            nxt = best if nxt is None else nxt
             row.new.append(nxt)
             if nxt in self.stop_ids or len(row.new) >= row.req.max_new_tokens:
                 finished.append(self._retire(r, stopped=nxt in self.stop_ids))
@@ -194,12 +195,18 @@ class RowEngine:
         if self._feat is not None:
             self._feat[rows, pos] = torch.cat([out.aux[i] for i in self._aux_order], dim=-1).to(torch.bfloat16)
 
-    def _sample(self, logits: torch.Tensor, row: _Row) -> int:
-        """The one-row path's rule: argmax at temperature 0, else :func:`draw`."""
-        t = row.req.temperature
-        if t <= 0:
-            return row.argmax[-1]
-        return draw(logits, t, row.gen)
+    def _sample(self, logits: torch.Tensor, want: list[tuple[int, int, bool]]) -> list[int | None]:
+        """The one-row path's rule for each wanted row: None (take the argmax) at temperature 0 or
+        when not sampling, else :func:`~engine.train.data.draw`, all sampled rows at once."""
+        rows = [(j, self._slots[r]) for j, (_, r, sample) in enumerate(want)
+                if sample and self._slots[r].req.temperature > 0]
+        out: list[int | None] = [None] * len(want)
+        if rows:
+            idx = torch.tensor([j for j, _ in rows])
+            picks = draw_rows(logits[idx], [row.req.temperature for _, row in rows], [row.gen for _, row in rows])
+            for (j, _), pick in zip(rows, picks, strict=True):
+                out[j] = pick
+        return out
 
     def _retire(self, r: int, *, stopped: bool) -> Finished:
         row = self._slots[r]

@@ -107,6 +107,7 @@ class SpecChatApp(App[int]):
         model_label: str = "",
         draft_model: str = "",
         engine_process: bool = False,
+        precision: str = "exact",
     ) -> None:
         """``engine_process``: run the engine in its own process (engine_process.py); the factory must pickle."""
         super().__init__()
@@ -115,6 +116,7 @@ class SpecChatApp(App[int]):
         self.applied_config = config
         self.pending_config: SpecConfig | None = None
         self.model_name = model_label
+        self.precision = precision  # the engine's arithmetic (exact | fast), fixed for the app's life
         self.draft_model = draft_model
         self.start_in = start_in
         self.teaching = teach or (replay is not None and replay.step)
@@ -393,11 +395,12 @@ class SpecChatApp(App[int]):
             st = self.chat_screen.stats.state
             if st.context_limit:
                 context = f"ctx {st.context_used:,}/{st.context_limit:,}"
+        precision = "" if self.precision == "exact" else f"{self.precision} precision"
         for screen in (self.chat_screen, self.compare_screen):
             if screen.ready:
                 screen.query_one(TitleBar).show(model=self.model_name, applied=self.applied_config,
                                                 pending=self.pending_config, status=status, replay=replay,
-                                                context=context)
+                                                context=context, precision=precision)
         if self.chat_screen.ready:
             stats = self.chat_screen.stats
             if stats.state.stepping != self.host.gate.stepping or stats.state.prefill != self.prefill:

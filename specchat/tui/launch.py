@@ -111,7 +111,8 @@ def run_tui(args: argparse.Namespace) -> int:
         start_in="compare" if getattr(args, "compare", False) else "chat",
         teach=bool(getattr(args, "teach", False)),
         record=getattr(args, "record", None),
-        model_label="fake-model" if fake else _model_label(model, getattr(args, "precision", None)),
+        model_label="fake-model" if fake else (model or "embedded model"),
+        precision=precision,
         draft_model=getattr(args, "draft", None) or "",
         engine_process=os.environ.get("SPECCHAT_ENGINE_PROCESS", "1") != "0",
     )
@@ -120,12 +121,6 @@ def run_tui(args: argparse.Namespace) -> int:
         print(f"specchat run: could not load the model: {app.load_error}", file=sys.stderr)
         return 1
     return int(result or 0)
-
-
-def _model_label(model: str | None, precision: str | None) -> str:
-    """The title's model name, with the precision when it is not the exact reference."""
-    label = model or "embedded model"
-    return f"{label} · {precision} precision" if precision and precision != "exact" else label
 
 
 def replay_tui(args: argparse.Namespace) -> int:

@@ -670,3 +670,13 @@ async def test_help_opened_while_loading_does_not_break_the_switch_to_chat():
         await wait_loaded(pilot)
         assert app.screen is app.chat_screen
         assert app.loading_screen not in app.screen_stack
+
+
+async def test_title_names_the_fast_precision_and_not_the_exact_one():
+    session = make_session()
+    for precision, shown in (("fast", True), ("exact", False)):
+        app = make_app(session, precision=precision)
+        async with app.run_test(size=SIZE) as pilot:
+            await wait_loaded(pilot)
+            title = str(app.chat_screen.query_one("#title").render())
+            assert ("fast precision" in title) is shown and "exact" not in title

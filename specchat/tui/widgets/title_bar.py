@@ -36,7 +36,8 @@ class TitleBar(Static):
     COMPONENT_CLASSES: ClassVar[set[str]] = {"title--pending", "title--replay"}
 
     def show(self, *, model: str, applied: SpecConfig | None, pending: SpecConfig | None,
-             status: str = "", replay: str = "", context: str = "") -> None:
+             status: str = "", replay: str = "", context: str = "", precision: str = "") -> None:
+        """``precision``: shown when it is not the exact reference ("fast precision")."""
         # what changes (status, pending, replay state) comes first: a narrow terminal cuts the end
         parts: list[tuple[str, str] | str] = [("specchat", "bold")]
         if replay:
@@ -49,6 +50,8 @@ class TitleBar(Static):
                 parts += [" · ", ("◌ pending: " + pend, ".title--pending")]
         if context:
             parts += [" · ", context]
+        if precision:
+            parts += [" · ", (precision, "bold")]
         if applied is not None:
             parts += [" · ", config_summary(applied)]
         if model:

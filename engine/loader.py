@@ -68,6 +68,21 @@ def configure_threads(threads: int | None = None, *, reserve: int = 0) -> int:
     return torch.get_num_threads()
 
 
+def resolve_precision(precision: str, *, weights: str = "stored", device: torch.device | None = None,
+                      dtype: torch.dtype = torch.float32, backend: str = "auto") -> str:
+    """"auto" -> "fast" where it runs (specchat's CPU forward on stored weights, a CPU with the fast
+    kernel: measured 1.4x the exact decode on the embedded model, docs/BENCHMARKS.md), else
+    "exact"; an explicit choice is checked (:func:`check_precision`) and returned."""
+    if precision != "auto":
+        check_precision(precision, weights=weights, device=device, dtype=dtype, backend=backend)
+        return precision
+    try:
+        check_precision("fast", weights=weights, device=device, dtype=dtype, backend=backend)
+    except LoadError:
+        return "exact"
+    return "fast"
+
+
 def check_precision(precision: str, *, weights: str = "stored", device: torch.device | None = None,
                     dtype: torch.dtype = torch.float32, backend: str = "auto") -> None:
     """Refuse a precision this machine or these options cannot run, in one line, before loading."""
@@ -103,8 +118,9 @@ def load_model(
 ) -> LoadedModel:
     """``weights``: "stored" keeps GGUF blocks / bf16 / f16 as stored (decoded in our kernels, same
     logits); "fp32" upcasts once (GGUFs go through the cached fp32 safetensors conversion).
-    ``precision``: "exact" (fp32 arithmetic) or "fast" (8-bit activations, integer products on the
-    stored blocks; engine/kernels/fast.c), checked before the weights are read."""
+    ``precision``: "exact" (fp32 arithmetic), "fast" (8-bit activations, integer products on the
+    stored blocks; engine/kernels/fast.c) or "auto" (fast where it runs), checked before the
+    weights are read."""
     from engine.models.checkpoint import load_state_dict, read_config
     from engine.models.llama import LlamaConfig, LlamaModel, UnsupportedModelError
     from engine.models.resolve import resolve_model
@@ -115,7 +131,8 @@ def load_model(
     torch_dtype = pick_dtype(dtype, torch_device)
     if weights not in ("stored", "fp32"):
         raise LoadError(f"unknown --weights {weights!r}; choose stored or fp32")
-    check_precision(precision, weights=weights, device=torch_device, dtype=torch_dtype, backend=backend)
+    precision = resolve_precision(precision, weights=weights, device=torch_device, dtype=torch_dtype,
+                                  backend=backend)
     stored = (weights == "stored" and torch_device.type == "cpu" and torch_dtype == torch.float32
               and backend != "hf")
     resolved = resolve_model(model, revision=revision, progress=progress, weights="stored" if stored else "fp32")

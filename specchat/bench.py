@@ -234,10 +234,23 @@ def weights_modes(args: argparse.Namespace) -> list[str]:
     bad = [w for w in weights if w not in ("stored", "fp32")]
     if bad or not weights:
         raise UsageError(f"--weights takes stored, fp32 or stored,fp32, not {args.weights!r}")
-    precisions = listed(getattr(args, "precision", None), "exact")
-    bad = [p for p in precisions if p not in ("exact", "fast")]
+    precisions = listed(getattr(args, "precision", None), "auto")
+    bad = [p for p in precisions if p not in ("auto", "exact", "fast")]
     if bad or not precisions:
-        raise UsageError(f"--precision takes exact, fast or exact,fast, not {args.precision!r}")
+        raise UsageError(f"--precision takes auto, exact, fast or exact,fast, not {args.precision!r}")
+    if "auto" in precisions and len(precisions) > 1:
+        raise UsageError("--precision auto stands alone; name them to compare (exact,fast)")
+    if precisions == ["auto"]:  # fast where it runs, for a run of stored weights alone
+        from engine.loader import LoadError, pick_device, pick_dtype, resolve_precision
+
+        precisions = ["exact"]
+        if weights == ["stored"]:
+            try:
+                device = pick_device(getattr(args, "device", None) or "auto")
+                precisions = [resolve_precision("auto", device=device, backend=getattr(args, "backend", None) or "auto",
+                                                dtype=pick_dtype(getattr(args, "dtype", None) or "auto", device))]
+            except LoadError as exc:
+                raise UsageError(str(exc)) from None
     if "fast" in precisions and "fp32" in weights:
         raise UsageError("--precision fast runs on stored weights only; drop fp32 from --weights")
     if precisions == ["exact"]:

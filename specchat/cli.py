@@ -45,10 +45,10 @@ def _add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--weights", default="stored",
                    help="stored (default: GGUF blocks / bf16 / f16 kept as stored, decoded in the CPU kernels; "
                         "same answers) or fp32 (upcast once; GGUFs via the cached fp32 conversion)")
-    p.add_argument("--precision", default="exact",
-                   help="exact (fp32 arithmetic, the reference) or fast (8-bit activations, integer products on "
-                        "the stored blocks; needs AVX-512 VNNI); speculation is lossless against the baseline of "
-                        "the same precision")
+    p.add_argument("--precision", default="auto",
+                   help="auto (default: fast where this CPU runs it, else exact), exact (fp32 arithmetic, the "
+                        "reference) or fast (8-bit activations, integer products on the stored blocks; needs "
+                        "AVX-512 VNNI); speculation is lossless against the baseline of the same precision")
     p.add_argument("--backend", default="auto", choices=["auto", "specchat", "hf"],
                    help="specchat: our Llama-family forward; hf: any transformers causal LM")
     p.add_argument("--threads", type=int, default=None,

@@ -35,9 +35,9 @@ def _one_weights(args: argparse.Namespace) -> str:
 
 
 def _one_precision(args: argparse.Namespace) -> str:
-    precision = getattr(args, "precision", None) or "exact"
-    if precision not in ("exact", "fast"):
-        raise UsageError(f"--precision must be exact or fast, not {precision!r}")
+    precision = getattr(args, "precision", None) or "auto"
+    if precision not in ("auto", "exact", "fast"):
+        raise UsageError(f"--precision must be auto, exact or fast, not {precision!r}")
     return precision
 
 

@@ -106,7 +106,7 @@ def run_train_draft(args: argparse.Namespace) -> int:
         max_steps=args.max_steps, checkpoint_every=args.checkpoint_every, eval_every=args.eval_every,
         seed=args.seed, export_dtype=args.export_dtype, bf16=args.bf16,
     )
-    card = {"target": target.name, "command": _command_line(), "data_cache": str(folder),
+    card = {"target": target.name, "command": _command_line(), "data_cache": f"<cache>/train-data/{folder.name}",
             "data": {"conversations": len(trains), "answer_tokens": n_tok, "held_out": len(held)},
             "machine": f"{_cpu_name()}, {os.cpu_count()} cores, {device}, torch threads={threads}",
             "settings": {k: v for k, v in vars(settings).items()}}

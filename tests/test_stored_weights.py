@@ -236,10 +236,19 @@ def test_bench_weights_modes() -> None:
     from specchat.bench import weights_modes
     from specchat.cli import UsageError
 
-    assert weights_modes(argparse.Namespace(weights="stored,fp32")) == ["stored", "fp32"]
-    assert weights_modes(argparse.Namespace(weights=None)) == ["stored"]
-    with pytest.raises(UsageError):
-        weights_modes(argparse.Namespace(weights="int8"))
+    def modes(**kw):
+        return weights_modes(argparse.Namespace(**{"weights": None, "precision": "exact", **kw}))
+
+    assert modes(weights="stored,fp32") == ["stored", "fp32"]
+    assert modes() == ["stored"]
+    assert modes(precision="exact,fast") == ["stored/exact", "stored/fast"]
+    fast = native.load() is not None and native.load().fast_variant is not None
+    assert modes(precision="auto") == (["stored/fast"] if fast else ["stored"])  # the default: fast where it runs
+    assert modes(weights="stored,fp32", precision="auto") == ["stored", "fp32"]  # comparing weights: exact
+    for bad in ({"weights": "int8"}, {"precision": "fp8"}, {"precision": "auto,fast"},
+                {"weights": "fp32", "precision": "fast"}):
+        with pytest.raises(UsageError):
+            modes(**bad)
 
 
 @pytest.mark.slow

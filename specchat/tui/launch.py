@@ -89,15 +89,20 @@ def run_tui(args: argparse.Namespace) -> int:
         return 2
     ui, warnings = _ui_settings(args)
     fake = bool(getattr(args, "fake", False))
-    precision = getattr(args, "precision", None) or "exact"
-    if not fake and precision != "exact":
-        from engine.loader import LoadError, check_precision
+    precision = "exact"
+    if not fake:
+        from engine.loader import LoadError, pick_device, pick_dtype, resolve_precision
 
         try:  # before the app starts: a precision this machine cannot run is a one-line refusal
-            check_precision(precision, weights=getattr(args, "weights", None) or "stored")
+            device = pick_device(getattr(args, "device", None) or "auto")
+            precision = resolve_precision(getattr(args, "precision", None) or "auto", device=device,
+                                          dtype=pick_dtype(getattr(args, "dtype", None) or "auto", device),
+                                          weights=getattr(args, "weights", None) or "stored",
+                                          backend=getattr(args, "backend", None) or "auto")
         except LoadError as exc:
             print(f"specchat run: {exc}", file=sys.stderr)
             return 2
+        args.precision = precision
     factory = _fake_factory(config) if fake else _real_factory(args, config)
 
     from specchat.tui.app import SpecChatApp

@@ -60,8 +60,8 @@ def _per_op(head: EagleHead, tokens, stream, positions, cache, start: int, keys:
     qk = apply_rotary_interleaved(qkv[:, :(nh + nkv) * hd].reshape(T, nh + nkv, hd), head.rotary.lookup(positions))
     cache.k[0, :, start:start + T] = qk[:, nh:].transpose(0, 1)
     cache.v[0, :, start:start + T] = qkv[:, (nh + nkv) * hd:].reshape(T, nkv, hd).transpose(0, 1)
-    att = ops.keyed_attention(qk[:, :nh].contiguous(), cache.k[0], cache.v[0], keys.prefix, keys.extra, keys.count,
-                              head.scale)
+    att = ops.keyed_attention(qk[:, :nh].contiguous(), cache.k[0], cache.v[0], keys.first, keys.last, keys.extra,
+                              keys.count, head.scale)
     x = h.clone()
     head.o.add_into(x, att)
     head.down.add_into(x, ops.silu_mul(head.gate_up(ops.rms_norm(x, head.ln_post, eps))))

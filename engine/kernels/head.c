@@ -22,8 +22,8 @@
 #include "layers.h"
 
 void keyed_attention(const float *q, long q_stride, const float *k, const float *v, long cap, long T, int nh,
-                     int nkv, int hd, const long *prefix, const int *extra, long max_extra, const int *nextra,
-                     float scale, float *out, int nthreads);
+                     int nkv, int hd, const long *first, const long *last, const int *extra, long max_extra,
+                     const int *nextra, long window, const long *positions, float scale, float *out, int nthreads);
 
 typedef struct {
     const float *ln_in, *ln_hidden, *ln_post, *norm; /* NULL where the head has none (EAGLE-1/2) */
@@ -34,12 +34,12 @@ typedef struct {
 /*
  * emb: [T, H] token embeddings; stream: [T, F]; kc, vc: the head's one-layer cache
  * [kv_heads, cap, head_dim]; slots: where each entry's K/V go; rot: [T][head_dim] (cos, sin);
- * prefix / extra / nextra: the keys each entry sees (keyed_attention). g_out: [T, H];
+ * first / last / extra / nextra: the keys each entry sees (keyed_attention; no window). g_out: [T, H];
  * logits_out: [nlogits, vocab] for the last nlogits entries (0: none). Returns 0, or -1 when out of memory.
  */
 int eagle_head_forward(const head_t *hd_, const dims_t *d, const float *emb, const float *stream, long F, long T,
-                       float *kc, float *vc, long cap, const long *slots, const float *rot, const long *prefix,
-                       const int *extra, long max_extra, const int *nextra, float *g_out, long nlogits,
+                       float *kc, float *vc, long cap, const long *slots, const float *rot, const long *first,
+                       const long *last, const int *extra, long max_extra, const int *nextra, float *g_out, long nlogits,
                        float *logits_out) {
     const long H = d->hidden, nh = d->heads, nkv = d->kv_heads, hd = d->head_dim, I = d->inter;
     const int nt = (int)d->nthreads, fast = (int)d->fast;
@@ -76,8 +76,8 @@ int eagle_head_forward(const head_t *hd_, const dims_t *d, const float *emb, con
             memcpy(kc + (g * cap + slots[t]) * hd, row, sizeof(float) * (size_t)hd);
             memcpy(vc + (g * cap + slots[t]) * hd, row + nkv * hd, sizeof(float) * (size_t)hd);
         }
-    keyed_attention(qkv, qkv_w, kc, vc, cap, T, (int)nh, (int)nkv, (int)hd, prefix, extra, max_extra, nextra,
-                    d->scale, att, nt);
+    keyed_attention(qkv, qkv_w, kc, vc, cap, T, (int)nh, (int)nkv, (int)hd, first, last, extra, max_extra, nextra, 0,
+                    NULL, d->scale, att, nt);
     memcpy(g_out, h, sizeof(float) * (size_t)(T * H));
     linear(&hd_->o, att, T, g_out, 1, nt, fast);
     rms_norm(g_out, T, H, hd_->ln_post, d->eps, a);

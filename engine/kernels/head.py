@@ -32,31 +32,34 @@ class _Head(ctypes.Structure):
 
 @dataclass
 class Keys:
-    """Which head-cache slots each entry attends to: 0..prefix[t]-1, then extra[t, :count[t]]."""
+    """Which head-cache slots each entry attends to: first[t]..last[t], then extra[t, :count[t]]."""
 
-    prefix: torch.Tensor  # [T] int64
+    first: torch.Tensor  # [T] int64
+    last: torch.Tensor  # [T] int64 (last < first: no range)
     extra: torch.Tensor  # [T, E] int32
     count: torch.Tensor  # [T] int32
 
     @classmethod
     def build(cls, prefix: list[int], extra: list[list[int]]) -> Keys:
+        """Slots 0..prefix[t]-1 (the committed entries), then the listed ones."""
         width = max(1, max((len(e) for e in extra), default=0))
         table = torch.zeros(len(extra), width, dtype=torch.int32)
         for t, e in enumerate(extra):
             table[t, :len(e)] = torch.tensor(e, dtype=torch.int32)
-        return cls(torch.tensor(prefix, dtype=torch.int64), table,
+        return cls(torch.zeros(len(prefix), dtype=torch.int64), torch.tensor(prefix, dtype=torch.int64) - 1, table,
                    torch.tensor([len(e) for e in extra], dtype=torch.int32))
 
     @classmethod
     def causal(cls, start: int, T: int) -> Keys:
         """T new entries at slots start.. after ``start`` committed ones, each seeing those and itself."""
-        return cls(torch.arange(start + 1, start + T + 1), torch.zeros(T, 1, dtype=torch.int32),
-                   torch.zeros(T, dtype=torch.int32))
+        return cls(torch.zeros(T, dtype=torch.int64), torch.arange(start, start + T),
+                   torch.zeros(T, 1, dtype=torch.int32), torch.zeros(T, dtype=torch.int32))
 
     def mask(self, keys: int) -> torch.Tensor:
         """The same visibility as a [T, keys] bool mask (the torch path's form)."""
-        T = self.prefix.shape[0]
-        m = torch.arange(keys)[None, :] < self.prefix[:, None]
+        T = self.first.shape[0]
+        slot = torch.arange(keys)[None, :]
+        m = (slot >= self.first[:, None]) & (slot <= self.last[:, None])
         for t in range(T):
             m[t, self.extra[t, :int(self.count[t])].long()] = True
         return m
@@ -111,7 +114,8 @@ class NativeHead:
         self._dims.nthreads = torch.get_num_threads()
         rc = self._fn(ctypes.addressof(self._head), ctypes.addressof(self._dims), emb.data_ptr(), stream.data_ptr(),
                       stream.shape[1], T, k.data_ptr(), v.data_ptr(), k.shape[1], slots.data_ptr(),
-                      rot.data_ptr(), keys.prefix.data_ptr(), keys.extra.data_ptr(), keys.extra.shape[1],
+                      rot.data_ptr(), keys.first.data_ptr(), keys.last.data_ptr(), keys.extra.data_ptr(),
+                      keys.extra.shape[1],
                       keys.count.data_ptr(), g.data_ptr(), logits, _ptr(out))
         if rc != 0:
             raise MemoryError("the native EAGLE head could not allocate its scratch buffers")

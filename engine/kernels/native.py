@@ -48,8 +48,8 @@ _SIGNATURES = {
     "tree_attention": [_p, _l, _p, _p, _l, _l, _l, _i, _i, _i, _p, _l, _p, _f, _p, _i],
     "decoder_layers": [_p, _l, _p, _p, _l, _p, _p, _l, _l, _l, _p, _p, _p],
     "decoder_rows": [_p, _l, _p, _p, _l, _p, _p, _l, _l, _p, _p, _p, _p],
-    "keyed_attention": [_p, _l, _p, _p, _l, _l, _i, _i, _i, _p, _p, _l, _p, _f, _p, _i],
-    "eagle_head_forward": [_p, _p, _p, _p, _l, _l, _p, _p, _l, _p, _p, _p, _p, _l, _p, _p, _l, _p],
+    "keyed_attention": [_p, _l, _p, _p, _l, _l, _i, _i, _i, _p, _p, _p, _l, _p, _l, _p, _f, _p, _i],
+    "eagle_head_forward": [_p, _p, _p, _p, _l, _l, _p, _p, _l, _p, _p, _p, _p, _p, _l, _p, _p, _l, _p],
 }
 
 
@@ -146,16 +146,16 @@ class NativeKernel:
             raise MemoryError("the fast kernel could not allocate its activation buffers")
         return rc == 0
 
-    def keyed_attention(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, prefix: torch.Tensor,
-                        extra: torch.Tensor, nextra: torch.Tensor, scale: float) -> torch.Tensor:
+    def keyed_attention(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, first: torch.Tensor,
+                        last: torch.Tensor, extra: torch.Tensor, nextra: torch.Tensor, scale: float) -> torch.Tensor:
         """q: [T, nh, hd] (contiguous heads); k, v: [nkv, cap, hd]; query t sees slots
-        0..prefix[t]-1 then extra[t, :nextra[t]] (int32 [T, E]). Returns [T, nh*hd]."""
+        first[t]..last[t] (int64) then extra[t, :nextra[t]] (int32 [T, E]). Returns [T, nh*hd]."""
         t, nh, hd = q.shape
         nkv, cap, _ = k.shape
         out = torch.empty(t, nh * hd, dtype=torch.float32)
         self._lib.keyed_attention(q.data_ptr(), q.stride(0), k.data_ptr(), v.data_ptr(), cap, t, nh, nkv, hd,
-                                  prefix.data_ptr(), extra.data_ptr(), extra.shape[1], nextra.data_ptr(), scale,
-                                  out.data_ptr(), torch.get_num_threads())
+                                  first.data_ptr(), last.data_ptr(), extra.data_ptr(), extra.shape[1],
+                                  nextra.data_ptr(), 0, None, scale, out.data_ptr(), torch.get_num_threads())
         return out
 
     def rms_norm(self, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:

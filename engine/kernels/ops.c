@@ -193,21 +193,28 @@ AVX2 void tree_attention(const float *q, long q_stride, const float *k, const fl
 }
 
 /*
- * Attention of T tokens of independent sequences ("rows") sharing one cache tensor: token t
- * sees the slots seg[t] .. slots[t] of its own row, in slot order (its committed prefix, then
- * its own fresh entry at slots[t]); slot seg[t] + j holds position j. Prompt chunks of new rows
- * and one decoding token of each running row go into one call, which is how the training-data
- * engine decodes many conversations per forward. A token lists the same keys in the same order
- * as it would in a one-sequence call, so its output is bit-identical to that call's.
+ * Attention where each query lists its keys: the slots first[t] .. last[t] in order (a range that
+ * may be empty, last < first), then the nextra[t] slots extra[t * max_extra ..] in the given
+ * order (extra may be NULL). With window > 0, a key at range slot j sits at position j - first[t]
+ * and is visible to the query at positions[t] only if their distance is below the window (extra
+ * keys are not windowed).
+ *
+ * Two callers: the data engine's rows (each token sees its own sequence's slots seg..slot:
+ * rows_attention) and an EAGLE head drafting a tree level (the committed entries 0..n-1, then the
+ * node's ancestors and itself, never a sibling's branch). A token lists the same keys in the same
+ * order as a one-sequence call would, so its output is bit-identical to that call's.
  */
-AVX2 void rows_attention(const float *q, long q_stride, const float *k, const float *v, long cap, long T, int nh,
-                         int nkv, int hd, const long *seg, const long *slots, long window, const long *positions,
-                         float scale, float *out, int nthreads) {
+AVX2 void keyed_attention(const float *q, long q_stride, const float *k, const float *v, long cap, long T, int nh,
+                          int nkv, int hd, const long *first, const long *last, const int *extra, long max_extra,
+                          const int *nextra, long window, const long *positions, float scale, float *out,
+                          int nthreads) {
     const int group = nh / nkv;
     long most = 1;
-    for (long t = 0; t < T; t++)
-        if (slots[t] - seg[t] + 1 > most) most = slots[t] - seg[t] + 1;
-#pragma omp parallel num_threads(nthreads)
+    for (long t = 0; t < T; t++) {
+        const long n = (last[t] >= first[t] ? last[t] - first[t] + 1 : 0) + (extra ? nextra[t] : 0);
+        if (n > most) most = n;
+    }
+#pragma omp parallel num_threads(nthreads) if (T * nh * most > 4096)
     {
         float *scores = malloc(sizeof(float) * (size_t)most);
         int *keys = malloc(sizeof(int) * (size_t)most);
@@ -215,10 +222,10 @@ AVX2 void rows_attention(const float *q, long q_stride, const float *k, const fl
         for (long item = 0; item < T * nh; item++) {
             const long t = item / nh;
             const int h = (int)(item % nh), g = h / group;
-            const long pq = positions[t];
             long n = 0;
-            for (long j = seg[t]; j <= slots[t]; j++)
-                if (window <= 0 || pq - (j - seg[t]) < window) keys[n++] = (int)j;
+            for (long j = first[t]; j <= last[t]; j++)
+                if (window <= 0 || positions[t] - (j - first[t]) < window) keys[n++] = (int)j;
+            for (long i = 0; extra && i < nextra[t]; i++) keys[n++] = extra[t * max_extra + i];
             attend(q + t * q_stride + (long)h * hd, k + (long)g * cap * hd, v + (long)g * cap * hd, keys, n, hd,
                    scale, scores, out + t * (long)nh * hd + (long)h * hd);
         }
@@ -227,33 +234,10 @@ AVX2 void rows_attention(const float *q, long q_stride, const float *k, const fl
     }
 }
 
-/*
- * Attention where each query lists its keys: slots 0 .. prefix[t]-1, then the nextra[t] slots
- * extra[t * max_extra ..] in the given order. An EAGLE head drafting a tree level: the committed
- * entries, then the query's ancestors in the tree and itself (never a sibling's branch).
- */
-AVX2 void keyed_attention(const float *q, long q_stride, const float *k, const float *v, long cap, long T, int nh,
-                          int nkv, int hd, const long *prefix, const int *extra, long max_extra, const int *nextra,
-                          float scale, float *out, int nthreads) {
-    const int group = nh / nkv;
-    long most = 1;
-    for (long t = 0; t < T; t++)
-        if (prefix[t] + nextra[t] > most) most = prefix[t] + nextra[t];
-#pragma omp parallel num_threads(nthreads) if (T * nh * most > 4096)
-    {
-        float *scores = malloc(sizeof(float) * (size_t)most);
-        int *keys = malloc(sizeof(int) * (size_t)most);
-#pragma omp for schedule(static)
-        for (long item = 0; item < T * nh; item++) {
-            const long t = item / nh;
-            const int h = (int)(item % nh), g = h / group;
-            long n = 0;
-            for (long j = 0; j < prefix[t]; j++) keys[n++] = (int)j;
-            for (long i = 0; i < nextra[t]; i++) keys[n++] = extra[t * max_extra + i];
-            attend(q + t * q_stride + (long)h * hd, k + (long)g * cap * hd, v + (long)g * cap * hd, keys, n, hd,
-                   scale, scores, out + t * (long)nh * hd + (long)h * hd);
-        }
-        free(scores);
-        free(keys);
-    }
+/* The data engine's rows: token t sees its own sequence's slots seg[t] .. slots[t]. */
+AVX2 void rows_attention(const float *q, long q_stride, const float *k, const float *v, long cap, long T, int nh,
+                         int nkv, int hd, const long *seg, const long *slots, long window, const long *positions,
+                         float scale, float *out, int nthreads) {
+    keyed_attention(q, q_stride, k, v, cap, T, nh, nkv, hd, seg, slots, NULL, 0, NULL, window, positions, scale, out,
+                    nthreads);
 }

@@ -19,6 +19,7 @@ import json
 import random
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -30,23 +31,14 @@ TRAIN_BENCH_TOKENS = 12_000  # answer tokens generated for the training benchmar
 def run_data_bench(args: argparse.Namespace) -> int:
     import torch
 
-    from engine.loader import configure_threads
     from engine.train.data import DataCache, GenSettings, generate_data
     from engine.train.data_engine import generate_data_rows
-    from engine.train.head import default_aux_layer_ids
-    from engine.train.pipeline import load_target, prompt_list_and_digest
     from specchat.bench import machine_info
 
     budget = int(args.data_engine)
     if budget <= 0:
         raise UsageError("--data-engine takes a positive number of answer tokens per path")
-    configure_threads(args.threads)
-    target = load_target(args.model)
-    model = target.engine
-    if model is None or not model.runs_rows:
-        raise UsageError("the data engine runs on our native CPU decoder; this model or machine has none")
-    prompts, _ = prompt_list_and_digest(None)
-    capture = [i + 1 for i in default_aux_layer_ids(model.num_layers)]
+    target, model, prompts, capture = _rows_target(args)
     paths: list[tuple[str, str, int]] = [("one row", "exact", 1), ("rows", "exact", args.rows)]
     if model.fast_available:
         paths.append(("rows", "fast", args.rows))
@@ -71,11 +63,7 @@ def run_data_bench(args: argparse.Namespace) -> int:
         print(f"{name:7s} {precision:5s} rows={rows:3d}: {answer} answer tokens in {seconds:.1f} s = "
               f"{answer / seconds:.1f} tok/s", flush=True)
     model.precision = "exact"
-    base = results[0]["answer_tokens_per_s"]
-    for r in results:
-        r["speedup"] = round(r["answer_tokens_per_s"] / base, 2)
-    print("speed-up against one row: " + ", ".join(f"{r['path']} {r['precision']} {r['speedup']:.2f}x"
-                                                  for r in results[1:]))
+    _speedups(results, "one row", lambda r: f"{r['path']} {r['precision']}")
     _write(args, {"machine": machine_info(model), "benchmark": "data engine", "threads": torch.get_num_threads(),
                   "results": results})
     return 0
@@ -84,26 +72,17 @@ def run_data_bench(args: argparse.Namespace) -> int:
 def run_train_bench(args: argparse.Namespace) -> int:
     import torch
 
-    from engine.loader import configure_threads
     from engine.train.data import DataCache, GenSettings, iter_batches
     from engine.train.data_engine import generate_data_rows
-    from engine.train.head import default_aux_layer_ids
-    from engine.train.pipeline import load_target, prompt_list_and_digest
     from engine.train.targets import LiveTarget, StoredTarget
     from engine.train.trainer import TrainSettings, batch_loss, build_head
     from specchat.bench import machine_info
 
-    configure_threads(args.threads)
-    target = load_target(args.model)
-    model = target.engine
-    if model is None or not model.runs_rows:
-        raise UsageError("training from stored features needs the data engine (our native CPU decoder)")
-    prompts, _ = prompt_list_and_digest(None)
+    target, model, prompts, capture = _rows_target(args)
     cache = DataCache(Path(tempfile.mkdtemp(prefix="specchat-train-bench-")), model.vocab_size)
-    aux = default_aux_layer_ids(model.num_layers)
     samples = generate_data_rows(model, target.tokenizer, cache, token_budget=TRAIN_BENCH_TOKENS,
-                                 settings=GenSettings(seed=7), capture_layers=[i + 1 for i in aux],
-                                 prompt_list=prompts, rows=args.rows)
+                                 settings=GenSettings(seed=7), capture_layers=capture, prompt_list=prompts,
+                                 rows=args.rows)
     settings = TrainSettings(batch_tokens=1024)
     head = build_head(target.hf, samples, settings, sorted(target.tokenizer.stop_token_ids))
     opt = torch.optim.AdamW(head.parameters(), lr=1e-5)
@@ -126,14 +105,34 @@ def run_train_bench(args: argparse.Namespace) -> int:
         results.append({"path": name, "bf16": bf16, "answer_tokens": tokens, "seconds": round(seconds, 2),
                         "answer_tokens_per_s": round(tokens / seconds, 2)})
         print(f"{name:32s}: {tokens / seconds:.1f} answer tok/s", flush=True)
-    base = results[0]["answer_tokens_per_s"]
-    for r in results:
-        r["speedup"] = round(r["answer_tokens_per_s"] / base, 2)
-    print("speed-up against the target run per batch: " + ", ".join(f"{r['path']} {r['speedup']:.2f}x"
-                                                                   for r in results[1:]))
+    _speedups(results, "the target run per batch", lambda r: r["path"])
     _write(args, {"machine": machine_info(model), "benchmark": "training", "ttt_steps": settings.ttt_steps,
                   "batch_tokens": settings.batch_tokens, "threads": torch.get_num_threads(), "results": results})
     return 0
+
+
+def _rows_target(args: argparse.Namespace) -> tuple[Any, Any, list, list[int]]:
+    """The target (threads set), our engine's model (refused without the rows engine), the prompt
+    list and the EAGLE-3 capture layers: what both benchmarks generate data with."""
+    from engine.loader import configure_threads
+    from engine.train.head import default_aux_layer_ids
+    from engine.train.pipeline import load_target, prompt_list_and_digest
+
+    configure_threads(args.threads)
+    target = load_target(args.model)
+    model = target.engine
+    if model is None or not model.runs_rows:
+        raise UsageError("the data engine runs on our native CPU decoder; this model or machine has none")
+    prompts, _ = prompt_list_and_digest(None)
+    return target, model, prompts, [i + 1 for i in default_aux_layer_ids(model.num_layers)]
+
+
+def _speedups(results: list[dict[str, Any]], base_name: str, label: Callable[[dict[str, Any]], str]) -> None:
+    """Each result's rate against the first one, stored and printed."""
+    base = results[0]["answer_tokens_per_s"]
+    for r in results:
+        r["speedup"] = round(r["answer_tokens_per_s"] / base, 2)
+    print(f"speed-up against {base_name}: " + ", ".join(f"{label(r)} {r['speedup']:.2f}x" for r in results[1:]))
 
 
 def _write(args: argparse.Namespace, report: dict[str, Any]) -> None:

@@ -65,7 +65,21 @@ def _describe(lin: Linear | StoredLinear) -> _Lin | None:
     return out
 
 
-class NativeDecoder:
+class FastSwitch:
+    """The precision flag a native runner passes to C in its ``_Dims`` (``fast``: fast.c products)."""
+
+    _dims: _Dims
+
+    @property
+    def fast(self) -> bool:
+        return bool(self._dims.fast)
+
+    @fast.setter
+    def fast(self, on: bool) -> None:
+        self._dims.fast = int(on)
+
+
+class NativeDecoder(FastSwitch):
     """Runs a model's decoder layers through ``decoder_layers``; built by :meth:`for_model`."""
 
     def __init__(self, kernel: NativeKernel, layers: ctypes.Array, dims: _Dims, keep: list[torch.Tensor]) -> None:
@@ -95,14 +109,6 @@ class NativeDecoder:
         dims = _Dims(c.hidden_size, c.num_heads, c.num_kv_heads, c.head_dim, c.intermediate_size,
                      c.sliding_window or 0, 1, c.rms_norm_eps, model.scale, 0)
         return cls(kernel, layers, dims, keep)
-
-    @property
-    def fast(self) -> bool:
-        return bool(self._dims.fast)
-
-    @fast.setter
-    def fast(self, on: bool) -> None:
-        self._dims.fast = int(on)
 
     def run(self, x: torch.Tensor, cache: KVCache, rot: torch.Tensor, tree: torch.Tensor | None,
             positions: torch.Tensor, start: int, stop: int) -> None:

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from engine.kernels.decoder import _describe, _Dims, _Lin
+from engine.kernels.decoder import FastSwitch, _describe, _Dims, _Lin
 from engine.kernels.native import _ptr
 
 if TYPE_CHECKING:
@@ -65,7 +65,7 @@ class Keys:
         return m
 
 
-class NativeHead:
+class NativeHead(FastSwitch):
     """One EAGLE head bound to the native library; built by :meth:`for_head` (None: not possible)."""
 
     def __init__(self, kernel: NativeKernel, head: _Head, dims: _Dims, keep: list[torch.Tensor], vocab: int) -> None:
@@ -94,14 +94,6 @@ class NativeHead:
         dims = _Dims(s.hidden_size, s.num_heads, s.num_kv_heads, s.head_dim, head.intermediate, 0, 1,
                      s.rms_norm_eps, head.scale, 0)
         return cls(kernel, struct, dims, keep, lm_head.out_features)
-
-    @property
-    def fast(self) -> bool:
-        return bool(self._dims.fast)
-
-    @fast.setter
-    def fast(self, on: bool) -> None:
-        self._dims.fast = int(on)
 
     def forward(self, emb: torch.Tensor, stream: torch.Tensor, rot: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                 slots: torch.Tensor, keys: Keys, logits: int) -> tuple[torch.Tensor, torch.Tensor | None]:

@@ -199,8 +199,9 @@ def load_session(
 
     ``draft``: an EAGLE head or a small model (folder or hub id). Without one, ``--method
     eagle3`` on the embedded model uses the head shipped for it, and that head is loaded anyway
-    so the method can be chosen mid-chat. ``method_from_draft``: run the method the draft implies
-    (the user gave --draft without --method).
+    so the method can be chosen mid-chat (loaded, not run: the session captures the head's target
+    features only while eagle3 drafts, so the baseline and n-gram forwards stay plain).
+    ``method_from_draft``: run the method the draft implies (the user gave --draft without --method).
     """
     from engine.drafters.loading import DRAFT_METHODS, load_draft, shipped_head
     from engine.session import Session, default_drafters

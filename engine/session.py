@@ -139,10 +139,13 @@ class Session:
         self._budgets: dict[str, DraftBudget] = {}
         self._noise_stream: GumbelNoise | None = None
         self._answer_seed = 0
-        # target states the drafters read (EAGLE heads), one row per cached token
+        # target states the drafters read (EAGLE heads), one row per cached token. They are
+        # captured only while the method in force reads them (see _set_capture): capturing costs
+        # every forward a copy per layer and keeps CUDA forwards off their CUDA-graph path.
         self._feature_spec = features
         self._features = FeatureStore()
-        self._forward_kwargs = features.forward_kwargs() if features is not None else {}
+        self._capturing = False
+        self._forward_kwargs: dict[str, object] = {}
         self._prefill_chunk = 64  # adapted to the measured speed, see _prefill
 
     # -- the SessionAPI -----------------------------------------------------------------------
@@ -208,7 +211,7 @@ class Session:
             self._drafters.pop(method, None)
             if features != self._feature_spec:
                 self._feature_spec = features
-                self._forward_kwargs = features.forward_kwargs() if features is not None else {}
+                self._set_capture(False)  # the next answer decides, for its method
                 self._features.truncate(0)
                 self._cached.clear()
                 if self._cache is not None:
@@ -411,7 +414,13 @@ class Session:
         t0 = time.perf_counter()
         config = override or self._config
         # Reuse the cached prefix; at least one prompt token is run to get the next-token logits.
-        reuse = _common_prefix(self._cached, prompt, limit=len(prompt) - 1)
+        # A method that reads target features also re-runs the cached tokens that have none (they
+        # were committed while another method ran, which captured nothing).
+        self._set_capture(self._needs_features(config.method))
+        limit = len(prompt) - 1
+        if self._capturing:
+            limit = min(limit, self._features.length)
+        reuse = _common_prefix(self._cached, prompt, limit=limit)
         self._cached = self._cached[:reuse]
         self._features.truncate(reuse)
         budget = len(prompt) + config.max_new_tokens + config.max_tree_tokens
@@ -481,6 +490,9 @@ class Session:
                         yield ConfigApplied(version=self._config_version, config=config.to_dict())
             if drafter is None or drafter.name != config.method:
                 drafter = self._drafter(config.method)
+                self._set_capture(self._needs_features(config.method))
+                if self._capturing:
+                    self._catch_up_features()
                 if drafter.needs_features:
                     drafter.reset(self._cached, self._features.rows())
                 else:
@@ -559,9 +571,45 @@ class Session:
             text.append(tail)
         yield Finished(reason=finished, text="".join(text), tokens=tally.tokens, stats=tally.snapshot())
 
+    def _needs_features(self, method: str) -> bool:
+        """Whether forwards must capture target features while ``method`` drafts."""
+        return self._feature_spec is not None and bool(self._drafter(method).needs_features)
+
+    def _set_capture(self, on: bool) -> None:
+        """Capture features in the target's forwards from now on, or stop.
+
+        Why not always when a head is loaded: the embedded model ships an EAGLE-3 head that is
+        loaded for every method (so eagle3 can be chosen mid-chat), and capturing for the
+        baseline or n-gram would tax each of their forwards (and keep CUDA off its CUDA graphs).
+        While off, the feature store keeps its rows for the cached prefix it still covers; turning
+        it on again goes with :meth:`_catch_up_features` (or a prefill from the store's length)."""
+        self._capturing = on
+        self._forward_kwargs = self._feature_spec.forward_kwargs() if on and self._feature_spec else {}
+
+    def _catch_up_features(self) -> None:
+        """Give every cached token its features before a feature-reading drafter starts mid-answer.
+
+        The tokens committed while capture was off are run through the target again on top of the
+        prefix that has features (their K/V are recomputed in place: rows do not depend on how many
+        share a forward). Costs one prefill of those tokens, once per switch to such a method."""
+        start = self._features.length
+        if start >= len(self._cached):
+            return
+        cache = self._cache
+        cache.truncate(start)
+        device = self.model.device
+        done = start
+        while done < len(self._cached):
+            n = min(_PREFILL_CHUNK_MAX, len(self._cached) - done)
+            out = self.model.forward(torch.tensor(self._cached[done:done + n], device=device), cache,
+                                     logits="none", **self._forward_kwargs)
+            cache.commit(n)
+            self._keep_features(out, None)
+            done += n
+
     def _keep_features(self, out, rows: list[int] | None) -> torch.Tensor | None:
         """Store the features of the forward's rows now committed (all rows, or ``rows``)."""
-        if self._feature_spec is None:
+        if self._feature_spec is None or not self._capturing:
             return None
         feats = self._feature_spec.extract(out)
         if rows is not None:

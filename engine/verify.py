@@ -76,8 +76,22 @@ def target_probs(logits: torch.Tensor, temperature: float, top_p: float, top_k: 
     return probs
 
 
+def draw(probs: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
+    """One sample per row of ``probs`` ([V] -> [1], [R, V] -> [R, 1]), on ``probs``' device.
+
+    Why not plain ``torch.multinomial``: the session's and drafters' seeded generators live on the
+    host, and multinomial refuses a CPU generator with CUDA probabilities. Drawing on the
+    generator's device (one small host copy of the rows per step) keeps a seed reproducing the
+    same answer on any device; with probs already there nothing is copied, so CPU runs draw
+    exactly as before."""
+    if generator is None or generator.device == probs.device:
+        return torch.multinomial(probs, 1, generator=generator)
+    return torch.multinomial(probs.to(generator.device), 1, generator=generator).to(probs.device)
+
+
 def sample_from(probs: torch.Tensor, generator: torch.Generator | None) -> int:
-    return int(torch.multinomial(probs, 1, generator=generator).item())
+    """One token from the distribution ``probs`` [V], drawn with ``generator`` (see :func:`draw`)."""
+    return int(draw(probs, generator).item())
 
 
 def verify_sampling(

@@ -44,6 +44,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                         "assets/train-data/...); their target features are computed here")
     p.add_argument("--data-only", action="store_true",
                    help="generate (or extend) the self-distilled data and stop; --out is not written")
+    p.add_argument("--gen-batch", type=int, default=None,
+                   help="conversations per transformers batch when generating on a GPU (default 256; 32 on CPU)")
     p.add_argument("--rows", type=int, default=48,
                    help="conversations generated per forward by the CPU data engine (default 48)")
     p.add_argument("--data-precision", default="auto", choices=["auto", "fast", "exact"],
@@ -57,6 +59,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def run_train_draft(args: argparse.Namespace) -> int:
+    import torch
+
     from engine.loader import configure_threads, pick_device
     from engine.train.data import GenSettings
     from engine.train.pipeline import load_target, prepare_data
@@ -64,9 +68,9 @@ def run_train_draft(args: argparse.Namespace) -> int:
     from engine.train.trainer import TrainSettings, train
 
     if args.tokens <= 0 or args.draft_vocab_size <= 1 or args.ttt_steps < 1 or args.batch_tokens < 16 \
-            or args.rows < 1:
-        raise UsageError("--tokens, --draft-vocab-size, --ttt-steps, --rows and --batch-tokens must be positive "
-                         "(batch-tokens at least 16)")
+            or args.rows < 1 or (args.gen_batch is not None and args.gen_batch < 1):
+        raise UsageError("--tokens, --draft-vocab-size, --ttt-steps, --rows, --gen-batch and --batch-tokens "
+                         "must be positive (batch-tokens at least 16)")
     if args.import_data is not None and not Path(args.import_data).is_dir():
         raise UsageError(f"--import-data {args.import_data}: no such folder")
     if args.out is None and not args.data_only:
@@ -83,9 +87,14 @@ def run_train_draft(args: argparse.Namespace) -> int:
     device = pick_device(args.device)
     started = time.time()
     deadline = started + args.hours * 3600 if args.hours else None
+    if device.type == "cuda":
+        # TF32 products: the data and the target's features differ from fp32 ones only where two
+        # tokens are nearly tied, which a draft head cannot tell apart anyway
+        torch.set_float32_matmul_precision("high")
+    gen_batch = args.gen_batch or (256 if device.type == "cuda" else 32)
     target = load_target(args.model, device=str(device), revision=args.revision)
     print(f"target: {target.name}  device: {device}  threads: {threads}")
-    samples, cache = prepare_data(target, GenSettings(seed=args.seed), args.tokens, args.prompts,
+    samples, cache = prepare_data(target, GenSettings(seed=args.seed, batch_size=gen_batch), args.tokens, args.prompts,
                                   use_builtin_prompts=not args.no_builtin_prompts, rows=args.rows,
                                   precision=args.data_precision, import_from=args.import_data)
     folder = cache.folder
@@ -108,7 +117,9 @@ def run_train_draft(args: argparse.Namespace) -> int:
     )
     card = {"target": target.name, "command": _command_line(), "data_cache": f"<cache>/train-data/{folder.name}",
             "data": {"conversations": len(trains), "answer_tokens": n_tok, "held_out": len(held)},
-            "machine": f"{_cpu_name()}, {os.cpu_count()} cores, {device}, torch threads={threads}",
+            "machine": f"{_cpu_name()}, {os.cpu_count()} cores, {device}"
+                       + (f" ({torch.cuda.get_device_name(device)})" if device.type == "cuda" else "")
+                       + f", torch threads={threads}",
             "settings": {k: v for k, v in vars(settings).items()}}
     source = StoredTarget(cache, target.hf) if cache.has_features(samples) else None
     print("training reads the stored target features" if source else "training runs the target on every batch")

@@ -463,3 +463,73 @@ def test_a_head_on_a_stored_target_runs_on_8_bit_codes_by_default_and_stays_loss
                    drafters={"none": NoDrafter, "eagle3": b.factory}, features=b.features)
     prompt = [5, 17, 3, 44, 9]
     assert tokens_of(spec.generate_ids(prompt)) == tokens_of(base.generate_ids(prompt))
+
+
+# features are captured only while a head drafts -----------------------------------------------------------
+def _spy_forwards(monkeypatch: pytest.MonkeyPatch, model: LlamaModel) -> list[tuple[int, ...]]:
+    """Record the capture layers every target forward is asked for."""
+    seen: list[tuple[int, ...]] = []
+    real = model.forward
+
+    def forward(*args, **kwargs):
+        seen.append(tuple(kwargs.get("capture_layers", ())) + (("hidden",) if kwargs.get("return_hidden") else ()))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(model, "forward", forward)
+    return seen
+
+
+def test_a_loaded_head_captures_nothing_while_another_method_runs(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The embedded model's head is loaded for every method (load_session) so eagle3 can be chosen
+    mid-chat; the baseline's and n-gram's forwards must not capture its layers (a copy per layer, and
+    on CUDA no CUDA graphs). Switched to eagle3 mid-answer, the tokens committed without features are
+    run again and the answer stays the plain one."""
+    b = bundle("eagle3", "specforge", 40)
+    from engine.drafters.ngram import NgramDrafter
+
+    model = target()
+    want = list(baseline((1, 5, 6, 7, 5, 6), 24))
+    seen = _spy_forwards(monkeypatch, model)
+    for method in ("none", "ngram"):
+        seen.clear()
+        s = Session(model, TinyTokenizer(), SpecConfig(method=method, max_new_tokens=24),
+                    drafters={"none": NoDrafter, "ngram": NgramDrafter, "eagle3": b.factory}, features=b.features)
+        assert tokens_of(s.generate_ids([1, 5, 6, 7, 5, 6])) == want
+        assert seen and not any(seen), method
+    seen.clear()
+    s = Session(model, TinyTokenizer(), SpecConfig(max_new_tokens=24),
+                drafters={"none": NoDrafter, "eagle3": b.factory}, features=b.features)
+    out: list[int] = []
+    for event in s.generate_ids([1, 5, 6, 7, 5, 6]):
+        if isinstance(event, Step):
+            out += [c.id for c in event.committed]
+            if event.index == 3:
+                captured_before = len(seen)
+                s.update_config(s.config.replace(method="eagle3"))
+    assert out == want
+    assert not any(seen[:captured_before]) and all(seen[captured_before:])
+    assert set(seen[captured_before]) == set(b.features.capture_layers)
+
+
+def test_a_turn_switched_to_eagle3_prefills_the_tokens_that_have_no_features(monkeypatch) -> None:
+    """A turn that starts on eagle3 after a baseline turn re-runs the cached conversation with
+    capture on (no cached token has features); the next baseline turn captures nothing again."""
+    from engine.events import Started
+
+    b = bundle("eagle3", "specforge", 40)
+    model = target()
+    plain = Session(model, TinyTokenizer(), SpecConfig(max_new_tokens=10), drafters={"none": NoDrafter})
+    want = [tokens_of(plain.chat(turn)) for turn in ("ABCD", "EFG", "HI")]
+    seen = _spy_forwards(monkeypatch, model)
+    s = Session(model, TinyTokenizer(), SpecConfig(max_new_tokens=10),
+                drafters={"none": NoDrafter, "eagle3": b.factory}, features=b.features)
+    got, reused = [], []
+    for turn, method in (("ABCD", "none"), ("EFG", "eagle3"), ("HI", "none")):
+        s.update_config(s.config.replace(method=method))
+        seen.clear()
+        events = list(s.chat(turn))
+        got.append(tokens_of(events))
+        reused += [e.reused_tokens for e in events if isinstance(e, Started)]
+        assert seen and (all(seen) if method == "eagle3" else not any(seen)), method
+    assert got == want
+    assert reused[1] == 0 and reused[2] > 0

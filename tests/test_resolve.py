@@ -450,3 +450,15 @@ def test_real_embedded_model_is_converted_once(
     t0 = time.perf_counter()
     assert resolve_model("SmolLM2-135M-Instruct") == first
     assert calls == [] and time.perf_counter() - t0 < 1.0
+
+
+def test_embedded_gguf_from_the_environment(monkeypatch: pytest.MonkeyPatch, tmp_path) -> None:
+    """$SPECCHAT_EMBEDDED_GGUF stands in for the wheel (the lent GPU machine has none)."""
+    carried = tmp_path / "smollm2.gguf"
+    carried.write_bytes(b"GGUF")
+    monkeypatch.setenv("SPECCHAT_EMBEDDED_GGUF", str(carried))
+    path, stamp = resolve.embedded_gguf()
+    assert path == carried and stamp.startswith("file:4:")
+    monkeypatch.setenv("SPECCHAT_EMBEDDED_GGUF", str(tmp_path / "missing.gguf"))
+    with pytest.raises(resolve.ModelResolutionError, match=r"SPECCHAT_EMBEDDED_GGUF=.*no such file"):
+        resolve.embedded_gguf()

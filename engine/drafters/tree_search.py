@@ -37,6 +37,7 @@ import torch
 
 from engine.config import SpecConfig
 from engine.tree import DraftTree
+from engine.verify import draw
 
 
 @dataclass
@@ -112,7 +113,8 @@ def grow_tree(root: int, root_logp: torch.Tensor, expand: Expand, to_target: ToT
     for level in range(2, num_steps + 1):
         logp = expand(frontier, cands)  # [f, vocab]
         lp, ix = _pick(logp, k, sampling if sampled else None, frontier, proposals, coupled, level)  # [f, k]
-        parent_scores = torch.tensor([cands.score[i] for i in frontier], dtype=lp.dtype)
+        # on lp's device: a GPU drafter's log-probs cannot be added to a host tensor
+        parent_scores = torch.tensor([cands.score[i] for i in frontier], dtype=lp.dtype, device=lp.device)
         cum = parent_scores[:, None] + lp
         new = cands.add(to_target(ix.flatten()).tolist(), lp.flatten().tolist(), cum.flatten().tolist(),
                         [p for p in frontier for _ in range(k)], level)
@@ -142,7 +144,7 @@ def _pick(logp: torch.Tensor, k: int, sampling: Sampling | None, owners: list[in
     if sampling is None:
         return logp.topk(k, dim=-1)
     q = sampling.process(logp)
-    ix = torch.multinomial(q, 1, generator=sampling.generator)  # [f, 1]
+    ix = draw(q, sampling.generator)  # [f, 1], on q's device
     for owner, row in zip(owners, q, strict=True):
         proposals[owner] = sampling.to_target_dist(row)
     return logp.gather(-1, ix), ix

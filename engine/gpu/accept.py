@@ -30,7 +30,9 @@ def _build():
     import triton
     import triton.language as tl
 
-    @triton.jit
+    # T (the tree's size) changes step to step: not specialized, so a tree of 1 or 16 nodes does
+    # not compile a kernel of its own in the middle of an answer.
+    @triton.jit(do_not_specialize=["T"])
     def greedy_walk_kernel(PRED, TOKENS, PARENTS, OUT, T, BLOCK_T: tl.constexpr):
         j = tl.arange(0, BLOCK_T)
         ok = (j < T) & (j > 0)
@@ -50,7 +52,7 @@ def _build():
         tl.store(OUT, count)
         tl.store(OUT + 1, tl.load(PRED + node).to(tl.int32))
 
-    @triton.jit
+    @triton.jit(do_not_specialize=["T"])
     def sampling_walk_kernel(PROBS, Q, TOKENS, PARENTS, U, OUT, T, V, stride_p, stride_q,
                              HAS_Q: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_V: tl.constexpr):
         j = tl.arange(0, BLOCK_T)

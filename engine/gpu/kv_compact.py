@@ -18,21 +18,26 @@ def _build():
     import triton
     import triton.language as tl
 
-    @triton.jit
+    # ``start`` (the committed length) changes every step: not specialized, so its value (1, a
+    # multiple of 16) never triggers a recompile mid-answer.
+    @triton.jit(do_not_specialize=["start"])
     def kv_compact_kernel(K, V, OFFSETS, COUNT, start, heads, stride_kl, stride_kh, stride_ks,
                           HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr):
-        pid = tl.program_id(0)  # (layer, kv head)
+        # offsets in int64: program ids are int32 and layer * stride_kl passes 2**31 elements for
+        # an 8B-shaped cache (32 layers x 8 heads x 64k slots x 128) long before memory runs out
+        pid = tl.program_id(0).to(tl.int64)  # (layer, kv head)
         which = tl.program_id(1)  # 0: K, 1: V
         layer = pid // heads
         head = pid % heads
         base = tl.where(which == 0, K, V) + layer * stride_kl + head * stride_kh
         d = tl.arange(0, BLOCK_D)
         d_ok = d < HEAD_DIM
+        first = start.to(tl.int64)
         n = tl.load(COUNT)
         for i in range(0, n):
-            src = start + tl.load(OFFSETS + i)
+            src = first + tl.load(OFFSETS + i).to(tl.int64)
             row = tl.load(base + src * stride_ks + d, mask=d_ok)
-            tl.store(base + (start + i) * stride_ks + d, row, mask=d_ok)
+            tl.store(base + (first + i) * stride_ks + d, row, mask=d_ok)
 
     return kv_compact_kernel
 

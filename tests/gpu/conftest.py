@@ -5,7 +5,12 @@ includes its own standard library (``tl.max``, ``tl.sum``...), decorated when ``
 is first imported. So on a machine without a GPU this conftest imports triton with
 ``TRITON_INTERPRET=1`` before any test module can import it, then restores the variable; the
 ``interpret`` fixture sets it again only while a kernel test runs (engine.gpu caches kernels per
-mode). No other test uses triton. With a CUDA GPU the kernels are tested compiled instead.
+mode). No other test uses triton.
+
+Kernel tests take ``kernel_device``: CPU tensors under the interpreter where there is no GPU, CUDA
+tensors and compiled kernels where there is one, so the whole kernel matrix runs compiled on a GPU
+machine (the compiled kernels are what the engine launches). ``interpret`` stays for tests that
+need the interpreter on CPU tensors (a CPU model's forward); they skip on a GPU machine.
 """
 
 from __future__ import annotations
@@ -40,6 +45,21 @@ def interpret(monkeypatch: pytest.MonkeyPatch) -> None:
     if not _INTERPRETER_READY:
         pytest.skip("triton was imported before tests/gpu/conftest.py could switch on its interpreter")
     monkeypatch.setenv("TRITON_INTERPRET", "1")
+
+
+@pytest.fixture
+def kernel_device(monkeypatch: pytest.MonkeyPatch) -> torch.device:
+    """The device the kernel tests put their tensors on: CUDA (compiled) when a GPU is present,
+    else the CPU (interpreted), so the same assertions cover both."""
+    if not triton_available():
+        pytest.skip("triton is not installed (pip install -e .[test] installs it)")
+    if torch.cuda.is_available():
+        monkeypatch.delenv("TRITON_INTERPRET", raising=False)  # compiled: what the engine runs
+        return torch.device("cuda")
+    if not _INTERPRETER_READY:
+        pytest.skip("triton was imported before tests/gpu/conftest.py could switch on its interpreter")
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    return torch.device("cpu")
 
 
 @pytest.fixture

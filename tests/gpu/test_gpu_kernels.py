@@ -1,5 +1,7 @@
-"""Each Triton kernel against its torch reference: on CPU under the interpreter (always), and on
-the GPU where one exists. Small shapes: the interpreter runs every program in Python."""
+"""Each Triton kernel against its torch reference: on CPU tensors under the interpreter where there
+is no GPU, compiled on CUDA tensors where there is one (the ``kernel_device`` fixture). Small
+shapes: the interpreter runs every program in Python. Inputs are drawn on the host (seeded) and
+moved to the device, so both runs check the same cases."""
 
 from __future__ import annotations
 
@@ -40,35 +42,39 @@ def random_tree(n: int, seed: int, vocab: int = 6) -> DraftTree:
 @pytest.mark.parametrize(("dtype", "atol"), [(torch.float32, 1e-5), (torch.bfloat16, 2e-2)])
 @pytest.mark.parametrize(("heads", "kv_heads", "head_dim", "window"),
                          [(4, 4, 16, None), (4, 2, 24, None), (6, 2, 16, 20), (4, 1, 32, 9)])
-def test_tree_attention_matches_reference(interpret, dtype, atol, heads, kv_heads, head_dim, window) -> None:
+def test_tree_attention_matches_reference(kernel_device, dtype, atol, heads, kv_heads, head_dim, window) -> None:
+    dev = kernel_device
     g = torch.Generator().manual_seed(heads * 100 + head_dim)
     T, L, capacity = 9, 37, 64
     tree = random_tree(T, seed=head_dim)
-    q = torch.randn(T, heads, head_dim, generator=g).to(dtype)
-    k = torch.randn(kv_heads, capacity, head_dim, generator=g).to(dtype)
-    v = torch.randn(kv_heads, capacity, head_dim, generator=g).to(dtype)
-    positions = torch.tensor(tree.depths) + L
-    mask = tree.ancestor_mask()
-    length = torch.tensor([L], dtype=torch.int32)
+    q = torch.randn(T, heads, head_dim, generator=g).to(dev, dtype)
+    k = torch.randn(kv_heads, capacity, head_dim, generator=g).to(dev, dtype)
+    v = torch.randn(kv_heads, capacity, head_dim, generator=g).to(dev, dtype)
+    positions = (torch.tensor(tree.depths) + L).to(dev)
+    mask = tree.ancestor_mask(dev)
+    length = torch.tensor([L], dtype=torch.int32, device=dev)
     out = tree_attention(q, k, v, length, mask, positions, head_dim**-0.5, window)
     ref = tree_attention_reference(q, k, v, L, mask, positions, head_dim**-0.5, window)
     assert out.dtype == dtype
     torch.testing.assert_close(out.float(), ref.float(), atol=atol, rtol=atol)
 
 
-def test_tree_attention_prefill_is_causal_and_padded_rows_are_ignored(interpret) -> None:
+def test_tree_attention_prefill_is_causal_and_padded_rows_are_ignored(kernel_device) -> None:
     """A causal mask over an empty prefix is a prompt prefill; rows past the tree's real nodes
     (bucket padding: they see only themselves) do not change the real rows."""
+    dev = kernel_device
     g = torch.Generator().manual_seed(5)
     T, real, hd = 8, 5, 16
-    q = torch.randn(T, 2, hd, generator=g)
-    k = torch.randn(2, 16, hd, generator=g)
-    v = torch.randn(2, 16, hd, generator=g)
+    q = torch.randn(T, 2, hd, generator=g).to(dev)
+    k = torch.randn(2, 16, hd, generator=g).to(dev)
+    v = torch.randn(2, 16, hd, generator=g).to(dev)
     mask = torch.ones(T, T, dtype=torch.bool).tril_()
     mask[real:] = torch.eye(T, dtype=torch.bool)[real:]
-    positions = torch.arange(T)
-    out = tree_attention(q, k, v, torch.tensor([0], dtype=torch.int32), mask, positions, hd**-0.5)
-    alone = tree_attention(q[:real].contiguous(), k, v, torch.tensor([0], dtype=torch.int32), mask[:real, :real],
+    mask = mask.to(dev)
+    positions = torch.arange(T, device=dev)
+    zero = torch.tensor([0], dtype=torch.int32, device=dev)
+    out = tree_attention(q, k, v, zero, mask, positions, hd**-0.5)
+    alone = tree_attention(q[:real].contiguous(), k, v, zero, mask[:real, :real].contiguous(),
                            positions[:real], hd**-0.5)
     torch.testing.assert_close(out[:real], alone, atol=1e-6, rtol=1e-6)
     ref = torch.nn.functional.scaled_dot_product_attention(
@@ -79,40 +85,42 @@ def test_tree_attention_prefill_is_causal_and_padded_rows_are_ignored(interpret)
 # ---- KV compaction -------------------------------------------------------------------------
 @pytest.mark.parametrize("offsets", [[0], [0, 1, 2], [0, 2, 5, 6], [0, 3, 4, 9, 10]])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_kv_compaction_matches_reference(interpret, offsets, dtype) -> None:
+def test_kv_compaction_matches_reference(kernel_device, offsets, dtype) -> None:
+    dev = kernel_device
     g = torch.Generator().manual_seed(len(offsets))
-    k = torch.randn(3, 2, 24, 12, generator=g).to(dtype)
-    v = torch.randn(3, 2, 24, 12, generator=g).to(dtype)
-    k_ref, v_ref = k.clone(), v.clone()
-    padded = torch.tensor([*offsets] + [0] * (12 - len(offsets)), dtype=torch.int32)
-    compact_kv(k, v, 7, padded, torch.tensor([len(offsets)], dtype=torch.int32))
+    k_ref = torch.randn(3, 2, 24, 12, generator=g).to(dtype)
+    v_ref = torch.randn(3, 2, 24, 12, generator=g).to(dtype)
+    k, v = k_ref.to(dev), v_ref.to(dev)
+    padded = torch.tensor([*offsets] + [0] * (12 - len(offsets)), dtype=torch.int32, device=dev)
+    compact_kv(k, v, 7, padded, torch.tensor([len(offsets)], dtype=torch.int32, device=dev))
     compact_kv_reference(k_ref, v_ref, 7, offsets)
-    assert torch.equal(k, k_ref) and torch.equal(v, v_ref)
+    assert torch.equal(k.cpu(), k_ref) and torch.equal(v.cpu(), v_ref)
 
 
 # ---- acceptance walks ----------------------------------------------------------------------
 @pytest.mark.parametrize("seed", range(6))
-def test_greedy_walk_matches_reference_and_verify_greedy(interpret, seed) -> None:
+def test_greedy_walk_matches_reference_and_verify_greedy(kernel_device, seed) -> None:
     g = torch.Generator().manual_seed(seed)
     tree = random_tree(3 + 10 * (seed % 3), seed, vocab=4)
     logits = torch.randn(len(tree), 8, generator=g)
     logits[:, :4] += 2.0  # the argmax usually lands in the tree's vocabulary: deep paths
     predicted = logits.argmax(-1)
-    tokens, parents = _tree_tensors(tree, torch.device("cpu"))
-    got = _verdict(greedy_walk(predicted, tokens, parents))
+    tokens, parents = _tree_tensors(tree, kernel_device)
+    got = _verdict(greedy_walk(predicted.to(kernel_device), tokens, parents))
     assert got == greedy_walk_reference(predicted.tolist(), tree) == verify_greedy(tree, logits)
-    assert verify_greedy_gpu(tree, logits) == got
+    assert verify_greedy_gpu(tree, logits.to(kernel_device)) == got
 
 
-def test_greedy_walk_root_only_and_64_nodes(interpret) -> None:
+def test_greedy_walk_root_only_and_64_nodes(kernel_device) -> None:
     root = DraftTree.root_only(5)
     logits = torch.randn(1, 10)
-    assert verify_greedy_gpu(root, logits) == verify_greedy(root, logits)
+    assert verify_greedy_gpu(root, logits.to(kernel_device)) == verify_greedy(root, logits)
     chain = DraftTree.chain(0, list(range(1, 64)))
     logits = torch.full((64, 70), -1.0)
     logits[torch.arange(64), torch.arange(1, 65)] = 1.0  # the target agrees with the whole chain
-    assert verify_greedy_gpu(chain, logits) == verify_greedy(chain, logits)
-    assert len(verify_greedy_gpu(chain, logits).accepted) == 63
+    got = verify_greedy_gpu(chain, logits.to(kernel_device))
+    assert got == verify_greedy(chain, logits)
+    assert len(got.accepted) == 63
 
 
 def _sampling_case(seed: int, with_q: bool):
@@ -128,22 +136,25 @@ def _sampling_case(seed: int, with_q: bool):
 
 @pytest.mark.parametrize("with_q", [False, True])
 @pytest.mark.parametrize("seed", range(8))
-def test_sampling_walk_matches_reference(interpret, seed, with_q) -> None:
+def test_sampling_walk_matches_reference(kernel_device, seed, with_q) -> None:
+    dev = kernel_device
     tree, probs, q, u = _sampling_case(seed, with_q)
-    tokens, parents = _tree_tensors(tree, torch.device("cpu"))
-    got = _verdict(sampling_walk(probs.clone(), tokens, parents, u, q.clone() if with_q else None))
+    tokens, parents = _tree_tensors(tree, dev)
+    got = _verdict(sampling_walk(probs.to(dev, copy=True), tokens, parents, u.to(dev),
+                                 q.to(dev, copy=True) if with_q else None))
     assert got == sampling_walk_reference(probs, tree, u.tolist(), q)
 
 
 @pytest.mark.parametrize("seed", range(4))
-def test_verify_sampling_gpu_draws_its_uniforms_from_the_generator(interpret, seed) -> None:
-    """The session-facing wrapper: temperature/top-p applied, T+1 uniforms from the generator, so a
-    seed fixes the verdict, and it is the reference walk's verdict for those uniforms."""
+def test_verify_sampling_gpu_draws_its_uniforms_from_the_generator(kernel_device, seed) -> None:
+    """The session-facing wrapper: temperature/top-p applied, T+1 uniforms from the (host)
+    generator, so a seed fixes the verdict, and it is the reference walk's verdict for those uniforms."""
     g = torch.Generator().manual_seed(seed)
     tree = random_tree(7, seed, vocab=4)
     logits = torch.randn(len(tree), 16, generator=g) + 2.0 * (torch.arange(16) < 4)
-    got = verify_sampling_gpu(tree, logits, 0.8, 0.9, torch.Generator().manual_seed(seed))
-    again = verify_sampling_gpu(tree, logits, 0.8, 0.9, torch.Generator().manual_seed(seed))
+    on = logits.to(kernel_device)
+    got = verify_sampling_gpu(tree, on, 0.8, 0.9, torch.Generator().manual_seed(seed))
+    again = verify_sampling_gpu(tree, on, 0.8, 0.9, torch.Generator().manual_seed(seed))
     uniforms = torch.rand(len(tree) + 1, generator=torch.Generator().manual_seed(seed)).tolist()
     from engine.verify import target_probs
 
@@ -205,3 +216,61 @@ def test_kernels_on_cuda(cuda) -> None:
     tokens, parents = _tree_tensors(tree_s, cuda)
     got = _verdict(sampling_walk(probs.to(cuda), tokens, parents, u.to(cuda), qd.to(cuda)))
     assert got == sampling_walk_reference(probs, tree_s, u.tolist(), qd)
+
+
+# ---- launch properties (no GPU needed to check them) -----------------------------------------
+@pytest.mark.parametrize(("kernel", "arg"), [("greedy", "T"), ("sampling", "T"), ("kv_compact", "start")])
+def test_arguments_that_change_every_step_are_not_specialized(monkeypatch, kernel: str, arg: str) -> None:
+    """Triton compiles a variant per value class of a specialized int (1, multiples of 16, other):
+    the tree size and the committed length change step to step, so specializing them would stall
+    the first answers on compiles. Checked on the compiled kind of kernel (decorating compiles
+    nothing)."""
+    pytest.importorskip("triton")
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    from engine.gpu import accept, kv_compact
+
+    built = {**accept._build(), "kv_compact": kv_compact._build()}[kernel]
+    params = {p.name: p for p in built.params}
+    assert params[arg].do_not_specialize
+    assert not any(p.do_not_specialize for name, p in params.items() if name != arg)
+
+
+_BIG_COMPACTION = """
+import os, sys
+import torch
+from engine.gpu.kv_compact import compact_kv
+dev = torch.device(sys.argv[1])
+cap, hd = 75_000_000, 16  # 1.2e9 elements a layer: layer 2 starts past 2**31
+k = torch.empty(3, 1, cap, hd, dtype=torch.int8, device=dev)  # on the host, untouched pages cost nothing
+v = torch.empty_like(k)
+start = cap - 8
+row = torch.arange(hd, dtype=torch.int8, device=dev)
+k[2, 0, start + 3] = row
+v[2, 0, start + 3] = row + 1
+compact_kv(k, v, start, torch.tensor([0, 3], dtype=torch.int32, device=dev),
+           torch.tensor([2], dtype=torch.int32, device=dev))
+assert torch.equal(k[2, 0, start + 1], row) and torch.equal(v[2, 0, start + 1], row + 1)
+"""
+
+
+def test_kv_compaction_addresses_past_two_to_the_31_elements() -> None:
+    """An 8B-shaped cache (32 layers x 8 KV heads x 64k slots x 128) puts layers past 2**31
+    elements: offsets computed in int32 wrap and the copy lands elsewhere (or faults). Run in a child
+    process so a fault fails this test only; on the host the kernel runs under the interpreter."""
+    pytest.importorskip("triton")
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    env = dict(os.environ)
+    if torch.cuda.is_available():
+        env.pop("TRITON_INTERPRET", None)
+        device = "cuda"
+    else:
+        env["TRITON_INTERPRET"] = "1"
+        device = "cpu"
+    root = Path(__file__).resolve().parents[2]
+    done = subprocess.run([sys.executable, "-c", _BIG_COMPACTION, device], cwd=root, env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]

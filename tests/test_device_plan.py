@@ -1,0 +1,61 @@
+"""scripts/device: the lent GPU machine gets one try per session, so its plan is checked here."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+DEVICE = Path(__file__).resolve().parent.parent / "scripts" / "device"
+
+
+def _parts_module():
+    spec = importlib.util.spec_from_file_location("gguf_parts", DEVICE / "gguf_parts.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_parts_round_trip_one_call_at_a_time(tmp_path: Path) -> None:
+    parts = _parts_module()
+    source = tmp_path / "model.gguf"
+    source.write_bytes(os.urandom(100_003))
+    carried = tmp_path / "here"
+    folders = parts.split(source, 3, carried)
+    assert [f.name for f in folders] == ["gguf-1", "gguf-2", "gguf-3"]
+    stash = tmp_path / "there"
+    for i, folder in enumerate(folders):  # each call carries one part
+        call = tmp_path / f"call{i}"
+        (call / folder.name).mkdir(parents=True)
+        for f in folder.iterdir():
+            (call / folder.name / f.name).write_bytes(f.read_bytes())
+        got = parts.stash(call, stash)
+        assert (got is None) == (i < 2)
+    assert got.read_bytes() == source.read_bytes()
+    assert parts.stash(tmp_path / "empty", stash) == got  # later calls find it assembled
+
+
+def test_a_broken_part_is_refused(tmp_path: Path) -> None:
+    parts = _parts_module()
+    source = tmp_path / "model.gguf"
+    source.write_bytes(os.urandom(5000))
+    (folder,) = parts.split(source, 1, tmp_path / "here")
+    manifest = json.loads((folder / "manifest.json").read_text())
+    (folder / "part").write_bytes(b"x" * manifest["size"])
+    with pytest.raises(SystemExit, match="checksum mismatch"):
+        parts.stash(tmp_path / "here", tmp_path / "there")
+
+
+@pytest.mark.parametrize("script", sorted(p.name for p in DEVICE.glob("*.sh")))
+def test_scripts_parse(script: str) -> None:
+    assert subprocess.run(["bash", "-n", str(DEVICE / script)], capture_output=True).returncode == 0
+
+
+def test_prompt_sets_travel_with_the_plan() -> None:
+    for name in ("mt_bench.jsonl", "rewrite.jsonl"):
+        lines = (DEVICE / "prompts" / name).read_text().splitlines()
+        assert lines and all(json.loads(line) for line in lines)

@@ -31,8 +31,10 @@ outputs, and keeps the target distribution under sampling: this is a speed choic
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
+from engine.drafters.tree_search import Candidates, StopRule
 from engine.tree import DraftTree
 
 _PRIOR = 0.5  # optimistic acceptance before any evidence
@@ -115,6 +117,49 @@ class AcceptanceModel:
                 self.rate[key] = value + _RECOVER * (_PRIOR - value)
 
 
+_CONFIDENCE_EDGES = (0.05, 0.15, 0.3, 0.5, 0.7, 0.85, 0.95)  # buckets of a draft's own probability
+
+
+@dataclass
+class ConfidenceModel:
+    """P(node accepted | parent accepted) as a function of the drafter's own probability for it.
+
+    EAGLE-2's observation: a draft head's confidence predicts acceptance well, and it is known
+    per node before verifying, where the depth model only knows averages. Each bucket starts at
+    its midpoint (trusting the drafter) and learns from what verification keeps, so an over- or
+    under-confident head is corrected within an answer.
+    """
+
+    rate: dict[int, float] = field(default_factory=dict)
+
+    @staticmethod
+    def bucket(p: float) -> int:
+        return sum(p >= edge for edge in _CONFIDENCE_EDGES)
+
+    def get(self, p: float) -> float:
+        b = self.bucket(p)
+        if b in self.rate:
+            return self.rate[b]
+        lo = _CONFIDENCE_EDGES[b - 1] if b else 0.0
+        hi = _CONFIDENCE_EDGES[b] if b < len(_CONFIDENCE_EDGES) else 1.0
+        return (lo + hi) / 2
+
+    def observe(self, tree: DraftTree, accepted: tuple[int, ...]) -> None:
+        on_path = {0, *accepted}
+        for i in range(1, len(tree)):
+            if tree.parents[i] in on_path:
+                b = self.bucket(tree.draft_probs[i])
+                old = self.get(tree.draft_probs[i])
+                self.rate[b] = old + _LEARN * ((i in on_path) - old)
+
+    def path(self, cands: Candidates, i: int) -> float:
+        """Estimated probability that candidate ``i`` and all its ancestors are accepted."""
+        prob = 1.0
+        for a in cands.ancestors(i):
+            prob *= self.get(math.exp(cands.logp[a]))
+        return prob
+
+
 @dataclass
 class DraftGate:
     """Whether to draft at all this step (see the module docstring)."""
@@ -160,6 +205,7 @@ class DraftBudget:
         self.cost = CostModel()  # verify ms by tree size
         self.draft_cost = CostModel(lone_slope=1.0)  # ms by levels drafted: one head forward per level
         self.acceptance = AcceptanceModel()
+        self.confidence = ConfidenceModel()
         self.gate = DraftGate()
 
     def draft_depth(self, max_levels: int) -> int:
@@ -182,6 +228,23 @@ class DraftBudget:
             if expected / ms > best_rate:
                 best_depth, best_rate = depth, expected / ms
         return best_depth
+
+    def stop_rule(self) -> StopRule | None:
+        """For a drafter that pays per level: stop growing once the likeliest frontier path is
+        worth less than a level costs. Another level can add at most that path's probability in
+        accepted tokens, each worth a plain step's time, so growing pays only while
+        P(path) * plain_ms exceeds the level's ms. None until both costs are measured."""
+        plain = self.cost.estimate(1)
+        one, two = self.draft_cost.estimate(1), self.draft_cost.estimate(2)
+        if plain is None or one is None or two is None:
+            return None
+        threshold = max(two - one, 0.0) / plain
+        confidence = self.confidence
+
+        def stop(cands: Candidates, frontier: list[int]) -> bool:
+            return max(confidence.path(cands, i) for i in frontier) < threshold
+
+        return stop
 
     def prune(self, tree: DraftTree) -> DraftTree:
         if len(tree) == 1:
@@ -217,6 +280,8 @@ class DraftBudget:
         ``levels``: how many levels the drafter was asked for, when it pays per level (else 0)."""
         self.cost.observe(len(tree), verify_ms)
         self.acceptance.observe(tree, accepted)
+        if tree.has_probs:
+            self.confidence.observe(tree, accepted)
         if draft_ms is not None:
             judged = self.gate.observe(len(accepted) + 1, draft_ms, verify_ms, self.cost.estimate(1))
             if levels and judged:  # a settling step's catch-up is not the price of its levels

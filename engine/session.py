@@ -508,6 +508,8 @@ class Session:
             if hasattr(drafter, "noise"):
                 drafter.noise = noise
             gated = config.adaptive_draft and config.method != "none"  # "none" has no drafting to pause
+            if hasattr(drafter, "stop"):  # grow levels only while the drafter's confidence pays for them
+                drafter.stop = budget.stop_rule() if gated else None
             drafted = not gated or budget.gate.should_draft()
             levels = 0  # levels asked of a drafter that pays per level, under the adaptive budget
             if drafted:

@@ -138,3 +138,61 @@ def test_draft_depth_grows_back_once_deeper_drafts_land() -> None:
     for _ in range(80):  # one-level chains whose draft is always accepted
         budget.observe(chain(2), (1,), verify_ms=10.5, draft_ms=2.0, levels=1)
     assert budget.draft_depth(5) > 1
+
+
+def _candidates(path_probs: list[float]):
+    """A chain of candidates with these conditional draft probabilities."""
+    import math
+
+    from engine.drafters.tree_search import Candidates
+
+    cands = Candidates()
+    parent, score = -1, 0.0
+    for depth, p in enumerate(path_probs, start=1):
+        score += math.log(p)
+        (parent,) = cands.add([depth], [math.log(p)], [score], [parent], depth)
+    return cands, parent
+
+
+def test_confidence_starts_at_the_drafters_word_and_learns_from_verification() -> None:
+    from engine.adaptive import ConfidenceModel
+
+    model = ConfidenceModel()
+    assert model.get(0.99) > 0.9 and model.get(0.01) < 0.05  # before evidence: trust the drafter
+    overconfident = DraftTree((7, 8), (-1, 0), (1.0, 0.99))
+    for _ in range(60):
+        model.observe(overconfident, ())  # its 99% drafts are always refused
+    assert model.get(0.99) < 0.05 and model.get(0.5) == 0.6  # other buckets keep their prior
+
+
+def test_stop_rule_grows_only_while_the_likeliest_path_pays_for_a_level() -> None:
+    budget = DraftBudget()
+    assert budget.stop_rule() is None  # nothing measured: grow every level
+    budget.cost.observe(1, 10.0)
+    budget.draft_cost.observe(1, 1.0)
+    budget.draft_cost.observe(2, 3.0)  # a level costs 2 ms: a fifth of a plain step
+    stop = budget.stop_rule()
+    sure, tip = _candidates([0.9, 0.9])
+    assert not stop(sure, [tip])  # 0.81 of a token for 0.2 of a step: grow
+    doubtful, tip = _candidates([0.9, 0.1])
+    assert stop(doubtful, [tip])  # 0.09 of a token: stop
+
+
+def test_a_stopped_search_keeps_the_levels_it_grew() -> None:
+    import torch
+
+    from engine.drafters.tree_search import grow_tree
+
+    calls = []
+
+    def expand(frontier, cands):
+        calls.append(len(frontier))
+        return torch.log_softmax(torch.arange(6.0), dim=-1).expand(len(frontier), 6)
+
+    root = torch.log_softmax(torch.arange(6.0), dim=-1)
+    full, _, _ = grow_tree(0, root, expand, lambda ix: ix, num_steps=4, topk=1, num_draft_tokens=5)
+    assert len(full) == 5 and len(calls) == 3
+    calls.clear()
+    stopped, _, _ = grow_tree(0, root, expand, lambda ix: ix, num_steps=4, topk=1, num_draft_tokens=5,
+                              stop=lambda cands, frontier: len(cands.tokens) >= 2)
+    assert len(stopped) == 3 and len(calls) == 1  # two levels, one drafter forward

@@ -22,7 +22,7 @@ import torch
 
 from engine.config import SpecConfig
 from engine.drafters.eagle_head import EagleHead
-from engine.drafters.tree_search import Candidates, DraftRandom, coupled_scores, grow_tree
+from engine.drafters.tree_search import Candidates, DraftRandom, StopRule, coupled_scores, grow_tree
 from engine.kernels.head import Keys
 from engine.tree import DraftTree
 
@@ -39,6 +39,7 @@ class EagleDrafter:
         self._pending: list[torch.Tensor] = []  # features of committed positions without a head entry yet
         self._random = DraftRandom()
         self.noise = None  # the session's coupled-sampling noise for this step (engine/sampling.py)
+        self.stop: StopRule | None = None  # the session's confidence rule for this step (engine/adaptive.py)
 
     # -- the Drafter protocol ------------------------------------------------------------------
     def reset(self, history: Sequence[int], features: torch.Tensor | None = None) -> None:
@@ -99,7 +100,7 @@ class EagleDrafter:
         tree, _, _ = grow_tree(root, root_logp, expand, head.to_target, num_steps=steps, topk=topk,
                                num_draft_tokens=budget,
                                sampling=self._random.sampling(config, head.to_target_dist),
-                               coupled=coupled_scores(config, self.noise, n, head.vocab_ids))
+                               coupled=coupled_scores(config, self.noise, n, head.vocab_ids), stop=self.stop)
         return tree
 
     # -- internals --------------------------------------------------------------------------------

@@ -19,7 +19,7 @@ from collections.abc import Sequence
 import torch
 
 from engine.config import SpecConfig
-from engine.drafters.tree_search import Candidates, DraftRandom, coupled_scores, grow_tree
+from engine.drafters.tree_search import Candidates, DraftRandom, StopRule, coupled_scores, grow_tree
 from engine.tree import DraftTree
 
 
@@ -37,6 +37,7 @@ class StandaloneDrafter:
         self._tokens: list[int] = []
         self._random = DraftRandom()
         self.noise = None  # the session's coupled-sampling noise for this step (engine/sampling.py)
+        self.stop: StopRule | None = None  # the session's confidence rule for this step (engine/adaptive.py)
         # the last proposal: (tree, scratch slot of each tree row that has an entry)
         self._last: tuple[DraftTree, dict[int, int]] | None = None
 
@@ -126,7 +127,7 @@ class StandaloneDrafter:
         tree, _, chosen = grow_tree(root, root_logp, expand, lambda ids: ids, num_steps=steps, topk=topk,
                                     num_draft_tokens=budget,
                                     sampling=self._random.sampling(config, self._full_vocab),
-                                    coupled=coupled_scores(config, self.noise, n, None))
+                                    coupled=coupled_scores(config, self.noise, n, None), stop=self.stop)
         slot_of_row = {0: n}
         slot_of_row.update({row: slots[c] for row, c in enumerate(chosen, start=1) if c in slots})
         self._last = (tree, slot_of_row)

@@ -73,6 +73,9 @@ class Candidates:
 Expand = Callable[[list[int], Candidates], torch.Tensor]
 # head vocabulary indices -> target token ids
 ToTarget = Callable[[torch.Tensor], torch.Tensor]
+# (candidates, frontier) -> True when another level is not worth a drafter forward (the adaptive
+# budget's confidence rule, engine/adaptive.py); the levels already drafted are kept
+StopRule = Callable[[Candidates, list[int]], bool]
 # [f, head vocab] log-probs -> [f, head vocab] the distribution to sample drafts from
 Processor = Callable[[torch.Tensor], torch.Tensor]
 # [head vocab] distribution -> [target vocab] distribution
@@ -97,9 +100,14 @@ class Sampling:
 
 def grow_tree(root: int, root_logp: torch.Tensor, expand: Expand, to_target: ToTarget, *,
               num_steps: int, topk: int, num_draft_tokens: int, sampling: Sampling | None = None,
-              coupled: Coupled | None = None) -> tuple[DraftTree, Candidates, list[int]]:
+              coupled: Coupled | None = None, stop: StopRule | None = None
+              ) -> tuple[DraftTree, Candidates, list[int]]:
     """Build one step's tree. Returns (tree, all candidates, the candidate index of each tree node
-    after the root) so drafters can map tree nodes back to their own state."""
+    after the root) so drafters can map tree nodes back to their own state.
+
+    ``stop`` is asked before each further level whether the frontier is still worth a forward
+    (EAGLE-2's observation: a drafter's own path probability predicts acceptance, so a branch
+    whose probability is already low is not grown); without it all ``num_steps`` levels grow."""
     k = min(topk, root_logp.shape[-1])
     budget = num_draft_tokens - 1
     cands = Candidates()
@@ -111,6 +119,8 @@ def grow_tree(root: int, root_logp: torch.Tensor, expand: Expand, to_target: ToT
     lp_list = lp[0].tolist()
     frontier = cands.add(to_target(ix[0]).tolist(), lp_list, lp_list, [-1] * k, 1)
     for level in range(2, num_steps + 1):
+        if stop is not None and stop(cands, frontier):
+            break
         logp = expand(frontier, cands)  # [f, vocab]
         lp, ix = _pick(logp, k, sampling if sampled else None, frontier, proposals, coupled, level)  # [f, k]
         # on lp's device: a GPU drafter's log-probs cannot be added to a host tensor

@@ -6,6 +6,11 @@ method, then the peers) so background noise on the machine lands on every row al
 run is timed alone. Tokens/s counts new tokens (a final stop token excluded) over wall time
 from the request to the last token, prefill included, for every row; our own rows also report
 decode tokens/s (after the prefill), the number the prefill of long prompts would otherwise blur.
+
+Every runner answers once, untimed, before the timed runs. On CUDA the warm-up also sizes each
+session's KV cache for the longest prompt and captures the verify forward's CUDA graph of every
+tree-size bucket (engine/gpu/static.py captures one per bucket on first use, per cache address),
+so neither a capture, a Triton compile nor a cache reallocation lands inside a timed prompt.
 """
 
 from __future__ import annotations
@@ -279,31 +284,55 @@ def _load_sessions(args: argparse.Namespace, base_config, modes: list[str]) -> d
     return sessions
 
 
+def prepare_json_out(path: str | None) -> None:
+    """Make sure ``--json PATH`` can be written, before any model loads: create its parent folder
+    (``--json bench-out/x.json`` on a fresh machine) or refuse in one line, rather than ending a
+    run of minutes in a FileNotFoundError with the results lost."""
+    if not path:
+        return
+    target = Path(path)
+    if target.is_dir():
+        raise UsageError(f"--json {path} is a folder; name a file in it")
+    parent = target.parent
+    blocker = next((p for p in (parent, *parent.parents) if p.exists()), None)
+    if blocker is not None and not blocker.is_dir():
+        raise UsageError(f"--json {path}: {blocker} is a file, not a folder")
+    try:
+        parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise UsageError(f"--json {path}: cannot create the folder {parent} ({exc.strerror or exc})") from None
+    if not os.access(parent, os.W_OK):
+        raise UsageError(f"--json {path}: the folder {parent} is not writable")
+
+
 def run_bench(args: argparse.Namespace) -> int:
     if getattr(args, "random_weights", None):
         from specchat.gpu_bench import run_random_bench
 
-        return run_random_bench(args)
+        return run_random_bench(args)  # checks its flags, then --json, before building the model
     if getattr(args, "data_engine", None) is not None or getattr(args, "train_speed", False):
         from specchat.bench_train import run_data_bench, run_train_bench
 
+        prepare_json_out(args.json_out)
         return run_data_bench(args) if args.data_engine is not None else run_train_bench(args)
     base_config = make_config(args, method="none", max_new_tokens=256)
     modes = weights_modes(args)
     if args.cost_curve:
+        prepare_json_out(args.json_out)
         return run_cost_curve(_load_sessions(args, base_config, modes), args)
     if not args.prompts:
         raise UsageError("bench needs --prompts FILE.jsonl (or --cost-curve)")
     prompts = load_prompts(args.prompts, args.limit)
     if not base_config.greedy and base_config.sampling == "coupled" and base_config.seed is None:
         base_config = base_config.replace(seed=0)  # coupled samples are a function of the seed: fix one
-    methods = [m.strip() for m in args.methods.split(",") if m.strip()]
+    methods = [m.strip() for m in (args.methods or "none,ngram").split(",") if m.strip()]
     methods = ["none"] + [m for m in methods if m != "none"]
     configs = {m: base_config.replace(method=m) for m in methods}
     peers = [p.strip() for p in args.peers.split(",") if p.strip()]
     for peer in peers:
         if peer not in ("hf", "llamacpp"):
             raise UsageError(f"unknown peer {peer!r}; available: hf, llamacpp")
+    prepare_json_out(args.json_out)
     llama_peer = None
     if "llamacpp" in peers:
         from specchat.llamacpp_peer import LlamaCppPeer
@@ -338,10 +367,13 @@ def run_bench(args: argparse.Namespace) -> int:
         rows["llamacpp"] = Row("llamacpp")
         rows["llamacpp-prompt-lookup"] = Row("llamacpp-prompt-lookup")
     # warm-up: one short answer per runner, untimed
+    for w in modes:  # CUDA: a KV cache that grows mid-bench moves, and its graphs are captured again
+        size_cache_for(sessions[w], prompts, configs.values())
     warm = configs["none"].replace(max_new_tokens=8)
     for w in modes:
         for m in methods:
             _run_ours(sessions[w], prompts[0], warm.replace(method=m))
+    graphs = {w: capture_verify_graphs(sessions[w]) for w in modes}  # CUDA: every bucket, not just those used
     if hf:
         saved, hf.max_new_tokens = hf.max_new_tokens, 8
         hf.run(prompts[0], False)
@@ -414,6 +446,16 @@ def run_bench(args: argparse.Namespace) -> int:
     report = {"machine": machine, "model": first.model_name, "prompts_file": str(args.prompts),
               "dtype": args.dtype, "weights": modes, "max_new_tokens": base_config.max_new_tokens,
               "config": {k: v for k, v in base_config.to_dict().items() if k != "method"}, "results": results}
+    for w, warm_captures in graphs.items():
+        static = getattr(sessions[w].model, "_static", None)
+        if static is None:
+            continue
+        timed = static.captures - warm_captures["total"]
+        report.setdefault("cuda_graphs", {})[w] = {"captured_before_timing": warm_captures["total"],
+                                                   "captured_by_bucket_sweep": warm_captures["captured"],
+                                                   "captured_while_timing": timed, "replays": static.replays}
+        if timed:
+            print(f"bench: {timed} CUDA graph capture(s) happened inside timed runs ({w}); those prompts are slower")
     reference = rows[f"none [{modes[0]}]" if multi else "none"]
     bandwidth = baseline_bandwidth(first.model, reference.decode_tokens_per_s, getattr(args, "peak_bandwidth", None))
     if bandwidth is not None:
@@ -426,6 +468,57 @@ def run_bench(args: argparse.Namespace) -> int:
     if args.json_out:
         Path(args.json_out).write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
     return 0
+
+
+def prompt_tokens(session, prompt: Prompt) -> int:
+    """Tokens ``prompt`` takes as the session encodes it (raw text or the chat template)."""
+    tok = session.tokenizer
+    return len(tok.encode(prompt.text) if prompt.text is not None else tok.encode_chat(prompt.messages))
+
+
+def size_cache_for(session, prompts: list[Prompt], configs) -> None:
+    """CUDA: allocate the session's KV cache for the longest prompt's answer and tree now.
+
+    Graphs are captured per cache address, and the session grows its cache when a prompt needs
+    more room; growing inside a timed run would recapture every bucket there. On CPU (no graphs)
+    nothing is done: the cache grows as it always has, and tests pay nothing for tokenising."""
+    if getattr(session.model, "_static", None) is None:
+        return
+    configs = list(configs)
+    room = max(c.max_new_tokens for c in configs) + max(c.max_tree_tokens for c in configs)
+    session._ensure_capacity(max(prompt_tokens(session, p) for p in prompts) + room)
+
+
+def capture_verify_graphs(session) -> dict[str, int]:
+    """CUDA: capture the verify forward's graph of every tree-size bucket (1, 2, ... 64) on the
+    session's KV cache before timing, and build their Triton kernels.
+
+    engine/gpu/static.py captures one graph per bucket the first time a forward of that size
+    runs; the short warm-up answers reach only some buckets (an adaptive tree's size varies step
+    by step), so the rest would be captured inside a timed prompt. One verify-shaped forward per
+    bucket on the empty cache captures them all (K/V land in scratch slots that the next prefill
+    overwrites; the session is reset after). Returns {"captured": graphs captured here, "total":
+    captures so far}; zeros where the model has no static decoder (CPU, --backend hf)."""
+    import torch
+
+    from engine.gpu.static import BUCKETS
+
+    model = session.model
+    static = getattr(model, "_static", None)
+    if static is None:
+        return {"captured": 0, "total": 0}
+    session.reset()
+    cache = session._cache
+    before = static.captures
+    if cache is not None:
+        for b in BUCKETS:
+            if b > cache.capacity:
+                break
+            model.forward(torch.zeros(b, dtype=torch.int64), cache, positions=torch.arange(b),
+                          tree_mask=torch.ones(b, b, dtype=torch.bool).tril_())
+        _sync(model)
+    session.reset()
+    return {"captured": static.captures - before, "total": static.captures}
 
 
 def baseline_bandwidth(model, decode_tokens_per_s: float | None, peak_gbps: float | None) -> dict | None:

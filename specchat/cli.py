@@ -106,7 +106,9 @@ def build_parser() -> argparse.ArgumentParser:
     _add_model_args(bench)
     _add_spec_args(bench)
     bench.add_argument("--prompts", help="JSON-lines prompt file (messages | turns | prompt)")
-    bench.add_argument("--methods", default="none,ngram", help="comma list; 'none' (baseline) is always run")
+    bench.add_argument("--methods", default=None,
+                       help="comma list; 'none' (baseline) is always run (default: none,ngram with --prompts; "
+                            "none with --random-weights)")
     bench.add_argument("--peers", default="", help="comma list of reference implementations: hf, llamacpp")
     bench.add_argument("--limit", type=int, default=None, help="use only the first N prompts")
     bench.add_argument("--json", dest="json_out", default=None, help="write results to this JSON file")

@@ -126,3 +126,35 @@ def test_bench_and_generate_take_a_precision(tiny, tmp_path: Path, capsys) -> No
     assert all(r["identical_to_baseline"] for r in rows)
     _one_line_error(capsys, ["bench", str(model), "--precision", "fast", "--weights", "fp32", "--prompts",
                              str(prompts)], "stored weights only")
+
+
+def test_bench_creates_the_json_folder(tiny, tmp_path: Path) -> None:
+    """--json bench-out/x.json on a fresh machine: the folder is made, not a FileNotFoundError at
+    the end of the run; CPU runs report no CUDA graph counts (they have no graphs)."""
+    model, _ = tiny
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text(json.dumps({"prompt": "again and again"}) + "\n")
+    out = tmp_path / "bench-out" / "deeper" / "x.json"
+    assert main(["bench", str(model), "--methods", "none,ngram", "--prompts", str(prompts), "--max-new-tokens", "8",
+                 "--json", str(out), "--threads", "1"]) == 0
+    report = json.loads(out.read_text())
+    assert {r["method"] for r in report["results"]} == {"none", "ngram"} and "cuda_graphs" not in report
+
+
+@pytest.mark.parametrize("mode", [["--prompts", "PROMPTS"], ["--cost-curve"], ["--data-engine", "8"]])
+def test_bench_refuses_an_unwritable_json_before_loading(tiny, tmp_path: Path, monkeypatch, capsys,
+                                                         mode: list[str]) -> None:
+    import engine.loader
+
+    def no_load(*args, **kwargs):
+        raise AssertionError("the model was loaded before --json was checked")
+
+    monkeypatch.setattr(engine.loader, "load_session", no_load)
+    model, _ = tiny
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text(json.dumps({"prompt": "again"}) + "\n")
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    flags = [str(prompts) if f == "PROMPTS" else f for f in mode]
+    _one_line_error(capsys, ["bench", str(model), *flags, "--json", str(blocker / "out" / "x.json")],
+                    f"{blocker} is a file, not a folder")

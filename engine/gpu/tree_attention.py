@@ -3,8 +3,8 @@
 Every query row is one draft-tree node (or a prompt token). It sees the whole committed prefix
 (slots ``[0, L)``), and among the tree's own slots ``[L, L+T)`` only its ancestors and itself
 (the ancestor mask), with an optional sliding window over positions. GQA: the ``G`` query heads
-sharing a KV head are stacked as rows of one tile, so each K/V block is read once per KV head, not
-once per query head, and the scores are one ``tl.dot``. bf16 K/V are upcast and multiplied in
+sharing a KV head are stacked as rows of one tile, so each K/V block is read once per tile of
+rows, not once per query head, and the scores are one ``tl.dot``. bf16 K/V are upcast and multiplied in
 full fp32: triton's CPU interpreter computes bf16 dots wrongly, so a tensor-core bf16 variant could
 not be tested here; it is a follow-up to make (and measure) where a GPU is lent.
 
@@ -111,14 +111,22 @@ def tree_attention(
         out = torch.empty_like(q)
     mask = tree_mask if tree_mask.dtype == torch.int8 else tree_mask.to(torch.int8)
     rows = T * group
-    block_m = 16 if rows <= 16 else (32 if rows <= 32 else 64)
     block_d = max(16, triton.next_power_of_2(hd))
+    # Tiles sized so ptxas spills nothing (scripts/triton_report.py compiles every launched shape for
+    # sm_90 and sm_80; tests/gpu/test_compile_sm90.py keeps it so). The fp32 "ieee" dots are FMA
+    # loops whose operands sit in registers, about BLOCK_M x BLOCK_D of them per thread group:
+    # 64 rows spilled kilobytes per thread at head_dim 128, so the tile stays at 16 x 128 or
+    # 32 x 64, with 8 warps and no software pipelining (a pipelined bf16 load, upcast in registers,
+    # spilled too). Rows are independent and a skipped key block is fully masked, so the tile size
+    # changes no row's arithmetic (on a GPU at most the order of a 32-key block's fp32 sums).
+    block_m = 32 if rows > 16 and block_d <= 64 else 16
     grid = (triton.cdiv(rows, block_m), kv_heads)
     kernel("tree_attention", _build)[grid](
         q, k_cache, v_cache, out, mask.contiguous(), positions, length,
         q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), out.stride(0), out.stride(1),
         T, window or 0, scale,
         GROUP=group, HEAD_DIM=hd, BLOCK_D=block_d, BLOCK_M=block_m, BLOCK_N=32, WINDOWED=bool(window),
+        num_warps=8, num_stages=1,
     )
     return out
 

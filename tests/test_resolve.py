@@ -188,6 +188,16 @@ def test_cache_dir_default(monkeypatch: pytest.MonkeyPatch) -> None:
     assert "specchat" in str(resolve.cache_dir())
 
 
+def test_cache_dir_without_platformdirs(monkeypatch: pytest.MonkeyPatch, tmp_path) -> None:
+    """The native kernels' cache must not need the app's dependencies (the bare GPU machine)."""
+    import sys
+
+    monkeypatch.delenv("SPECCHAT_CACHE_DIR")
+    monkeypatch.setitem(sys.modules, "platformdirs", None)  # import platformdirs -> ImportError
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    assert resolve.cache_dir() == tmp_path / "specchat"
+
+
 def test_embedded_gguf_from_installed_distribution() -> None:
     import importlib.metadata
 

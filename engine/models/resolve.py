@@ -78,12 +78,17 @@ class ResolvedModel:
 
 
 def cache_dir() -> Path:
-    """specchat's cache root: ``$SPECCHAT_CACHE_DIR`` or the platform's user cache folder."""
+    """specchat's cache root: ``$SPECCHAT_CACHE_DIR`` or the platform's user cache folder.
+
+    The engine runs without platformdirs (a bare GPU machine has torch but not the app's
+    dependencies): then the XDG default, ``$XDG_CACHE_HOME`` or ``~/.cache``."""
     env = os.environ.get("SPECCHAT_CACHE_DIR")
     if env:
         return Path(env).expanduser()
-    from platformdirs import user_cache_dir
-
+    try:
+        from platformdirs import user_cache_dir
+    except ImportError:
+        return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache").expanduser() / "specchat"
     return Path(user_cache_dir("specchat"))
 
 

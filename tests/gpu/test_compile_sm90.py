@@ -44,13 +44,17 @@ MATRIX = [(case.id, arch) for case, arch in report.smoke_cases()]
 
 
 @pytest.fixture(scope="module")
-def compiled(request: pytest.FixtureRequest) -> dict[tuple[str, int], dict[str, Any]]:
+def compiled(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+             ) -> dict[tuple[str, int], dict[str, Any]]:
     """Every case of the matrix compiled once, in one child process: {(case id, arch): result}."""
     reason = report.missing_toolchain()
     if reason:
         pytest.skip(reason)
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env["TRITON_CACHE_DIR"] = str(request.config.cache.mkdir("triton-aot-cache"))
+    # pytest's cache when it is on (a rerun is quick); a temporary folder under -p no:cacheprovider
+    cache = getattr(request.config, "cache", None)
+    folder = cache.mkdir("triton-aot-cache") if cache is not None else tmp_path_factory.mktemp("triton-aot-cache")
+    env["TRITON_CACHE_DIR"] = str(folder)
     proc = subprocess.run([sys.executable, str(SCRIPT), "--smoke", "--json"], cwd=SCRIPT.parent.parent, env=env,
                           capture_output=True, text=True, timeout=600)
     if proc.returncode != 0:

@@ -16,13 +16,16 @@ extra=()
 [ -n "${STEPS:-}" ] && extra+=(--max-steps "$STEPS")
 {
   echo "== data: $TOKENS answer tokens"
-  "$PY" -m specchat train-draft --data-only --device "$DEVICE" --tokens "$TOKENS" --gen-batch "${GEN_BATCH:-384}"
-  echo "data exit: $?"
+  # at most DATA_S seconds of generation (shards are written whole, so a stop loses nothing); the
+  # training step below then takes what is there (--tokens 1: it generates nothing more)
+  timeout "${DATA_S:-240}" "$PY" -m specchat train-draft --data-only --device "$DEVICE" --tokens "$TOKENS" \
+    --gen-batch "${GEN_BATCH:-384}"
+  echo "data exit: $? (124: stopped at ${DATA_S:-240} s)"
   data=$(ls -d "$SPECCHAT_CACHE_DIR"/train-data/*/ | head -1)
   tar -C "$data" -czf "$OUT/train-data-ids.tgz" --exclude='*.npy' .
   echo "== training"
   rm -rf "$HEAD"
-  "$PY" -m specchat train-draft --device "$DEVICE" --tokens "$TOKENS" --gen-batch "${GEN_BATCH:-384}" \
+  "$PY" -m specchat train-draft --device "$DEVICE" --tokens 1 --gen-batch "${GEN_BATCH:-384}" \
     --out "$HEAD" --init-from assets/eagle3-smollm2-135m --bf16 on --batch-tokens "$BATCH" --lr "$LR" \
     --epochs "$EPOCHS" --hours "$HOURS" --eval-every 100 --checkpoint-every 100 "${extra[@]}"
   echo "train exit: $?"

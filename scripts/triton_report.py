@@ -40,7 +40,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 
 # kernels on the per-step critical path: a spill there costs every verify step
-HOT = ("tree_attention", "greedy_walk", "sampling_walk")
+HOT = ("tree_attention", "tree_attention_combine", "greedy_walk", "sampling_walk")
 ARCHS = (90, 80)
 
 
@@ -75,7 +75,7 @@ class Case:
     @property
     def shape(self) -> str:
         m = self.model
-        if self.kernel == "tree_attention":
+        if self.kernel.startswith("tree_attention"):
             win = f" win{self.window}" if self.window else ""
             return f"T={self.tokens} {m.heads}/{m.kv_heads}h d{m.head_dim}{win}"
         if self.kernel == "kv_compact":
@@ -97,6 +97,7 @@ def full_cases() -> list[Case]:
             for window in (None, WINDOW):
                 for tokens in (1, 8, 64):  # BLOCK_M 16 (decode), 32 or 64, 64 (largest bucket)
                     cases.append(Case("tree_attention", model, dtype, tokens, window))
+            cases.append(Case("tree_attention_combine", model, dtype))
             cases.append(Case("kv_compact", model, dtype))
     cases.append(Case("greedy_walk", LLAMA_8B, "fp32"))
     for model in (LLAMA_8B, SMOL_135M):
@@ -114,6 +115,8 @@ def smoke_cases() -> list[tuple[Case, int]]:
         Case("tree_attention", LLAMA_8B, "bf16", 1),
         Case("tree_attention", SMOL_135M, "fp32", 1, WINDOW),
         Case("tree_attention", SMOL_135M, "bf16", 64),
+        Case("tree_attention_combine", LLAMA_8B, "bf16", 64),
+        Case("tree_attention_combine", SMOL_135M, "fp32", 1),
         Case("greedy_walk", LLAMA_8B, "fp32"),
         Case("sampling_walk", LLAMA_8B, "fp32", has_q=True),
         Case("sampling_walk", SMOL_135M, "fp32"),
@@ -122,6 +125,7 @@ def smoke_cases() -> list[tuple[Case, int]]:
     ]
     on80 = [
         Case("tree_attention", LLAMA_8B, "bf16", 64, WINDOW),
+        Case("tree_attention_combine", LLAMA_8B, "bf16", 64),
         Case("greedy_walk", LLAMA_8B, "fp32"),
         Case("sampling_walk", LLAMA_8B, "fp32", has_q=True),
     ]
@@ -208,7 +212,7 @@ def capture(case: Case) -> Launch:
     dt = {"bf16": torch.bfloat16, "fp32": torch.float32}[case.dtype]
     m, T = case.model, case.tokens
     with recording() as sink:
-        if case.kernel == "tree_attention":
+        if case.kernel.startswith("tree_attention"):  # two launches: the split, then the combine
             from engine.gpu.tree_attention import tree_attention
 
             # static.py: q is a view of the rotated [T, heads + kv_heads, hd] q|k block; the cache is
@@ -236,6 +240,9 @@ def capture(case: Case) -> Launch:
                 probs = torch.empty(T, m.vocab, dtype=torch.float32, device=meta)
                 q = torch.empty_like(probs) if case.has_q else None
                 sampling_walk(probs, tokens, parents, torch.empty(T + 1, device=meta), q)
+    if case.kernel.startswith("tree_attention"):
+        split, combine = sink
+        return combine if case.kernel == "tree_attention_combine" else split
     (launch,) = sink
     return launch
 
@@ -354,7 +361,7 @@ def markdown(results: list[Result]) -> str:
     for r in results:
         spills = "0" if r.spills == 0 else f"**{r.spill_stores}/{r.spill_loads}**"
         tc = "n/a (no dot)" if r.kernel not in ("tree_attention",) else (
-            f"yes ({r.ptx_mma}/{r.sass_mma})" if r.ptx_mma or r.sass_mma > 0 else "no (0/0): fp32 FMA dot")
+            f"yes ({r.ptx_mma}/{r.sass_mma})" if r.ptx_mma or r.sass_mma > 0 else "no (0/0): fp32 FMA + sum")
         lines.append(f"| {r.kernel} | {r.shape} | {r.dtype} | sm_{r.arch} | {r.block or '-'} "
                      f"| {r.num_warps}/{r.num_stages} | {r.registers} | {spills} | {r.shared} | {tc} | {r.sass_ffma} |")
     return "\n".join(lines)

@@ -67,7 +67,7 @@ def compiled(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFa
 
 def test_matrix_covers_every_kernel() -> None:
     kernels = {case.kernel for case, _ in report.smoke_cases()}
-    assert kernels == {"tree_attention", "greedy_walk", "sampling_walk", "kv_compact"}
+    assert kernels == {"tree_attention", "tree_attention_combine", "greedy_walk", "sampling_walk", "kv_compact"}
     assert set(report.HOT) <= kernels
     dtypes = {(case.kernel, case.dtype) for case, _ in report.smoke_cases()}
     assert {("tree_attention", "bf16"), ("tree_attention", "fp32")} <= dtypes

@@ -82,6 +82,69 @@ def test_tree_attention_prefill_is_causal_and_padded_rows_are_ignored(kernel_dev
     torch.testing.assert_close(out[:real], ref, atol=1e-5, rtol=1e-5)
 
 
+SPLIT_SHAPES = [(9, 3, 64), (8, 2, 128)]  # GQA 3 (not a power of two) d64, GQA 4 d128
+
+
+def _split_case(dev: torch.device, heads: int, kv_heads: int, head_dim: int, dtype: torch.dtype, T: int,
+                seed: int, capacity: int = 128) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    q = torch.randn(T, heads, head_dim, generator=g).to(dev)
+    k = torch.randn(kv_heads, capacity, head_dim, generator=g).to(dev, dtype)
+    v = torch.randn(kv_heads, capacity, head_dim, generator=g).to(dev, dtype)
+    return q, k, v
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("window", [None, 29])
+@pytest.mark.parametrize(("heads", "kv_heads", "head_dim"), SPLIT_SHAPES)
+@pytest.mark.parametrize("T", [1, 3, 16])
+def test_tree_attention_split_over_chunks_matches_reference(kernel_device, T, heads, kv_heads, head_dim, window,
+                                                            dtype) -> None:
+    """L = 70 over chunks of 16 keys: five prefix chunks (the last one shared with the tree's
+    slots), combined in order; fp32 accumulation, so fp32 rounding away from the torch softmax."""
+    dev = kernel_device
+    L = 70
+    q, k, v = _split_case(dev, heads, kv_heads, head_dim, dtype, T, seed=T * 7 + head_dim)
+    tree = random_tree(T, seed=T + head_dim)
+    positions = (torch.tensor(tree.depths) + L).to(dev)
+    mask = tree.ancestor_mask(dev)
+    length = torch.tensor([L], dtype=torch.int32, device=dev)
+    out = tree_attention(q, k, v, length, mask, positions, head_dim**-0.5, window, chunk=16)
+    ref = tree_attention_reference(q, k, v, L, mask, positions, head_dim**-0.5, window)
+    torch.testing.assert_close(out, ref, atol=2e-6, rtol=2e-5)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("window", [None, 21])
+@pytest.mark.parametrize(("heads", "kv_heads", "head_dim"), SPLIT_SHAPES)
+def test_tree_attention_is_batch_invariant(kernel_device, heads, kv_heads, head_dim, window, dtype) -> None:
+    """A row's bits do not depend on the launch it comes in. Chain: row i of a T-node verify
+    launch equals (torch.equal) the T=1 decode launch made after committing nodes 0..i-1 into the
+    prefix (length L+i), which is what greedy decoding computes; the tree's slots cross a chunk
+    boundary (chunk 16, L = 41, T = 9). Tree: the first 3 nodes of a random 16-node tree give the
+    same rows in a T=3 launch as in the T=16 one."""
+    dev = kernel_device
+    L, T, hd = 41, 9, head_dim
+    q, k, v = _split_case(dev, heads, kv_heads, hd, dtype, T, seed=hd + 1)
+    chain = torch.ones(T, T, dtype=torch.bool).tril_().to(dev)
+    positions = torch.arange(L, L + T, device=dev)
+    verify = tree_attention(q, k, v, torch.tensor([L], dtype=torch.int32, device=dev), chain, positions,
+                            hd**-0.5, window, chunk=16)
+    for i in range(T):
+        decode = tree_attention(q[i:i + 1], k, v, torch.tensor([L + i], dtype=torch.int32, device=dev),
+                                chain[:1, :1], positions[i:i + 1], hd**-0.5, window, chunk=16)
+        assert torch.equal(verify[i], decode[0]), i
+    tree = random_tree(16, seed=hd)
+    q16, _, _ = _split_case(dev, heads, kv_heads, hd, dtype, 16, seed=hd + 2)
+    mask = tree.ancestor_mask(dev)
+    pos = (torch.tensor(tree.depths) + L).to(dev)
+    length = torch.tensor([L], dtype=torch.int32, device=dev)
+    big = tree_attention(q16, k, v, length, mask, pos, hd**-0.5, window, chunk=16)
+    small = tree_attention(q16[:3].contiguous(), k, v, length, mask[:3, :3].contiguous(), pos[:3], hd**-0.5,
+                           window, chunk=16)
+    assert torch.equal(big[:3], small)
+
+
 # ---- KV compaction -------------------------------------------------------------------------
 @pytest.mark.parametrize("offsets", [[0], [0, 1, 2], [0, 2, 5, 6], [0, 3, 4, 9, 10]])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])

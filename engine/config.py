@@ -12,6 +12,8 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from engine.errors import UserError
+
 Method = Literal["none", "ngram", "eagle", "eagle3", "standalone"]
 METHODS: tuple[str, ...] = ("none", "ngram", "eagle", "eagle3", "standalone")
 NgramMatchType = Literal["BFS", "PROB"]
@@ -42,7 +44,7 @@ def knobs_for(method: str) -> tuple[str, ...]:
     return (*knobs, "adaptive_draft") if knobs else ()
 
 
-class ConfigError(ValueError):
+class ConfigError(UserError, ValueError):
     """A setting the engine cannot run with; the message says what to change."""
 
 

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 import torch
 
 from engine.config import SpecConfig
+from engine.errors import UserError
 
 ProgressCallback = Callable[[str, int, int], None]
 
@@ -16,7 +17,7 @@ DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfl
           "float16": torch.float16, "fp16": torch.float16}
 
 
-class LoadError(RuntimeError):
+class LoadError(UserError, RuntimeError):
     """The model could not be loaded; the message is one line saying what to do."""
 
 

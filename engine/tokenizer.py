@@ -24,6 +24,8 @@ from jinja2.sandbox import ImmutableSandboxedEnvironment
 from tokenizers import AddedToken
 from tokenizers import Tokenizer as Backend
 
+from engine.errors import UserError
+
 Message = Mapping[str, Any]
 
 # End-of-turn markers of common chat formats (ChatML, Llama 3, Phi-3, Gemma). A model stops on
@@ -34,7 +36,7 @@ _EOS_ONLY_TOKENS: tuple[str, ...] = ("<|endoftext|>",)
 _BYTE_TOKEN = re.compile(r"<0x([0-9A-Fa-f]{2})>")
 
 
-class TokenizerError(ValueError):
+class TokenizerError(UserError, ValueError):
     """A tokenizer folder or chat template that cannot be used; the message says why."""
 
 

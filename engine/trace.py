@@ -21,6 +21,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import IO, Any, Literal
 
+from engine.errors import UserError
 from engine.events import Event, Started, event_from_dict, event_to_dict
 
 FORMAT = "specchat-trace"
@@ -29,7 +30,7 @@ FORMAT_VERSION = 1
 TurnMode = Literal["chat", "compare"]
 
 
-class TraceError(ValueError):
+class TraceError(UserError, ValueError):
     """A trace file that cannot be read; the message is one line naming the file (and line)."""
 
 

@@ -24,10 +24,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from engine.errors import UserError
 from specchat.cli import UsageError, draft_options, make_config
 
 
-class PromptFileError(ValueError):
+class PromptFileError(UserError, ValueError):
     """A prompt file line that is not a usable prompt; names the file and line."""
 
 

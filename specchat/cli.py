@@ -11,6 +11,8 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
+from engine.errors import UserError
+
 EMBEDDED_MODEL = "smollm2-135m"
 
 # (flag, dest, type, help) — SGLang's names, so tuned values carry over to a deployment.
@@ -31,7 +33,7 @@ ALGORITHMS = {"none": "none", "ngram": "ngram", "eagle": "eagle", "eagle3": "eag
               "standalone": "standalone", "eagle2": "eagle"}
 
 
-class UsageError(Exception):
+class UsageError(UserError):
     """Bad input from the user: printed as one line, exit status 2."""
 
 

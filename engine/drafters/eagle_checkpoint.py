@@ -24,10 +24,12 @@ from typing import Any, Literal
 
 import torch
 
+from engine.errors import UserError
+
 HeadKind = Literal["eagle", "eagle3"]
 
 
-class DraftLoadError(RuntimeError):
+class DraftLoadError(UserError, RuntimeError):
     """A draft model or head that cannot be used with this target; the message says why and what to do."""
 
 

@@ -13,13 +13,15 @@ from typing import Any
 
 import torch
 
+from engine.errors import UserError
+
 SAFETENSORS_FILE = "model.safetensors"
 SAFETENSORS_INDEX = "model.safetensors.index.json"
 PICKLE_FILE = "pytorch_model.bin"
 PICKLE_INDEX = "pytorch_model.bin.index.json"
 
 
-class CheckpointError(RuntimeError):
+class CheckpointError(UserError, RuntimeError):
     """A model folder whose config or weights cannot be loaded; the message says what to do."""
 
 

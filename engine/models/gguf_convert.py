@@ -28,6 +28,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from engine.errors import UserError
 from engine.models.progress import ProgressCallback, report
 from engine.tokenizer import CHAT_END_TOKENS
 
@@ -55,7 +56,7 @@ _BLOCK_NAMES = {
 _BLOCK_RE = re.compile(r"blk\.(\d+)\.([a-z_]+)\.(weight|bias)")
 
 
-class GGUFConversionError(ValueError):
+class GGUFConversionError(UserError, ValueError):
     """The GGUF cannot be converted; the message says why and what to use instead."""
 
 

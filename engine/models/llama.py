@@ -17,6 +17,7 @@ from typing import Any, Literal
 import torch
 import torch.nn.functional as F
 
+from engine.errors import UserError
 from engine.kernels import native
 from engine.kernels.decoder import NativeDecoder, layer_runs
 from engine.kernels.linear import Linear
@@ -28,7 +29,7 @@ SUPPORTED_TYPES = ("llama", "mistral", "qwen2", "qwen3")
 WeightsMode = Literal["stored", "fp32"]
 
 
-class UnsupportedModelError(ValueError):
+class UnsupportedModelError(UserError, ValueError):
     """The checkpoint is not a Llama-family model our forward runs."""
 
 

@@ -10,6 +10,7 @@ from typing import Any
 
 import torch
 
+from engine.errors import UserError
 from engine.models.llama import LlamaConfig, LlamaModel
 
 # config.json fields of well-known shapes (public architecture numbers, no weights)
@@ -31,7 +32,7 @@ NAMED_SHAPES: dict[str, dict[str, Any]] = {
 }
 
 
-class RandomModelError(ValueError):
+class RandomModelError(UserError, ValueError):
     """The --random-weights argument is neither a known shape nor a readable config.json."""
 
 

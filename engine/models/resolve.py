@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
+from engine.errors import UserError
 from engine.models.progress import ProgressCallback
 
 __all__ = [
@@ -65,7 +66,7 @@ _ACCEPTED = (
 )
 
 
-class ModelResolutionError(ValueError):
+class ModelResolutionError(UserError, ValueError):
     """The model name cannot be turned into a usable folder; the message says what to do."""
 
 

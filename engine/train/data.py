@@ -25,6 +25,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from engine.errors import MissingFileError
+
 SENTINEL = "\u2063MAGPIE\u2063"  # never produced by a chat template; marks where the user's text goes
 DEFAULT_SYSTEM_NOTE = "default"
 
@@ -76,7 +78,7 @@ def load_prompt_list(path: str | Path) -> list[list[dict[str, str]]]:
     out: list[list[dict[str, str]]] = []
     path = Path(path)
     if not path.is_file():
-        raise FileNotFoundError(f"prompt file {path} does not exist")
+        raise MissingFileError(f"prompt file {path} does not exist")
     for lineno, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
         if not line.strip():
             continue

@@ -16,6 +16,7 @@ from typing import Any
 
 import torch
 
+from engine.errors import MissingFileError
 from engine.train.data import DataCache, GenSettings, builtin_prompt_file, generate_data, load_prompt_list
 
 
@@ -139,7 +140,7 @@ def import_shards(source: Path, cache: DataCache) -> int:
     import shutil
 
     if not source.is_dir():
-        raise FileNotFoundError(f"--import-data {source}: no such folder")
+        raise MissingFileError(f"--import-data {source}: no such folder")
     copied = 0
     for shard in sorted(source.glob("batch-*.npz")):
         target = cache.folder / shard.name

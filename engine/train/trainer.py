@@ -26,6 +26,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from engine.errors import UserError
 from engine.train.data import Sample, iter_batches
 from engine.train.head import Eagle3Head, HeadConfig, draft_vocab, export_head, load_exported
 from engine.train.targets import LiveTarget, TargetSource, decoder_of
@@ -71,7 +72,7 @@ def cpu_has_bf16() -> bool:
     return any(f in flags for f in ("avx512_bf16", "amx_bf16"))
 
 
-class ResumeError(ValueError):
+class ResumeError(UserError, ValueError):
     """A checkpoint that cannot be continued with these settings; the message says why."""
 
 

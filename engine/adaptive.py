@@ -208,6 +208,11 @@ class DraftBudget:
         self.confidence = ConfidenceModel()
         self.gate = DraftGate()
 
+    def restart(self) -> None:
+        """A drafter takes over (an answer's first step, or a switch of method): its first drafted
+        step also pays for catching up on the history, a one-off cost the gate must not judge."""
+        self.gate.settling = True
+
     def draft_depth(self, max_levels: int) -> int:
         """How many levels a drafter that pays per level (an EAGLE head, a draft model) should grow.
 

@@ -93,6 +93,12 @@ class SpecConfig:
         _at_least("num_draft_tokens", self.num_draft_tokens, 2, hint="it counts the root, so 2 means one draft")
         if self.num_draft_tokens > 1024:
             raise ConfigError(f"num_draft_tokens={self.num_draft_tokens} is too large; use at most 1024")
+        drafts = self.num_draft_tokens - 1
+        if "eagle_topk" in METHOD_KNOBS[self.method] and self.eagle_topk > drafts:
+            # a wider level could not be kept, yet each further level would score topk² candidates
+            raise ConfigError(f"eagle_topk={self.eagle_topk} is more than the tree holds: num_draft_tokens="
+                              f"{self.num_draft_tokens} leaves room for {drafts} drafts; use eagle_topk {drafts} "
+                              "or less, or raise num_draft_tokens")
         _at_least("ngram_min_match_window_size", self.ngram_min_match_window_size, 1)
         if self.ngram_max_match_window_size < self.ngram_min_match_window_size:
             raise ConfigError(

@@ -1,9 +1,9 @@
 """Target hidden states that EAGLE heads read, kept per committed token.
 
 The target's forward computes these anyway (the residual stream entering chosen layers, or the
-last hidden state after the final norm); the session asks for them in every forward when a head
-is loaded and keeps one row per token in its KV cache, so a drafter switched on mid-conversation
-(a hot-swap, a new turn) can catch up without re-running the target.
+last hidden state after the final norm); while a method that reads them drafts, the session asks
+for them in every forward and keeps one row per token in its KV cache (:class:`FeatureCapture`),
+so a drafter switched on mid-conversation (a hot-swap, a new turn) catches up on the rows it lacks.
 """
 
 from __future__ import annotations
@@ -58,3 +58,39 @@ class FeatureStore:
         if self._data is None:
             raise RuntimeError("no features stored yet")
         return self._data[: self.length]
+
+
+class FeatureCapture:
+    """The session's features: which ones (``spec``), the rows kept, and whether forwards capture now.
+
+    Why not always capture when a head is loaded: the embedded model ships an EAGLE-3 head that is
+    loaded for every method (so eagle3 can be chosen mid-chat), and capturing for the baseline or
+    n-gram would tax each of their forwards with a copy per layer (and keep CUDA off its CUDA
+    graphs). While off, the store keeps its rows for the cached prefix it still covers; turning
+    capture on again goes with a catch-up of the rows it lacks (engine/session.py).
+    """
+
+    def __init__(self, spec: FeatureSpec | None) -> None:
+        self.spec = spec
+        self.store = FeatureStore()
+        self.on = False
+        self.forward_kwargs: dict[str, Any] = {}  # what the target's forward needs to capture them
+
+    def set(self, on: bool) -> None:
+        """Capture in the forwards from now on (when there is a spec), or stop."""
+        self.on = on and self.spec is not None
+        self.forward_kwargs = self.spec.forward_kwargs() if self.on and self.spec is not None else {}
+
+    def keep(self, out: Any, rows: list[int] | None = None) -> torch.Tensor | None:
+        """Store the features of the forward's rows now committed (all rows, or ``rows``); None when off."""
+        if not self.on or self.spec is None:
+            return None
+        feats = self.spec.extract(out)
+        if rows is not None:
+            feats = feats[rows]
+        self.store.append(feats)
+        return feats
+
+    def rows(self) -> torch.Tensor | None:
+        """One row per cached token while capturing (what a drafter's reset reads); None when off."""
+        return self.store.rows() if self.on else None

@@ -1,4 +1,9 @@
-"""Drafter-invariant sampling: the sampled token at position t is argmax(log p_t + g_t).
+"""Sampling from the target: its processed distribution, and drafter-invariant (coupled) sampling.
+
+:func:`target_probs` is the distribution plain sampling draws from; the host and device
+verifiers (engine/verify.py, engine/gpu/accept.py) and the drafters all process logits with it.
+
+Coupled sampling: the sampled token at position t is argmax(log p_t + g_t).
 
 ``g_t`` is Gumbel noise drawn from a stream keyed by (seed, t). By the Gumbel-max trick that
 argmax is an exact sample from p_t (the target's processed distribution: temperature, top-k,
@@ -23,9 +28,24 @@ from collections import OrderedDict
 
 import torch
 
-from engine.verify import target_probs
-
 _TINY = 1e-12
+
+
+def target_probs(logits: torch.Tensor, temperature: float, top_p: float, top_k: int = 0) -> torch.Tensor:
+    """The distribution plain sampling draws from: softmax(logits / T), then top-k, then top-p."""
+    logits = logits.float() / temperature
+    if 0 < top_k < logits.shape[-1]:
+        kth = logits.topk(top_k, dim=-1).values[..., -1:]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    probs = torch.softmax(logits, dim=-1)
+    if top_p < 1.0:
+        sorted_p, order = probs.sort(dim=-1, descending=True)
+        # keep the smallest prefix whose mass reaches top_p (the first token always stays)
+        drop = (sorted_p.cumsum(dim=-1) - sorted_p) >= top_p
+        sorted_p = sorted_p.masked_fill(drop, 0.0)
+        probs = torch.zeros_like(probs).scatter_(-1, order, sorted_p)
+        probs = probs / probs.sum(dim=-1, keepdim=True)
+    return probs
 
 
 class GumbelNoise:

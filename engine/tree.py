@@ -1,8 +1,10 @@
-"""The draft tree: the one data structure drafters produce and the verifier consumes.
+"""The draft tree: the one data structure drafters produce and the verifier consumes, and its verdict.
 
 Node 0 is the root: the last token the target produced, whose K/V is not yet cached.
 Nodes are stored in topological order (every parent index is smaller than its child's),
 which lets the verifier and the KV compaction walk the tree front to back without sorting.
+The :class:`Verdict` lives here, beside the tree it walks, so the host walk (engine/verify.py)
+and the device walk (engine/gpu/accept.py) share it without importing each other.
 """
 
 from __future__ import annotations
@@ -118,3 +120,11 @@ class DraftTree:
             tuple(data["tokens"]), tuple(data["parents"]), tuple(data["draft_probs"]), tuple(data["depths"]),
             has_probs=bool(data.get("has_probs", True)),
         )
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """What verification kept of a tree: the accepted path and the target's own next token."""
+
+    accepted: tuple[int, ...]  # node indices on the accepted path, root excluded
+    bonus: int  # the token the target produced after that path

@@ -19,18 +19,11 @@ distributed exactly as plain sampling from the target would give.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 
 from engine.gpu import on_gpu
-from engine.tree import DraftTree
-
-
-@dataclass(frozen=True)
-class Verdict:
-    accepted: tuple[int, ...]  # node indices on the accepted path, root excluded
-    bonus: int  # the token the target produced after that path
+from engine.sampling import target_probs
+from engine.tree import DraftTree, Verdict
 
 
 def verify_greedy(tree: DraftTree, logits: torch.Tensor) -> Verdict:
@@ -57,23 +50,6 @@ def verify_predicted(tree: DraftTree, predicted: list[int]) -> Verdict:
             return Verdict(tuple(accepted), want)
         accepted.append(nxt)
         node = nxt
-
-
-def target_probs(logits: torch.Tensor, temperature: float, top_p: float, top_k: int = 0) -> torch.Tensor:
-    """The distribution plain sampling draws from: softmax(logits / T), then top-k, then top-p."""
-    logits = logits.float() / temperature
-    if 0 < top_k < logits.shape[-1]:
-        kth = logits.topk(top_k, dim=-1).values[..., -1:]
-        logits = logits.masked_fill(logits < kth, float("-inf"))
-    probs = torch.softmax(logits, dim=-1)
-    if top_p < 1.0:
-        sorted_p, order = probs.sort(dim=-1, descending=True)
-        # keep the smallest prefix whose mass reaches top_p (the first token always stays)
-        drop = (sorted_p.cumsum(dim=-1) - sorted_p) >= top_p
-        sorted_p = sorted_p.masked_fill(drop, 0.0)
-        probs = torch.zeros_like(probs).scatter_(-1, order, sorted_p)
-        probs = probs / probs.sum(dim=-1, keepdim=True)
-    return probs
 
 
 def draw(probs: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:

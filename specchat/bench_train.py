@@ -23,7 +23,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from specchat.cli import UsageError
+from specchat.options import UsageError
 
 TRAIN_BENCH_TOKENS = 12_000  # answer tokens generated for the training benchmark's batches
 
@@ -31,9 +31,9 @@ TRAIN_BENCH_TOKENS = 12_000  # answer tokens generated for the training benchmar
 def run_data_bench(args: argparse.Namespace) -> int:
     import torch
 
-    from engine.train.data import DataCache, GenSettings, generate_data
+    from engine.train.data import DataCache, GenSettings, answer_tokens, generate_data
     from engine.train.data_engine import generate_data_rows
-    from specchat.bench import machine_info
+    from specchat.bench_report import machine_info
 
     budget = int(args.data_engine)
     if budget <= 0:
@@ -55,7 +55,7 @@ def run_data_bench(args: argparse.Namespace) -> int:
             samples = generate_data_rows(model, target.tokenizer, cache, token_budget=budget, settings=GenSettings(),
                                          capture_layers=capture, prompt_list=prompts, rows=rows)
         seconds = time.perf_counter() - t0
-        answer = sum(len(s.ids) - s.answer_start for s in samples)
+        answer = answer_tokens(samples)
         results.append({"path": name, "precision": precision, "rows": rows, "answer_tokens": answer,
                         "conversations": len(samples), "seconds": round(seconds, 2),
                         "answer_tokens_per_s": round(answer / seconds, 2),
@@ -76,7 +76,7 @@ def run_train_bench(args: argparse.Namespace) -> int:
     from engine.train.data_engine import generate_data_rows
     from engine.train.targets import LiveTarget, StoredTarget
     from engine.train.trainer import TrainSettings, batch_loss, build_head
-    from specchat.bench import machine_info
+    from specchat.bench_report import machine_info
 
     target, model, prompts, capture = _rows_target(args)
     cache = DataCache(Path(tempfile.mkdtemp(prefix="specchat-train-bench-")), model.vocab_size)

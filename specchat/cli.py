@@ -1,4 +1,4 @@
-"""The ``specchat`` command line: run (the TUI), generate, bench, replay.
+"""The ``specchat`` command line: the parser and the dispatch (run, generate, bench, replay, train-draft).
 
 Start-up stays light: torch, transformers and textual are imported inside the command that
 needs them, so ``specchat --help`` and argument errors answer at once.
@@ -7,34 +7,23 @@ needs them, so ``specchat --help`` and argument errors answer at once.
 from __future__ import annotations
 
 import argparse
+import importlib
 import sys
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Callable, Sequence
 
 from engine.errors import UserError
+from specchat.options import SPEC_FLAGS, UsageError
 
 EMBEDDED_MODEL = "smollm2-135m"
 
-# (flag, dest, type, help) — SGLang's names, so tuned values carry over to a deployment.
-SPEC_FLAGS: list[tuple[str, str, type, str]] = [
-    ("--speculative-num-steps", "num_steps", int, "tree levels drafted per step (EAGLE)"),
-    ("--speculative-eagle-topk", "eagle_topk", int, "branching factor of the draft tree (EAGLE)"),
-    ("--speculative-num-draft-tokens", "num_draft_tokens", int, "tree size per step, root included"),
-    ("--speculative-ngram-min-match-window-size", "ngram_min_match_window_size", int, "n-gram: shortest match"),
-    ("--speculative-ngram-max-match-window-size", "ngram_max_match_window_size", int, "n-gram: longest match"),
-    ("--speculative-ngram-min-bfs-breadth", "ngram_min_bfs_breadth", int, "n-gram: least branching"),
-    ("--speculative-ngram-max-bfs-breadth", "ngram_max_bfs_breadth", int, "n-gram: most branching"),
-    ("--speculative-ngram-match-type", "ngram_match_type", str, "n-gram: BFS (recency) or PROB (frequency)"),
-    ("--speculative-ngram-max-trie-depth", "ngram_max_trie_depth", int, "n-gram: longest stored suffix"),
-    ("--speculative-ngram-capacity", "ngram_capacity", int, "n-gram: trie node budget"),
-    ("--speculative-ngram-mode", "ngram_mode", str, "n-gram: tree (SGLang trie) or chain (prompt lookup)"),
-]
-ALGORITHMS = {"none": "none", "ngram": "ngram", "eagle": "eagle", "eagle3": "eagle3",
-              "standalone": "standalone", "eagle2": "eagle"}
-
-
-class UsageError(UserError):
-    """Bad input from the user: printed as one line, exit status 2."""
+# command -> (module, function): imported only when that command runs, to keep start-up light
+COMMANDS: dict[str, tuple[str, str]] = {
+    "generate": ("specchat.generate", "run_generate"),
+    "bench": ("specchat.bench", "run_bench"),
+    "run": ("specchat.tui.launch", "run_tui"),
+    "replay": ("specchat.tui.launch", "replay_tui"),
+    "train-draft": ("specchat.train_draft", "run_train_draft"),
+}
 
 
 def _add_model_args(p: argparse.ArgumentParser) -> None:
@@ -140,48 +129,6 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def spec_overrides(args: argparse.Namespace) -> dict[str, Any]:
-    """The SpecConfig fields the user set on the command line."""
-    out: dict[str, Any] = {}
-    method = getattr(args, "method", None)
-    if method is not None:
-        key = method.lower()
-        if key not in ALGORITHMS:
-            raise UsageError(f"unknown method {method!r}; choose none, ngram, eagle, eagle3 or standalone")
-        out["method"] = ALGORITHMS[key]
-    fields = [dest for _, dest, _, _ in SPEC_FLAGS] + ["temperature", "top_p", "top_k", "sampling", "seed",
-                                                      "max_new_tokens",
-                                                      "adaptive_draft"]
-    for dest in fields:
-        value = getattr(args, dest, None)
-        if value is not None:
-            out[dest] = value.upper() if dest == "ngram_match_type" else value
-    return out
-
-
-def make_config(args: argparse.Namespace, **defaults: Any):
-    from engine.config import SpecConfig
-
-    overrides = spec_overrides(args)
-    if "method" not in overrides and getattr(args, "draft", None) and defaults.get("method") != "none":
-        defaults = {**defaults, "method": "none"}  # until load_session infers the method from the draft
-    if overrides.get("method") in ("eagle", "eagle3", "standalone") and overrides.get("eagle_topk") == 1 \
-            and "num_draft_tokens" not in overrides:
-        overrides["num_draft_tokens"] = overrides.get("num_steps", SpecConfig.num_steps) + 1  # SGLang's rule
-    return SpecConfig(**{**defaults, **overrides})
-
-
-def draft_options(args: argparse.Namespace) -> dict[str, Any]:
-    """load_session's draft arguments from the command line."""
-    explicit = getattr(args, "method", None) is not None
-    return {
-        "draft": getattr(args, "draft", None),
-        "draft_revision": getattr(args, "draft_revision", None),
-        "token_map": getattr(args, "token_map", None),
-        "method_from_draft": bool(getattr(args, "draft", None)) and not explicit and args.command != "bench",
-    }
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -190,42 +137,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("specchat: interrupted", file=sys.stderr)
         return 130
-    except Exception as exc:  # one clear line, never a traceback, for the errors users cause
-        if _is_user_error(exc):
-            print(f"specchat: error: {exc}", file=sys.stderr)
-            return 2
-        raise
+    except UserError as exc:  # one clear line, never a traceback, for the errors users cause
+        print(f"specchat: error: {exc}", file=sys.stderr)
+        return 2
 
 
 def _dispatch(args: argparse.Namespace) -> int:
-    if args.command == "generate":
-        from specchat.generate import run_generate
-
-        return run_generate(args)
-    if args.command == "bench":
-        from specchat.bench import run_bench
-
-        return run_bench(args)
-    if args.command == "run":
-        from specchat.tui.launch import run_tui
-
-        return run_tui(args)
-    if args.command == "train-draft":
-        from specchat.train_draft import run_train_draft
-
-        return run_train_draft(args)
-    if args.command == "replay":
-        from specchat.tui.launch import replay_tui
-
-        return replay_tui(args)
-    raise UsageError(f"unknown command {args.command}")
-
-
-def _is_user_error(exc: Exception) -> bool:
-    names = {"UsageError", "ConfigError", "ModelResolutionError", "CheckpointError", "LoadError",
-             "UnsupportedModelError", "PromptFileError", "TraceError", "FileNotFoundError", "TokenizerError",
-             "GGUFConversionError", "DraftLoadError", "RandomModelError", "ResumeError"}
-    return any(cls.__name__ in names for cls in type(exc).__mro__)
+    if args.command not in COMMANDS:
+        raise UsageError(f"unknown command {args.command}")
+    module, function = COMMANDS[args.command]
+    run: Callable[[argparse.Namespace], int] = getattr(importlib.import_module(module), function)
+    return run(args)
 
 
 def _version() -> str:

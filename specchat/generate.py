@@ -6,22 +6,36 @@ import argparse
 import json
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from specchat.cli import UsageError, draft_options, make_config
+from engine.errors import MissingFileError
+from specchat.options import UsageError, draft_options, make_config
+
+if TYPE_CHECKING:
+    from engine.config import SpecConfig
 
 # Accepted draft tokens vs tokens the target produced itself (bonus / correction).
 DRAFT_STYLE = "bold green"
 TARGET_STYLE = "bright_white"
 
 
+def generate_config(args: argparse.Namespace) -> SpecConfig:
+    """``generate``'s config: the shared mapping (specchat.options) over its defaults (n-gram, 256 tokens)."""
+    return make_config(args, method="ngram", max_new_tokens=256)
+
+
 def read_prompt(args: argparse.Namespace) -> str:
+    """The user message from --prompt or --prompt-file; a missing, unreadable or empty one is refused."""
     if args.prompt is not None:
         text = args.prompt
     else:
         path = Path(args.prompt_file)
         if not path.is_file():
-            raise UsageError(f"prompt file {path} does not exist")
-        text = path.read_text(encoding="utf-8")
+            raise MissingFileError(f"prompt file {path} does not exist")
+        try:
+            text = path.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as exc:
+            raise UsageError(f"cannot read the prompt file {path} ({getattr(exc, 'strerror', None) or exc})") from None
     if not text.strip():
         raise UsageError("the prompt is empty; pass some text with --prompt or --prompt-file")
     return text
@@ -49,7 +63,7 @@ def run_generate(args: argparse.Namespace) -> int:
     from engine.loader import load_session
     from engine.models.progress import rich_progress
 
-    config = make_config(args, method="ngram", max_new_tokens=256)
+    config = generate_config(args)
     prompt = read_prompt(args)
     out = Console(highlight=False, soft_wrap=True)
     err = Console(stderr=True, highlight=False)

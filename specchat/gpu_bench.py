@@ -30,16 +30,13 @@ from typing import Any
 
 import torch
 
+from specchat.bench_cost import measure_cost_curve, sync
+
 # Public EAGLE-3 heads for large-vocabulary targets (Llama-3.1-8B: 128256) draft over 32000 ids;
 # a random head takes the same size (or the whole vocabulary of a smaller target).
 DRAFT_VOCAB = 32000
 DRAFT_WARMUP_STEPS = 3  # untimed proposes per tree shape: kernels built, caches sized
 DRAFT_TIMED_STEPS = 20
-
-
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
 
 
 def decode_greedy(model, cache, prompt: list[int], new_tokens: int) -> tuple[list[int], float]:
@@ -49,13 +46,13 @@ def decode_greedy(model, cache, prompt: list[int], new_tokens: int) -> tuple[lis
     out = model.forward(torch.tensor(prompt), cache, logits="last")
     cache.commit(len(prompt))
     tokens = [int(out.logits[-1].argmax())]
-    _sync(model.device)
+    sync(model)
     t0 = time.perf_counter()
     for _ in range(new_tokens - 1):
         out = model.forward(torch.tensor(tokens[-1:]), cache)
         cache.commit(1)
         tokens.append(int(out.logits[0].argmax()))
-    _sync(model.device)
+    sync(model)
     return tokens, (time.perf_counter() - t0) * 1e3 / max(1, new_tokens - 1)
 
 
@@ -81,7 +78,6 @@ def oracle_acceptance(model, cache, prompt: list[int], tokens: list[int], chain:
 def synthetic_report(model, *, context: int, new_tokens: int, peak_gbps: float | None, chain: int = 8,
                      sizes: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64)) -> dict[str, Any]:
     from engine.gpu.bandwidth import bandwidth_report, weight_bytes_per_token
-    from specchat.bench import measure_cost_curve
 
     gen = torch.Generator().manual_seed(0)
     prompt = torch.randint(0, model.vocab_size, (context,), generator=gen).tolist()
@@ -125,7 +121,7 @@ def plan_random_bench(args: argparse.Namespace, target_config: dict[str, Any]) -
     --draft head (only EAGLE-3 heads are built at random), two heads at once, a --draft that no
     listed method would use, and a random EAGLE-3 head for a target of fewer than 5 layers.
     """
-    from specchat.cli import ALGORITHMS, UsageError
+    from specchat.options import ALGORITHMS, UsageError
 
     needs_checkpoint = [flag for flag, given in (
         ("--prompts", getattr(args, "prompts", None)), ("--peers", (getattr(args, "peers", "") or "").strip()),
@@ -227,10 +223,10 @@ def time_drafting(model, bundle, config, *, context: int, warmup: int = DRAFT_WA
     root = int(out.logits[-1].argmax())
     times: list[float] = []
     for i in range(warmup + steps):
-        _sync(model.device)
+        sync(model)
         t0 = time.perf_counter()
         tree = drafter.propose(history, root, config)
-        _sync(model.device)
+        sync(model)
         if i >= warmup:
             times.append((time.perf_counter() - t0) * 1e3)
         drafter.observe([root], features[-1:])  # the root committed, no draft accepted
@@ -262,8 +258,8 @@ def run_random_bench(args: argparse.Namespace) -> int:
     from engine.gpu.bandwidth import peak_bandwidth_gbps
     from engine.loader import configure_threads, pick_device, pick_dtype
     from engine.models.random_init import random_config, random_model
-    from specchat.bench import machine_info, prepare_json_out
-    from specchat.cli import make_config
+    from specchat.bench_report import machine_info
+    from specchat.options import make_config, prepare_json_out
 
     _, target_config = random_config(args.random_weights)
     plan = plan_random_bench(args, target_config)

@@ -14,7 +14,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-from specchat.cli import UsageError
+from engine.prompts import Prompt
+from specchat.bench_peers import peer_run
+from specchat.bench_report import Run
+from specchat.options import UsageError
 
 MISSING = ("--peers llamacpp needs the optional llama-cpp-python package: "
            "pip install llama-cpp-python (or pip install 'specchat[llamacpp]')")
@@ -55,26 +58,23 @@ class LlamaCppPeer:
         lookup = Llama(**common, draft_model=LlamaPromptLookupDecoding(num_pred_tokens=10))
         return cls(plain, lookup, max_new_tokens)
 
-    def warm(self, session, prompt) -> None:
+    def warm(self, session: Any, prompt: Prompt) -> None:
+        """One short answer of each kind, untimed."""
         saved, self.max_new_tokens = self.max_new_tokens, 8
         self.run(session, prompt, False)
         self.run(session, prompt, True)
         self.max_new_tokens = saved
 
-    def run(self, session, prompt, lookup: bool) -> tuple[list[int], int, int, float, None]:
-        """Greedy answer on our prompt ids: (tokens, steps, produced, seconds, prefill=None)."""
+    def run(self, session: Any, prompt: Prompt, lookup: bool) -> Run:
+        """Greedy answer on our prompt ids (steps 0, no prefill time: llama.cpp reports neither)."""
         tok = session.tokenizer
-        ids = tok.encode(prompt.text) if prompt.text is not None else tok.encode_chat(prompt.messages)
         stops = set(tok.stop_token_ids)
         llm = self.lookup if lookup else self.plain
         out: list[int] = []
         t0 = time.perf_counter()
-        for token in llm.generate(ids, top_k=1, top_p=1.0, min_p=0.0, temp=0.0, repeat_penalty=1.0, reset=True):
+        for token in llm.generate(prompt.ids(tok), top_k=1, top_p=1.0, min_p=0.0, temp=0.0, repeat_penalty=1.0,
+                                  reset=True):
             out.append(int(token))
             if token in stops or len(out) >= self.max_new_tokens:
                 break
-        seconds = time.perf_counter() - t0
-        produced = len(out)
-        if out and out[-1] in stops:
-            out = out[:-1]
-        return out, 0, produced, seconds, None
+        return peer_run(out, stops, time.perf_counter() - t0)

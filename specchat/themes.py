@@ -14,109 +14,83 @@ This module imports Textual's ``Theme`` only; it is imported by the TUI, never b
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import Any
+
 from textual.theme import Theme
+
+
+@dataclass(frozen=True)
+class Palette:
+    """The colours of the token and tree states of one theme; :meth:`variables` spreads them over the
+    stylesheet's variables. Why: each state has one colour in every widget (an accepted draft is the
+    same colour in the stream, the tree and the acceptance bar), so a theme names it once."""
+
+    accepted: str  # an accepted draft token ($tok-draft, $tree-accepted, $stat-bar)
+    target: str  # produced by the target: bonus / correction ($tok-target, $tree-bonus)
+    rejected: str  # a draft the target refused ($tok-rejected, $tree-rejected)
+    user: str
+    unreached: str  # tree nodes past the first refusal
+    root: str  # the tree's root, and pending settings ($tree-root, $pending)
+    prob: str  # draft probabilities in the tree
+    bar_empty: str
+    label: str  # secondary text (stats labels, meta lines): >= 4.5:1 on every panel colour
+    footer_key: str
+
+    def variables(self) -> dict[str, str]:
+        return {
+            "tok-draft": self.accepted,
+            "tok-target": self.target,
+            "tok-rejected": self.rejected,
+            "tok-user": self.user,
+            "tree-accepted": self.accepted,
+            "tree-rejected": self.rejected,
+            "tree-unreached": self.unreached,
+            "tree-bonus": self.target,
+            "tree-root": self.root,
+            "tree-prob": self.prob,
+            "pending": self.root,
+            "stat-bar": self.accepted,
+            "stat-bar-empty": self.bar_empty,
+            "label": self.label,
+        }
+
+
+DARK_PALETTE = Palette(accepted="#4EBF71", target="#58A6FF", rejected="#F47067", user="#C9D1D9",
+                       unreached="#848D97", root="#D29922", prob="#8B949E", bar_empty="#30363D",
+                       label="#9DA7B3", footer_key="#58A6FF")
 
 # Variables every theme defines. Defaults apply to themes that do not (e.g. Textual's built-ins
 # picked from the command palette), so the app never fails to parse its stylesheet.
-VARIABLE_DEFAULTS: dict[str, str] = {
-    "tok-draft": "#4EBF71",  # accepted draft token
-    "tok-target": "#58A6FF",  # produced by the target (bonus / correction)
-    "tok-rejected": "#F47067",  # a draft the target refused
-    "tok-user": "#C9D1D9",
-    "tree-accepted": "#4EBF71",
-    "tree-rejected": "#F47067",
-    "tree-unreached": "#848D97",
-    "tree-bonus": "#58A6FF",
-    "tree-root": "#D29922",
-    "tree-prob": "#8B949E",
-    "pending": "#D29922",
-    "stat-bar": "#4EBF71",
-    "stat-bar-empty": "#30363D",
-    "label": "#9DA7B3",  # secondary text (stats labels, meta lines): >= 4.5:1 on every panel colour
-}
+VARIABLE_DEFAULTS: dict[str, str] = DARK_PALETTE.variables()
 
-DARK = Theme(
-    name="specchat-dark",
-    primary="#58A6FF",
-    secondary="#8957E5",
-    accent="#D29922",
-    warning="#D29922",
-    error="#E5534B",
-    success="#4EBF71",
-    foreground="#D0D7DE",
-    background="#0D1117",
-    surface="#161B22",
-    panel="#21262D",
-    dark=True,
-    variables={
-        **VARIABLE_DEFAULTS,
-        "footer-key-foreground": "#58A6FF",
-    },
+
+def _theme(name: str, palette: Palette, **colours: Any) -> Theme:
+    return Theme(name=name, variables={**palette.variables(), "footer-key-foreground": palette.footer_key},
+                 **colours)
+
+
+DARK = _theme(
+    "specchat-dark", DARK_PALETTE,
+    primary="#58A6FF", secondary="#8957E5", accent="#D29922", warning="#D29922", error="#E5534B",
+    success="#4EBF71", foreground="#D0D7DE", background="#0D1117", surface="#161B22", panel="#21262D", dark=True,
 )
 
-LIGHT = Theme(
-    name="specchat-light",
-    primary="#0969DA",
-    secondary="#8250DF",
-    accent="#9A6700",
-    warning="#9A6700",
-    error="#CF222E",
-    success="#1A7F37",
-    foreground="#1F2328",
-    background="#FFFFFF",
-    surface="#F6F8FA",
-    panel="#EAEEF2",
-    dark=False,
-    variables={
-        "tok-draft": "#116329",
-        "tok-target": "#0550AE",
-        "tok-rejected": "#CF222E",
-        "tok-user": "#1F2328",
-        "tree-accepted": "#116329",
-        "tree-rejected": "#CF222E",
-        "tree-unreached": "#626B75",
-        "tree-bonus": "#0550AE",
-        "tree-root": "#7D4E00",
-        "tree-prob": "#57606A",
-        "pending": "#7D4E00",
-        "stat-bar": "#116329",
-        "stat-bar-empty": "#D0D7DE",
-        "label": "#57606A",
-        "footer-key-foreground": "#0550AE",
-    },
+LIGHT = _theme(
+    "specchat-light",
+    Palette(accepted="#116329", target="#0550AE", rejected="#CF222E", user="#1F2328", unreached="#626B75",
+            root="#7D4E00", prob="#57606A", bar_empty="#D0D7DE", label="#57606A", footer_key="#0550AE"),
+    primary="#0969DA", secondary="#8250DF", accent="#9A6700", warning="#9A6700", error="#CF222E",
+    success="#1A7F37", foreground="#1F2328", background="#FFFFFF", surface="#F6F8FA", panel="#EAEEF2", dark=False,
 )
 
 # Okabe-Ito: blue #0072B2, sky #56B4E9, orange #E69F00, vermillion #D55E00, yellow #F0E442.
-COLOURBLIND = Theme(
-    name="specchat-colourblind",
-    primary="#56B4E9",
-    secondary="#CC79A7",
-    accent="#F0E442",
-    warning="#F0E442",
-    error="#D55E00",
-    success="#56B4E9",
-    foreground="#E6E6E6",
-    background="#101418",
-    surface="#181D23",
-    panel="#232A32",
-    dark=True,
-    variables={
-        "tok-draft": "#56B4E9",
-        "tok-target": "#E69F00",
-        "tok-rejected": "#F0782A",
-        "tok-user": "#E6E6E6",
-        "tree-accepted": "#56B4E9",
-        "tree-rejected": "#F0782A",
-        "tree-unreached": "#8C929A",
-        "tree-bonus": "#E69F00",
-        "tree-root": "#F0E442",
-        "tree-prob": "#A0A6AD",
-        "pending": "#F0E442",
-        "stat-bar": "#56B4E9",
-        "stat-bar-empty": "#333A42",
-        "label": "#A9B0B8",
-        "footer-key-foreground": "#56B4E9",
-    },
+COLOURBLIND = _theme(
+    "specchat-colourblind",
+    Palette(accepted="#56B4E9", target="#E69F00", rejected="#F0782A", user="#E6E6E6", unreached="#8C929A",
+            root="#F0E442", prob="#A0A6AD", bar_empty="#333A42", label="#A9B0B8", footer_key="#56B4E9"),
+    primary="#56B4E9", secondary="#CC79A7", accent="#F0E442", warning="#F0E442", error="#D55E00",
+    success="#56B4E9", foreground="#E6E6E6", background="#101418", surface="#181D23", panel="#232A32", dark=True,
 )
 
 THEMES: tuple[Theme, ...] = (DARK, LIGHT, COLOURBLIND)
@@ -139,6 +113,20 @@ def resolve_theme_name(name: str | None) -> str:
     if not name:
         return DEFAULT_THEME
     return ALIASES.get(name.lower(), name)
+
+
+def pick_theme(name: str | None, available: set[str] | dict[str, Theme]) -> tuple[str, str]:
+    """The registered theme for a configured name, and a warning ('' if none) when it is unknown."""
+    theme = resolve_theme_name(name)
+    if theme in available:
+        return theme, ""
+    return DEFAULT_THEME, f"unknown theme {name!r}; using {DEFAULT_THEME}"
+
+
+def theme_colours(theme: Theme) -> dict[str, str]:
+    """Every colour an export needs (the state variables, foreground and background) of ``theme``."""
+    variables = {**VARIABLE_DEFAULTS, **theme.variables}
+    return {**variables, "foreground": theme.foreground or "#D0D7DE", "background": theme.background or "#000000"}
 
 
 def _luminance(hex_colour: str) -> float:

@@ -11,8 +11,11 @@ import json
 import os
 import time
 from pathlib import Path
+from typing import Any
 
-from specchat.cli import UsageError
+from engine.errors import MissingFileError
+from specchat.bench_report import cpu_name_and_flags
+from specchat.options import UsageError
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -62,31 +65,13 @@ def run_train_draft(args: argparse.Namespace) -> int:
     import torch
 
     from engine.loader import configure_threads, pick_device
-    from engine.train.data import GenSettings
+    from engine.train.data import GenSettings, answer_tokens
     from engine.train.pipeline import load_target, prepare_data
-    from engine.train.targets import StoredTarget
-    from engine.train.trainer import TrainSettings, train
 
-    if args.tokens <= 0 or args.draft_vocab_size <= 1 or args.ttt_steps < 1 or args.batch_tokens < 16 \
-            or args.rows < 1 or (args.gen_batch is not None and args.gen_batch < 1):
-        raise UsageError("--tokens, --draft-vocab-size, --ttt-steps, --rows, --gen-batch and --batch-tokens "
-                         "must be positive (batch-tokens at least 16)")
-    if args.import_data is not None and not Path(args.import_data).is_dir():
-        raise UsageError(f"--import-data {args.import_data}: no such folder")
-    if args.out is None and not args.data_only:
-        raise UsageError("--out is required (the folder the trained head is written to), unless --data-only")
-    out = Path(args.out or ".")
-    if not args.data_only:
-        has_checkpoint = (out / "checkpoint" / "progress.json").is_file()
-        if args.resume and not has_checkpoint:
-            raise UsageError(f"--resume: {out} has no checkpoint; run without --resume to start")
-        if not args.resume and has_checkpoint:
-            raise UsageError(f"{out} already holds a training run; pass --resume to continue it or pick a new --out")
-        _check_writable(out)
+    out = check_args(args)  # every refusal before any data is generated or trained
     threads = configure_threads(args.threads)
     device = pick_device(args.device)
-    started = time.time()
-    deadline = started + args.hours * 3600 if args.hours else None
+    deadline = time.time() + args.hours * 3600 if args.hours else None
     if device.type == "cuda":
         # TF32 products: the data and the target's features differ from fp32 ones only where two
         # tokens are nearly tied, which a draft head cannot tell apart anyway
@@ -97,31 +82,74 @@ def run_train_draft(args: argparse.Namespace) -> int:
     samples, cache = prepare_data(target, GenSettings(seed=args.seed, batch_size=gen_batch), args.tokens, args.prompts,
                                   use_builtin_prompts=not args.no_builtin_prompts, rows=args.rows,
                                   precision=args.data_precision, import_from=args.import_data)
-    folder = cache.folder
     if args.data_only:
-        n_all = sum(len(s.ids) - s.answer_start for s in samples)
-        print(f"data: {len(samples)} conversations, {n_all} answer tokens in {folder}")
+        print(f"data: {len(samples)} conversations, {answer_tokens(samples)} answer tokens in {cache.folder}")
         return 0
     held = [s for s in samples if s.held_out]
     trains = [s for s in samples if not s.held_out]
-    n_tok = sum(len(s.ids) - s.answer_start for s in trains)
-    print(f"data: {len(trains)} conversations ({n_tok} answer tokens) for training, {len(held)} held out; "
-          f"cache {folder}")
+    print(f"data: {len(trains)} conversations ({answer_tokens(trains)} answer tokens) for training, {len(held)} held "
+          f"out; cache {cache.folder}")
     if not trains:
         raise UsageError("no training data was generated; raise --tokens")
+    return _train(args, out, target, cache, trains, held, device, threads, deadline)
+
+
+def check_args(args: argparse.Namespace) -> Path:
+    """Refuse, in one line, whatever would fail after the data is generated or the head trained:
+    bad numbers, a missing --import-data, --init-from or --prompts, a --resume without a
+    checkpoint (or a checkpoint without --resume), an output folder that cannot be written.
+    Returns the output folder."""
+    if args.tokens <= 0 or args.draft_vocab_size <= 1 or args.ttt_steps < 1 or args.batch_tokens < 16 \
+            or args.rows < 1 or (args.gen_batch is not None and args.gen_batch < 1):
+        raise UsageError("--tokens, --draft-vocab-size, --ttt-steps, --rows, --gen-batch and --batch-tokens "
+                         "must be positive (batch-tokens at least 16)")
+    if args.import_data is not None and not Path(args.import_data).is_dir():
+        raise MissingFileError(f"--import-data {args.import_data}: no such folder")
+    if args.prompts is not None:
+        from engine.train.data import load_prompt_list
+
+        load_prompt_list(args.prompts)  # a missing file or a bad line, named before any work
+    if args.out is None and not args.data_only:
+        raise UsageError("--out is required (the folder the trained head is written to), unless --data-only")
+    out = Path(args.out or ".")
+    if args.data_only:
+        return out
+    if args.init_from is not None:
+        init = Path(args.init_from)
+        if not ((init / "config.json").is_file() and (init / "model.safetensors").is_file()):
+            raise MissingFileError(f"--init-from {init}: not an exported head (config.json + model.safetensors)")
+    has_checkpoint = (out / "checkpoint" / "progress.json").is_file()
+    if args.resume and not has_checkpoint:
+        raise UsageError(f"--resume: {out} has no checkpoint; run without --resume to start")
+    if not args.resume and has_checkpoint:
+        raise UsageError(f"{out} already holds a training run; pass --resume to continue it or pick a new --out")
+    _check_writable(out)
+    return out
+
+
+def _train(args: argparse.Namespace, out: Path, target: Any, cache: Any, trains: list, held: list, device: Any,
+           threads: int, deadline: float | None) -> int:
+    """Train on the generated data and export the head to ``out``; print where it is."""
+    import torch
+
+    from engine.train.data import answer_tokens
+    from engine.train.targets import StoredTarget
+    from engine.train.trainer import TrainSettings, train
+
     settings = TrainSettings(
         draft_vocab_size=min(args.draft_vocab_size, int(target.hf.config.vocab_size)), ttt_steps=args.ttt_steps,
         intermediate_size=args.intermediate_size, batch_tokens=args.batch_tokens, lr=args.lr, epochs=args.epochs,
         max_steps=args.max_steps, checkpoint_every=args.checkpoint_every, eval_every=args.eval_every,
         seed=args.seed, export_dtype=args.export_dtype, bf16=args.bf16,
     )
-    card = {"target": target.name, "command": _command_line(), "data_cache": f"<cache>/train-data/{folder.name}",
-            "data": {"conversations": len(trains), "answer_tokens": n_tok, "held_out": len(held)},
-            "machine": f"{_cpu_name()}, {os.cpu_count()} cores, {device}"
-                       + (f" ({torch.cuda.get_device_name(device)})" if device.type == "cuda" else "")
-                       + f", torch threads={threads}",
-            "settings": {k: v for k, v in vars(settings).items()}}
-    source = StoredTarget(cache, target.hf) if cache.has_features(samples) else None
+    gpu = f" ({torch.cuda.get_device_name(device)})" if device.type == "cuda" else ""
+    card = {"target": target.name, "command": _command_line(),
+            "data_cache": f"<cache>/train-data/{cache.folder.name}",
+            "data": {"conversations": len(trains), "answer_tokens": answer_tokens(trains), "held_out": len(held)},
+            "machine": f"{cpu_name_and_flags()[0]}, {os.cpu_count()} cores, {device}{gpu}, torch threads={threads}",
+            "settings": dict(vars(settings))}
+    json.dumps(card)  # the card must stay serialisable
+    source = StoredTarget(cache, target.hf) if cache.has_features(trains + held) else None
     print("training reads the stored target features" if source else "training runs the target on every batch")
     result = train(target.hf, trains, held, out, settings, stop_ids=sorted(target.tokenizer.stop_token_ids),
                    resume=args.resume, card=card, deadline=deadline, init_from=args.init_from, source=source)
@@ -129,12 +157,13 @@ def run_train_draft(args: argparse.Namespace) -> int:
     print(f"done: {result.steps} steps; held-out tau {tau:.3f} (greedy chain of {args.ttt_steps})" if tau is not None
           else f"done: {result.steps} steps")
     print(f"head: {out}/config.json + model.safetensors; use it with --method eagle3 --draft {out}")
-    json.dumps(card)  # the card must stay serialisable
     return 0
 
 
 def _check_writable(out: Path) -> None:
     """Refuse an output folder we cannot write before any data is generated or trained."""
+    if out.exists() and not out.is_dir():
+        raise UsageError(f"--out {out} is a file; name a folder for the head")
     try:
         out.mkdir(parents=True, exist_ok=True)
         probe = out / ".specchat-write-test"
@@ -142,18 +171,6 @@ def _check_writable(out: Path) -> None:
         probe.unlink()
     except OSError as exc:
         raise UsageError(f"cannot write to --out {out} ({exc.strerror or exc}); pick a folder you can write") from None
-
-
-def _cpu_name() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    import platform
-
-    return platform.processor() or platform.machine()
 
 
 def _command_line() -> str:

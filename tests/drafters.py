@@ -16,6 +16,7 @@ from engine.tree import DraftTree
 class RandomTreeDrafter:
     name = "standalone"
     needs_features = False
+    pays_per_level = False
 
     def __init__(self, seed: int = 0, oracle: dict[tuple[int, ...], int] | None = None,
                  hit_rate: float = 0.7, vocab: int = 97) -> None:
@@ -24,7 +25,10 @@ class RandomTreeDrafter:
         self.hit_rate = hit_rate
         self.vocab = vocab
 
-    def reset(self, history: Sequence[int]) -> None:
+    def check(self, config: SpecConfig) -> None:
+        pass
+
+    def reset(self, history: Sequence[int], features=None) -> None:
         pass
 
     def observe(self, committed: Sequence[int], features=None) -> None:
@@ -33,7 +37,7 @@ class RandomTreeDrafter:
     def truncate(self, length: int) -> None:
         pass
 
-    def propose(self, history: Sequence[int], root: int, config: SpecConfig) -> DraftTree:
+    def propose(self, history: Sequence[int], root: int, config: SpecConfig, *, noise=None, stop=None) -> DraftTree:
         tokens, parents = [root], [-1]
         for _ in range(config.num_draft_tokens - 1):
             parent = self.rng.randrange(len(tokens))

@@ -114,6 +114,18 @@ def test_the_settling_step_pays_for_catch_up_without_being_judged() -> None:
     assert budget.gate.should_draft() and budget.draft_cost.ms == {3: 6.0}
 
 
+def test_restart_makes_the_next_drafted_step_a_settling_one() -> None:
+    """A drafter taking over mid-answer pays its catch-up once: restart() keeps that step unjudged."""
+    budget = DraftBudget()
+    budget.cost.observe(1, 10.0)
+    budget.observe(chain(4), (1, 2), verify_ms=14.0, draft_ms=6.0, levels=3)  # the answer's first step
+    budget.observe(chain(4), (1, 2), verify_ms=14.0, draft_ms=6.0, levels=3)
+    judged = dict(budget.draft_cost.ms)
+    budget.restart()
+    budget.observe(chain(4), (), verify_ms=14.0, draft_ms=500.0, levels=3)  # the new drafter's catch-up
+    assert budget.draft_cost.ms == judged and budget.gate.should_draft()
+
+
 def _depth_budget(accept: float, level_ms: float) -> DraftBudget:
     budget = DraftBudget()
     for n in (1, 6):

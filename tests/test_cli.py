@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from specchat.bench import PromptFileError, load_prompts
+from engine.prompts import PromptFileError, load_prompts
 from specchat.cli import main
 
 

@@ -54,7 +54,10 @@ def test_bench_runs_every_draft_method_against_the_baseline(tiny, tmp_path: Path
         assert set(rows) == {"none", "ngram", kind}
         assert all(r["identical_to_baseline"] for r in rows.values())
         # the cost split of each row's steps
-        assert rows["none"]["draft_ms_per_step"] < 0.1 * rows["none"]["verify_ms_per_step"]
+        # (the baseline drafts nothing: its "draft" time is bookkeeping, which on a busy machine and
+        # a tiny model can reach a third of its verify time, so the bound is loose)
+        assert rows["none"]["mean_draft_levels"] == 0
+        assert rows["none"]["draft_ms_per_step"] < rows["none"]["verify_ms_per_step"]
         assert rows[kind]["draft_ms_per_step"] > 0 and 0 <= rows[kind]["paused_share"] <= 1
         assert rows[kind]["mean_draft_levels"] > 0 and rows["ngram"]["mean_draft_levels"] == 0
 

@@ -17,6 +17,7 @@ from engine.kernels import native
 from engine.kernels.decoder import layer_runs
 from engine.models.gguf_weights import load_gguf_state
 from engine.models.llama import LlamaConfig, LlamaModel
+from engine.models.paths import NativeDecoderPath, NativeOpsPath
 from engine.tree import DraftTree
 from tests.test_stored_weights import VOCAB, write_model_gguf
 from tests.tiny import our_model
@@ -48,13 +49,13 @@ def _steps(model: LlamaModel, vocab: int) -> dict[str, object]:
 
 
 def _assert_paths_equal(model: LlamaModel, vocab: int) -> None:
-    assert model._decoder is not None
+    assert isinstance(model._path, NativeDecoderPath)
     fast = _steps(model, vocab)
-    decoder, model._decoder = model._decoder, None
+    decoder, model._path = model._path, NativeOpsPath(model.config, model.layers, model.ops)
     try:
         slow = _steps(model, vocab)
     finally:
-        model._decoder = decoder
+        model._path = decoder
     for a, b in zip(fast["logits"], slow["logits"], strict=True):
         assert torch.equal(a, b)
     assert torch.equal(fast["hidden"], slow["hidden"])
@@ -83,14 +84,14 @@ def test_native_decoder_equals_per_op_forward_on_stored_gguf_weights(tmp_path: P
 
 def test_q_k_norm_models_keep_the_per_op_path() -> None:
     model, _ = our_model("qwen3")
-    assert model._decoder is None
+    assert type(model._path) is NativeOpsPath
     assert model.forward(torch.tensor([3, 4, 5]), model.new_cache(8)).logits.shape == (3, 97)
 
 
 def test_switch_turns_the_native_decoder_off(monkeypatch) -> None:
     monkeypatch.setenv("SPECCHAT_NATIVE_DECODER", "0")
     model, _ = our_model("llama")
-    assert model._decoder is None and model.kernels == "native"
+    assert type(model._path) is NativeOpsPath and model.kernels == "native"
 
 
 def test_layer_runs_split_at_captured_layers() -> None:

@@ -14,7 +14,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from tiny import TinyTokenizer, family_config, hf_model
 
-from engine.config import SpecConfig
+from engine.config import ConfigError, SpecConfig
 from engine.drafters.base import NoDrafter
 from engine.drafters.eagle import EagleDrafter
 from engine.drafters.eagle_checkpoint import DraftLoadError, HeadSpec, load_token_map, read_head
@@ -172,6 +172,7 @@ def test_greedy_eagle_equals_plain_decoding(layout, reduced_vocab, topk, steps, 
                                             adaptive, swap_at, swap) -> None:
     kind, lay = layout
     b = bundle(kind, lay, 40 if (kind == "eagle3" and reduced_vocab) else None)
+    topk = min(topk, draft_tokens - 1)  # a level wider than the tree is refused
     config = SpecConfig(method=kind, eagle_topk=topk, num_steps=steps, num_draft_tokens=draft_tokens,
                         max_new_tokens=max_new, adaptive_draft=adaptive)
     from engine.drafters.ngram import NgramDrafter
@@ -190,6 +191,19 @@ def test_greedy_eagle_equals_plain_decoding(layout, reduced_vocab, topk, steps, 
                     k, n, t = swap
                     s.update_config(config.replace(eagle_topk=k, num_steps=n, num_draft_tokens=t))
     assert tuple(out) == baseline(tuple(prompt), max_new)
+
+
+def test_a_topk_beyond_the_heads_vocabulary_is_refused_before_any_work() -> None:
+    """A head with a 40-token draft vocabulary cannot branch 50 ways: refused when the session is
+    made and as a hot-swap (the old settings stay), before a forward runs."""
+    b = bundle("eagle3", "specforge", 40)
+    wide = SpecConfig(method="eagle3", eagle_topk=50, num_draft_tokens=64)
+    with pytest.raises(ConfigError, match="eagle_topk=50 is more than the draft head's vocabulary of 40"):
+        eagle_session(b, wide)
+    s = eagle_session(b, SpecConfig(method="eagle3", eagle_topk=40, num_draft_tokens=64, max_new_tokens=2))
+    with pytest.raises(ConfigError, match="vocabulary of 40"):
+        s.update_config(wide)
+    assert s.config.eagle_topk == 40 and s.pending_config is None and s.context_used == 0
 
 
 def test_trees_have_the_requested_shape_and_real_probabilities() -> None:
@@ -411,6 +425,7 @@ def test_coupled_sampling_gives_the_baselines_sample_whatever_the_drafter(layout
                                                                           seed) -> None:
     kind, lay = layout
     b = bundle(kind, lay, 40 if kind == "eagle3" else None)
+    topk = min(topk, draft_tokens - 1)  # a level wider than the tree is refused
     common = {"max_new_tokens": 30, "temperature": temperature, "top_p": top_p, "seed": seed}
     plain = Session(target(), TinyTokenizer(), SpecConfig(**common), drafters={"none": NoDrafter})
     config = SpecConfig(method=kind, eagle_topk=topk, num_steps=steps, num_draft_tokens=draft_tokens,

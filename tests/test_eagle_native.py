@@ -45,7 +45,7 @@ def _head(target, kind: str) -> EagleHead:
 
 def _per_op(head: EagleHead, tokens, stream, positions, cache, start: int, keys: Keys, logits: int):
     """The same kernels one by one, in the native call's order."""
-    ops, s = head.target._ops, head.spec
+    ops, s = head.target.ops, head.spec
     eps, T, H = s.rms_norm_eps, tokens.shape[0], s.hidden_size
     nh, nkv, hd = s.num_heads, s.num_kv_heads, s.head_dim
     e = head.target.embed_tokens(tokens).float().contiguous()

@@ -18,7 +18,8 @@ from gguf import GGMLQuantizationType as Q
 
 from engine.kernels import native
 from engine.kernels.fast import fast_linear_reference, quantize_activations
-from engine.kernels.stored import StoredLinear, StoredPanels
+from engine.kernels.stored import StoredLinear
+from engine.kernels.weights import StoredPanels
 from engine.models.gguf_weights import load_gguf_state, quant_rows
 from engine.models.kv_cache import KVCache
 from engine.models.llama import LlamaConfig, LlamaModel

@@ -9,6 +9,7 @@ import torch
 
 from engine.kernels import native
 from engine.models.llama import LlamaConfig, UnsupportedModelError
+from engine.models.paths import NativeDecoderPath, NativeOpsPath, TorchPath
 from engine.tree import DraftTree
 from tests.tiny import FAMILIES, family_config, our_model
 
@@ -20,6 +21,13 @@ def kernels(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> 
     elif native.load() is None:
         pytest.skip(f"native kernels unavailable: {native.why_not}")
     return request.param
+
+
+def test_the_layer_path_is_picked_once_at_construction(kernels: str) -> None:
+    """forward never asks which backend runs: the model holds one path, chosen from what runs here."""
+    native_here = kernels == "native"
+    assert type(our_model("llama")[0]._path) is (NativeDecoderPath if native_here else TorchPath)
+    assert type(our_model("qwen3")[0]._path) is (NativeOpsPath if native_here else TorchPath)  # q/k norms
 
 
 @pytest.mark.parametrize("family", FAMILIES)

@@ -11,8 +11,9 @@ from hypothesis import strategies as st
 
 from engine.config import ConfigError, SpecConfig
 from engine.drafters.base import NoDrafter
-from engine.events import ConfigApplied, Finished, Started, Step
+from engine.events import ConfigApplied, Finished, Started, Step, StepTiming
 from engine.session import Session
+from engine.stats import RunningTally
 from engine.tree import DraftTree
 from tests.drafters import RandomTreeDrafter
 from tests.tiny import TinyTokenizer, our_model
@@ -63,8 +64,9 @@ def test_greedy_speculation_is_lossless_for_any_tree(family, seed, prompt, draft
     prompt = [1, *prompt]
     want = baseline(m, prompt, max_new)
     drafter = RandomTreeDrafter(drafter_seed, oracle_for(prompt, want), hit_rate)
+    # the random drafter ignores eagle_topk; 1 is valid for every tree size
     config = SpecConfig(method="standalone", num_draft_tokens=draft_tokens, max_new_tokens=max_new,
-                        adaptive_draft=adaptive)
+                        adaptive_draft=adaptive, eagle_topk=1)
     got = tokens_of(spec_session(m, drafter, config).generate_ids(prompt))
     assert got == want
 
@@ -87,6 +89,17 @@ def test_oracle_drafts_are_accepted_and_tau_counts_the_bonus() -> None:
     assert isinstance(final, Finished)
     assert final.stats.tau == pytest.approx((final.tokens + (final.reason == 'stop')) / final.stats.steps)
     assert final.stats.tau > 1.5
+
+
+def test_running_tally_counts_a_final_stop_in_tau_and_can_replay_recorded_time() -> None:
+    """The one definition the session and the app's scripted session share (engine/stats.py)."""
+    tally = RunningTally(wall_clock=False)
+    tally.add_step(DraftTree.root_only(5), (), 1, 1, StepTiming(verify_ms=20.0))
+    tally.add_step(DraftTree.chain(5, [6, 7]), (1,), 1, 2, StepTiming(draft_ms=2.0, verify_ms=18.0))  # bonus = stop
+    stats = tally.snapshot()
+    assert (stats.tokens, stats.steps, stats.tau) == (2, 2, 1.5)
+    assert stats.elapsed_s == pytest.approx(0.04) and stats.tokens_per_s == pytest.approx(50.0)
+    assert stats.accept_per_depth == (1.0, 0.0) and (stats.draft_ms, stats.verify_ms) == (2.0, 38.0)
 
 
 @pytest.mark.parametrize("max_new", [1, 2, 3, 7])
@@ -171,7 +184,7 @@ def test_hot_swap_applies_at_the_next_step_and_stays_lossless() -> None:
     prompt = [1, 40, 41, 42]
     want = baseline(m, prompt, 40, stops=frozenset())
     drafter = RandomTreeDrafter(3, oracle_for(prompt, want), hit_rate=0.9)
-    s = spec_session(m, drafter, SpecConfig(method="standalone", num_draft_tokens=4, max_new_tokens=40,
+    s = spec_session(m, drafter, SpecConfig(method="standalone", num_draft_tokens=4, eagle_topk=2, max_new_tokens=40,
                                             adaptive_draft=False), stops=frozenset())
     events = []
     for e in s.generate_ids(prompt):
@@ -199,6 +212,25 @@ def test_invalid_hot_swap_is_refused_and_old_settings_stay() -> None:
         s.update_config(s.config.replace(method="eagle3"))
     assert s.config == SpecConfig(method="none")
     assert s.pending_config is None
+
+
+@pytest.mark.parametrize("method", ["eagle", "eagle3", "standalone"])
+def test_a_topk_wider_than_the_tree_is_refused_up_front_in_one_line(method: str) -> None:
+    """``generate --method eagle3 --speculative-eagle-topk 99999`` used to print one word and hang
+    (topk² candidates per level): a level wider than the tree's drafts is refused on construction."""
+    with pytest.raises(ConfigError, match=r"eagle_topk=99999 .*room for 7 drafts.*eagle_topk 7 or less") as err:
+        SpecConfig(method=method, eagle_topk=99999)
+    assert "\n" not in str(err.value)
+    assert SpecConfig(method=method, eagle_topk=7).eagle_topk == 7  # the widest level the tree holds
+    assert SpecConfig(method="ngram", eagle_topk=99999).eagle_topk == 99999  # a knob that does not act there
+
+
+def test_a_refused_topk_hot_swap_keeps_the_old_settings() -> None:
+    config = SpecConfig(method="standalone", num_draft_tokens=8, eagle_topk=2)
+    s = spec_session(model(), RandomTreeDrafter(0), config)
+    with pytest.raises(ConfigError, match="eagle_topk"):
+        s.update_config(s.config.replace(eagle_topk=99999))
+    assert s.config == config and s.pending_config is None
 
 
 def test_second_turn_reuses_the_cache_and_matches_a_fresh_session() -> None:
@@ -299,12 +331,12 @@ class _SlowUselessDrafter(RandomTreeDrafter):
         super().__init__(seed=3, hit_rate=0.0)
         self.calls = 0
 
-    def propose(self, history, root, config):
+    def propose(self, history, root, config, **hints):
         import time
 
         self.calls += 1
         time.sleep(0.02)
-        return super().propose(history, root, config)
+        return super().propose(history, root, config, **hints)
 
 
 def test_a_drafter_that_does_not_pay_is_paused_and_output_stays_lossless() -> None:
@@ -312,7 +344,7 @@ def test_a_drafter_that_does_not_pay_is_paused_and_output_stays_lossless() -> No
     prompt = [1, 5, 9, 13]
     want = baseline(m, prompt, max_new=60, stops=frozenset())
     drafter = _SlowUselessDrafter()
-    s = spec_session(m, drafter, SpecConfig(method="standalone", max_new_tokens=60, num_draft_tokens=4),
+    s = spec_session(m, drafter, SpecConfig(method="standalone", max_new_tokens=60, num_draft_tokens=4, eagle_topk=2),
                      stops=frozenset())
     events = list(s.generate_ids(prompt))
     assert tokens_of(events) == want
@@ -323,7 +355,7 @@ def test_a_drafter_that_does_not_pay_is_paused_and_output_stays_lossless() -> No
     assert all(e.tree.num_drafts == 0 and e.proposed == 0 for e in paused)
     # with the budget off (teaching), every step drafts
     drafter = _SlowUselessDrafter()
-    s = spec_session(m, drafter, SpecConfig(method="standalone", max_new_tokens=10, num_draft_tokens=4,
+    s = spec_session(m, drafter, SpecConfig(method="standalone", max_new_tokens=10, num_draft_tokens=4, eagle_topk=2,
                                             adaptive_draft=False), stops=frozenset())
     steps = [e for e in s.generate_ids(prompt) if isinstance(e, Step) and e.index > 0]
     assert drafter.calls == len(steps) and not any(e.draft_paused for e in steps)
@@ -338,7 +370,7 @@ class _PerLevelDrafter(RandomTreeDrafter):
         super().__init__(seed=5, hit_rate=0.0)
         self.asked: list[int] = []
 
-    def propose(self, history, root, config):
+    def propose(self, history, root, config, **hints):
         import time
 
         self.asked.append(config.num_steps)

@@ -35,12 +35,12 @@ PROMPT = [1, *range(3, 90), *range(3, 90), 5, 6, 7]  # 181 tokens
 
 def test_chunked_prefill_reports_progress_and_gives_the_same_answer():
     whole = session()
-    whole._prefill_chunk = 4096
+    whole._prefiller.chunk = 4096
     ref = list(whole.generate_ids(PROMPT))
     assert not any(isinstance(e, PrefillProgress) for e in ref)
 
     chunked = session()
-    chunked._prefill_chunk = 16
+    chunked._prefiller.chunk = 16
     events = list(chunked.generate_ids(PROMPT))
     progress = [e for e in events if isinstance(e, PrefillProgress)]
     assert progress, "a long prompt in small chunks reports progress"
@@ -57,7 +57,7 @@ def test_cancel_during_prefill_leaves_the_conversation_as_before():
     first = list(s.chat("HELLO"))
     assert isinstance(first[-1], Finished) and first[-1].reason != "cancelled"
     messages, cached = s.messages, list(s._cached)
-    s._prefill_chunk = 16
+    s._prefiller.chunk = 16
     gen = s.chat("X" * 150)
     got = [next(gen)]
     assert isinstance(got[0], PrefillProgress)

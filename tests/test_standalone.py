@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from test_tokenizer import write_tiny
 from tiny import TinyTokenizer, our_model
 
-from engine.config import SpecConfig
+from engine.config import ConfigError, SpecConfig
 from engine.drafters.base import NoDrafter
 from engine.drafters.eagle_checkpoint import DraftLoadError
 from engine.drafters.loading import load_draft
@@ -49,6 +49,7 @@ def test_greedy_standalone_equals_plain_decoding(draft_seed, topk, steps, draft_
                                                  adaptive) -> None:
     target = model(0)
     plain = Session(target, TinyTokenizer(), SpecConfig(max_new_tokens=max_new), drafters={"none": NoDrafter})
+    topk = min(topk, draft_tokens - 1)  # a level wider than the tree is refused
     config = SpecConfig(method="standalone", eagle_topk=topk, num_steps=steps, num_draft_tokens=draft_tokens,
                         max_new_tokens=max_new, adaptive_draft=adaptive)
     spec = session(target, model(draft_seed, 1 if draft_seed else 2), config)
@@ -70,6 +71,20 @@ def test_a_draft_equal_to_the_target_is_always_right_so_the_compacted_cache_is_t
     assert events[-1].stats.tau > 4.5
     # the accepted path's scratch entries were moved into place, so only the root runs each step
     assert drafter.cache.length == len(drafter._tokens) - 1
+
+
+def test_a_topk_beyond_the_draft_models_vocabulary_is_refused_before_any_work() -> None:
+    """The tree budget allows topk 120 with 128 tokens, but the draft model has 97 tokens: refused
+    when the session is made, and as a hot-swap (the old settings stay), before anything runs."""
+    wide = SpecConfig(method="standalone", eagle_topk=120, num_draft_tokens=128)
+    with pytest.raises(ConfigError, match="eagle_topk=120 is more than the draft model's vocabulary of 97"):
+        session(model(0), model(1, 1), wide)
+    s = session(model(0), model(1, 1), SpecConfig(method="standalone", num_draft_tokens=128))
+    with pytest.raises(ConfigError, match="vocabulary of 97"):
+        s.update_config(wide)
+    with pytest.raises(ConfigError, match="vocabulary of 97"):
+        s.generate_ids([1, 5, 9], wide)
+    assert s.config.eagle_topk == 4 and s.pending_config is None and s.context_used == 0
 
 
 def test_trees_from_a_draft_model_hold_real_probabilities() -> None:

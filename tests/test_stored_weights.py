@@ -19,7 +19,8 @@ from gguf import GGMLQuantizationType as Q
 
 from engine.kernels import native
 from engine.kernels.linear import Linear
-from engine.kernels.stored import QuantRows, StoredLinear, StoredPanels
+from engine.kernels.stored import StoredLinear
+from engine.kernels.weights import QuantRows, StoredPanels
 from engine.models.checkpoint import load_state_dict, read_config
 from engine.models.gguf_convert import GGUFConversionError, convert_gguf, permute_rope_rows
 from engine.models.gguf_weights import load_gguf_state, quant_rows
@@ -214,8 +215,8 @@ def test_gguf_reader_refuses_a_non_gguf(tmp_path: Path) -> None:
 
 
 def test_llamacpp_peer_missing_package_is_one_clear_line(monkeypatch) -> None:
-    from specchat.cli import UsageError
     from specchat.llamacpp_peer import MISSING, LlamaCppPeer
+    from specchat.options import UsageError
 
     real_import = builtins.__import__
 
@@ -234,7 +235,7 @@ def test_bench_weights_modes() -> None:
     import argparse
 
     from specchat.bench import weights_modes
-    from specchat.cli import UsageError
+    from specchat.options import UsageError
 
     def modes(**kw):
         return weights_modes(argparse.Namespace(**{"weights": None, "precision": "exact", **kw}))

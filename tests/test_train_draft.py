@@ -196,6 +196,76 @@ def test_resume_continues_where_it_stopped(target, greedy_data, tmp_path: Path) 
         train_head(hf, None, greedy_data, tmp_path / "c", steps=12, resume=True)
 
 
+def _no_space(*_args, **_kwargs):
+    import errno
+
+    raise OSError(errno.ENOSPC, "No space left on device")
+
+
+def test_an_export_failure_keeps_the_trained_head(target, greedy_data, tmp_path: Path, monkeypatch) -> None:
+    """The disk fills up as the head is written: the error says where the trained head is kept,
+    and the same run with --resume exports it (no step is trained again)."""
+    import engine.train.trainer as trainer
+    from engine.errors import UserError
+    from engine.train.trainer import ExportError
+
+    hf, _ = target
+    out = tmp_path / "head"
+    monkeypatch.setattr(trainer, "export_head", _no_space)
+    with pytest.raises(ExportError) as err:
+        train_head(hf, None, greedy_data, out, steps=4, draft_vocab_size=40)
+    assert isinstance(err.value, UserError) and str(out / "checkpoint") in str(err.value)
+    assert "No space left" in str(err.value) and "--resume" in str(err.value)
+    assert json.loads((out / "checkpoint" / "progress.json").read_text())["step"] == 4
+    monkeypatch.undo()
+    resumed = train_head(hf, None, greedy_data, out, steps=4, draft_vocab_size=40, resume=True)
+    assert resumed.steps == 4 and (out / "model.safetensors").is_file()
+    assert torch.equal(load_exported(out).d2t, resumed.head.d2t)
+
+
+def test_an_unwritable_checkpoint_folder_moves_the_checkpoint(target, greedy_data, tmp_path: Path,
+                                                             monkeypatch) -> None:
+    """OUT/checkpoint cannot be written (here: a file is in the way) and then the export fails
+    too: the checkpoint went to a temporary folder, and the error names it."""
+    import tempfile
+
+    import engine.train.trainer as trainer
+    from engine.train.trainer import ExportError
+
+    hf, _ = target
+    out = tmp_path / "head"
+    out.mkdir()
+    (out / "checkpoint").write_text("in the way")
+    monkeypatch.setattr(trainer, "export_head", _no_space)
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # the rescue folder lands in the test's
+    with pytest.raises(ExportError) as err:
+        train_head(hf, None, greedy_data, out, steps=3, draft_vocab_size=40)
+    rescue = Path(str(err.value).split("kept in ")[1].split(":")[0])
+    assert rescue.parent == tmp_path and json.loads((rescue / "progress.json").read_text())["step"] == 3
+    assert "copy that folder to OUT/checkpoint" in str(err.value)
+
+
+def test_cli_refuses_an_unwritable_out_before_loading_the_target(tmp_path: Path, monkeypatch,
+                                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    """``train-draft --out /proc/nope`` (a folder that cannot be made) and ``--out FILE`` end in one
+    line before the target loads or any data is generated."""
+    import engine.train.pipeline as pipeline
+    from specchat.cli import main
+
+    def no_work(*_args, **_kwargs):
+        raise AssertionError("work began before --out was checked")
+
+    monkeypatch.setattr(pipeline, "load_target", no_work)
+    monkeypatch.setattr(pipeline, "prepare_data", no_work)
+    for out, needle in (("/proc/nope", "cannot write to --out /proc/nope"), (str(tmp_path), None)):
+        if needle is None:
+            (tmp_path / "f").write_text("")
+            out, needle = str(tmp_path / "f"), "is a file"
+        assert main(["train-draft", "smollm2-135m", "--out", out]) == 2
+        err = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+        assert len(err) == 1 and needle in err[0], err
+
+
 class _CharTokenizer:
     """Chat template over single-character tokens: 3 = user, 4 = assistant, 2 = end of turn."""
 

@@ -1,39 +1,61 @@
-"""The protocol every drafter follows.
+"""The protocol every drafter follows: exactly what the session's step loop calls, nothing probed.
 
 A drafter sees the whole token history of the conversation (prompt, earlier turns and the
 answer so far, ending with the root) and proposes a :class:`DraftTree` whose node 0 is the root.
 After verification it observes what was committed, so stateful drafters (the n-gram cache, the
 EAGLE draft KV cache) stay in step with the target.
+
+Target features (the hidden states an EAGLE head reads) travel with ``reset`` and ``observe``
+whenever the session captures them (``needs_features``), and are None otherwise; a drafter that
+does not read them ignores the argument, so the loop calls every drafter the same way. What the
+session decides per step (the coupled-sampling noise, the adaptive budget's stop rule) is passed
+to ``propose``, never set on the drafter from outside.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import torch
 
 from engine.config import SpecConfig
 from engine.tree import DraftTree
 
+if TYPE_CHECKING:
+    from engine.drafters.tree_search import StopRule
+    from engine.sampling import GumbelNoise
+
 
 class Drafter(Protocol):
     name: str
-    # True when the drafter needs target hidden states in observe() (EAGLE heads).
+    # True when the drafter reads target hidden states (EAGLE heads): the session then captures
+    # them in its forwards and passes them to reset() and observe().
     needs_features: bool
     # True when each level of ``config.num_steps`` costs a model forward (EAGLE heads, a draft
-    # model): the adaptive budget may then ask for fewer levels (engine.adaptive.draft_depth).
-    # Drafters without it (n-gram: a lookup) always get the configured depth.
-    pays_per_level: bool = False
+    # model): the adaptive budget may then ask for fewer levels (engine.adaptive.draft_depth) and
+    # stop growing early (``stop``). Drafters without it (n-gram: a lookup) get the configured depth.
+    pays_per_level: bool
 
-    def reset(self, history: Sequence[int]) -> None:
-        """Forget per-sequence state and take ``history`` (tokens already in the target cache)."""
+    def check(self, config: SpecConfig) -> None:
+        """Raise engine.config.ConfigError when ``config`` asks what this drafter cannot do (a
+        top-k beyond its vocabulary): called before the settings are accepted, so the old stay."""
 
-    def propose(self, history: Sequence[int], root: int, config: SpecConfig) -> DraftTree:
-        """Draft a tree rooted at ``root``; ``history`` ends just before the root."""
+    def reset(self, history: Sequence[int], features: torch.Tensor | None = None) -> None:
+        """Forget per-sequence state and take ``history`` (tokens already in the target cache),
+        with one feature row per token when the session captures them."""
+
+    def propose(self, history: Sequence[int], root: int, config: SpecConfig, *,
+                noise: GumbelNoise | None = None, stop: StopRule | None = None) -> DraftTree:
+        """Draft a tree rooted at ``root``; ``history`` ends just before the root.
+
+        ``noise``: the coupled-sampling noise the target will sample with (engine/sampling.py), or
+        None; ``stop``: the adaptive budget's rule for when another level is not worth a forward,
+        or None to grow every level (only a drafter that pays per level uses it)."""
 
     def observe(self, committed: Sequence[int], features: torch.Tensor | None = None) -> None:
-        """``committed``: tokens now in the target cache since the last call (root + accepted drafts)."""
+        """``committed``: tokens now in the target cache since the last call (root + accepted
+        drafts), with their feature rows when the session captures them."""
 
     def truncate(self, length: int) -> None:
         """The target cache was cut back to ``length`` tokens (a new turn re-rendered the prompt)."""
@@ -44,11 +66,16 @@ class NoDrafter:
 
     name = "none"
     needs_features = False
+    pays_per_level = False
 
-    def reset(self, history: Sequence[int]) -> None:
+    def check(self, config: SpecConfig) -> None:
         pass
 
-    def propose(self, history: Sequence[int], root: int, config: SpecConfig) -> DraftTree:
+    def reset(self, history: Sequence[int], features: torch.Tensor | None = None) -> None:
+        pass
+
+    def propose(self, history: Sequence[int], root: int, config: SpecConfig, *,
+                noise: GumbelNoise | None = None, stop: StopRule | None = None) -> DraftTree:
         return DraftTree.root_only(root)
 
     def observe(self, committed: Sequence[int], features: torch.Tensor | None = None) -> None:

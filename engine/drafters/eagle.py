@@ -22,8 +22,10 @@ import torch
 
 from engine.config import SpecConfig
 from engine.drafters.eagle_head import EagleHead
-from engine.drafters.tree_search import Candidates, DraftRandom, StopRule, coupled_scores, grow_tree
+from engine.drafters.tree_search import Candidates, DraftRandom, StopRule, check_topk, coupled_scores, grow_tree
 from engine.kernels.head import Keys
+from engine.prefix import common_prefix
+from engine.sampling import GumbelNoise
 from engine.tree import DraftTree
 
 
@@ -38,10 +40,11 @@ class EagleDrafter:
         self._tokens: list[int] = []  # tokens in the target cache, as far as this drafter knows
         self._pending: list[torch.Tensor] = []  # features of committed positions without a head entry yet
         self._random = DraftRandom()
-        self.noise = None  # the session's coupled-sampling noise for this step (engine/sampling.py)
-        self.stop: StopRule | None = None  # the session's confidence rule for this step (engine/adaptive.py)
 
     # -- the Drafter protocol ------------------------------------------------------------------
+    def check(self, config: SpecConfig) -> None:
+        check_topk(config, self.head.vocab_size, "draft head")
+
     def reset(self, history: Sequence[int], features: torch.Tensor | None = None) -> None:
         """Take ``history`` (tokens in the target cache) and ``features`` (one row per token).
 
@@ -51,12 +54,7 @@ class EagleDrafter:
         history = list(history)
         if features is None or features.shape[0] != len(history):
             raise ValueError("the EAGLE drafter needs one target feature per history token")
-        common = 0
-        for a, b in zip(self._tokens, history, strict=False):
-            if a != b:
-                break
-            common += 1
-        keep = min(self.cache.length, max(common - 1, 0))
+        keep = min(self.cache.length, max(common_prefix(self._tokens, history) - 1, 0))
         self.cache.truncate(keep)
         self._tokens = history
         self._pending = [features[keep:]]
@@ -74,7 +72,8 @@ class EagleDrafter:
         self._pending = []
         self.cache.truncate(0)
 
-    def propose(self, history: Sequence[int], root: int, config: SpecConfig) -> DraftTree:
+    def propose(self, history: Sequence[int], root: int, config: SpecConfig, *,
+                noise: GumbelNoise | None = None, stop: StopRule | None = None) -> DraftTree:
         head = self.head
         n = len(self._tokens)
         g_last, root_logp = self._extend(root)
@@ -100,7 +99,7 @@ class EagleDrafter:
         tree, _, _ = grow_tree(root, root_logp, expand, head.to_target, num_steps=steps, topk=topk,
                                num_draft_tokens=budget,
                                sampling=self._random.sampling(config, head.to_target_dist),
-                               coupled=coupled_scores(config, self.noise, n, head.vocab_ids), stop=self.stop)
+                               coupled=coupled_scores(config, noise, n, head.vocab_ids), stop=stop)
         return tree
 
     # -- internals --------------------------------------------------------------------------------

@@ -18,13 +18,14 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
 import torch
 
 from engine.errors import UserError
+from engine.models.llama_config import DecoderShape, shape_fields
 
 HeadKind = Literal["eagle", "eagle3"]
 
@@ -33,28 +34,20 @@ class DraftLoadError(UserError, RuntimeError):
     """A draft model or head that cannot be used with this target; the message says why and what to do."""
 
 
-@dataclass(frozen=True)
-class HeadSpec:
-    """The shape and meaning of one EAGLE head, read from its config.json and weights."""
+@dataclass(frozen=True, kw_only=True)
+class HeadSpec(DecoderShape):
+    """The shape and meaning of one EAGLE head, read from its config.json and weights.
+
+    ``vocab_size`` is the target vocabulary the head was trained for; ``draft_vocab_size`` the rows
+    of its own lm_head (EAGLE-3), equal to ``vocab_size`` for EAGLE-1/2."""
 
     kind: HeadKind
-    hidden_size: int
-    num_heads: int
-    num_kv_heads: int
-    head_dim: int
-    intermediate_size: int
-    rms_norm_eps: float
-    rope_theta: float
-    rope_scaling: dict[str, Any] | None
-    max_position_embeddings: int
-    vocab_size: int  # the target vocabulary the head was trained for
-    draft_vocab_size: int  # rows of the head's own lm_head (EAGLE-3); == vocab_size for EAGLE-1/2
+    draft_vocab_size: int
     target_hidden_size: int
     aux_layer_ids: tuple[int, ...] = ()  # EAGLE-3: "output of layer i" ids, low/mid/high
     fc_bias: bool = False
     fc_norm: bool = False
     source: str = ""
-    extra: dict[str, Any] = field(default_factory=dict, compare=False)
 
     def capture_layers(self) -> tuple[int, ...]:
         """Target layers whose *input* residual the head reads (output of layer i = input of i+1)."""
@@ -115,33 +108,20 @@ def _label(kind: HeadKind) -> str:
 def _spec_from_config(config: Mapping[str, Any], weights: Mapping[str, torch.Tensor], kind: HeadKind, target: Any,
                       source: str) -> HeadSpec:
     try:
-        hidden = int(config["hidden_size"])
-        heads = int(config["num_attention_heads"])
-        kv = int(config.get("num_key_value_heads") or heads)
-        head_dim = int(config.get("head_dim") or hidden // heads)
-        inter = int(config["intermediate_size"])
-        vocab = int(config.get("vocab_size") or target.vocab_size)
+        shape = shape_fields(config, vocab_size=target.vocab_size, max_positions=2048)
     except (KeyError, TypeError, ValueError) as e:
         raise DraftLoadError(f"{source}/config.json lacks or mangles {e}; is it an EAGLE head's config?") from None
     eagle_cfg = config.get("eagle_config") or {}
-    rope = config.get("rope_parameters") or {}
-    scaling = config.get("rope_scaling") or (rope if rope.get("rope_type", "default") != "default" else None)
-    # The draft's own RoPE: EAGLE-3 training configs set no theta, so 10000 — never the target's.
-    theta = float(config.get("rope_theta") or rope.get("rope_theta") or 10000.0)
     aux: tuple[int, ...] = ()
-    draft_vocab = vocab
+    draft_vocab = shape["vocab_size"]
     if kind == "eagle3":
         ids = eagle_cfg.get("eagle_aux_hidden_state_layer_ids")
         aux = tuple(int(i) for i in ids) if ids else default_aux_layer_ids(target.num_layers)
         lm = weights.get("lm_head.weight")
-        draft_vocab = int(config.get("draft_vocab_size") or (lm.shape[0] if lm is not None else vocab))
-    target_hidden = int(config.get("target_hidden_size") or target.hidden_size)
+        draft_vocab = int(config.get("draft_vocab_size") or (lm.shape[0] if lm is not None else draft_vocab))
     return HeadSpec(
-        kind=kind, hidden_size=hidden, num_heads=heads, num_kv_heads=kv, head_dim=head_dim, intermediate_size=inter,
-        rms_norm_eps=float(config.get("rms_norm_eps", 1e-6)), rope_theta=theta,
-        rope_scaling=dict(scaling) if scaling else None,
-        max_position_embeddings=int(config.get("max_position_embeddings", 2048)),
-        vocab_size=vocab, draft_vocab_size=draft_vocab, target_hidden_size=target_hidden, aux_layer_ids=aux,
+        **shape, kind=kind, draft_vocab_size=draft_vocab,
+        target_hidden_size=int(config.get("target_hidden_size") or target.hidden_size), aux_layer_ids=aux,
         fc_bias="fc.bias" in weights, fc_norm=any(k.startswith("fc_norm.") for k in weights), source=source,
     )
 

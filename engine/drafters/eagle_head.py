@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.nn.functional as F
@@ -27,10 +27,14 @@ import torch.nn.functional as F
 from engine.drafters.eagle_checkpoint import HeadSpec
 from engine.kernels.head import Keys, NativeHead
 from engine.kernels.linear import Linear
-from engine.kernels.stored import QuantRows, StoredLinear
+from engine.kernels.stored import StoredLinear
+from engine.kernels.weights import QuantRows
 from engine.models.kv_cache import KVCache
-from engine.models.llama import as_weight, interleave_rows, make_linear
-from engine.models.rope import RotaryTable, apply_rotary_interleaved, interleave_halves, rope_inv_freq
+from engine.models.layer import as_weight, interleave_rows, make_linear
+from engine.models.rope import RotaryTable, apply_rotary_interleaved, interleave_halves
+
+if TYPE_CHECKING:
+    from engine.kernels.native import NativeKernel
 
 
 class EagleHead:
@@ -99,21 +103,24 @@ class EagleHead:
         else:
             self.lm_head = None  # the target's own LM head
             self.vocab_ids = None
-        inv_freq, factor = rope_inv_freq(hd, spec.rope_theta, spec.rope_scaling, spec.max_position_embeddings)
-        self.rotary = RotaryTable(inv_freq, factor, dev)
+        self.rotary = RotaryTable.for_shape(spec, dev)
         self.scale = hd**-0.5
         # a level in one native call where the target runs our CPU kernels (SPECCHAT_NATIVE_HEAD=0: per op)
-        ops = getattr(target, "_ops", None)
-        self.native = (NativeHead.for_head(self, ops)
-                       if ops is not None and os.environ.get("SPECCHAT_NATIVE_HEAD", "1") != "0" else None)
+        ops = getattr(target, "ops", None)
+        self.native = self._bind_native(ops) if os.environ.get("SPECCHAT_NATIVE_HEAD", "1") != "0" else None
         if self.native is not None and q8 and ops.fast_variant is not None:
             # drafts are verified, so their arithmetic never reaches the output: the head takes the
             # fast precision's integer products on its 8-bit codes wherever the CPU has them
             self.native.fast = os.environ.get("SPECCHAT_HEAD_PRECISION", "fast") == "fast"
 
-    @property
-    def intermediate(self) -> int:
-        return self.gate_up.out_features // 2
+    def _bind_native(self, ops: NativeKernel | None) -> NativeHead | None:
+        """The head on our native kernel (head.c), where the target runs them and the head suits them."""
+        if ops is None or self.dtype != torch.float32 or self.device.type != "cpu" or self.fc_norms:
+            return None
+        lm_head = self.lm_head if self.lm_head is not None else self.target.lm_head
+        return NativeHead.bind(ops, self.spec, (self.fc, self.qkv, self.o, self.gate_up, self.down, lm_head),
+                               (self.ln_in, self.ln_hidden, self.ln_post, self.norm),
+                               eagle3=self.spec.kind == "eagle3")
 
     @torch.inference_mode()
     def run(self, tokens: torch.Tensor, stream: torch.Tensor, positions: torch.Tensor, cache: KVCache, start: int,

@@ -15,7 +15,7 @@ Two modes, picked per step by ``config.ngram_mode``:
 Both structures are kept incrementally: the drafter mirrors the tokens in the target cache
 (``reset`` / ``observe`` / ``truncate``) and inserts only what is new. Only the structure of the
 mode in use is updated eagerly; the other catches up the first time its mode is used. See
-docs/NGRAM.md for the design and the measured costs (``python -m engine.drafters.ngram``).
+docs/NGRAM.md for the design and the measured costs (``scripts/bench_ngram.py``).
 """
 
 from __future__ import annotations
@@ -28,10 +28,14 @@ from itertools import count, islice
 from typing import TYPE_CHECKING
 
 from engine.config import SpecConfig
+from engine.prefix import common_prefix
 from engine.tree import DraftTree
 
 if TYPE_CHECKING:
     import torch
+
+    from engine.drafters.tree_search import StopRule
+    from engine.sampling import GumbelNoise
 
 __all__ = ["ChainIndex", "NgramDrafter", "NgramTrie"]
 
@@ -45,20 +49,6 @@ def _as_list(tokens: Sequence[int] | Iterable[int]) -> list[int]:
     if tolist is not None:
         return list(tolist())
     return list(tokens)
-
-
-def _common_prefix(a: list[int], b: list[int]) -> int:
-    n = min(len(a), len(b))
-    if a[:n] == b[:n]:
-        return n
-    lo, hi = 0, n  # a[:lo] == b[:lo] and a[:hi] != b[:hi]: bisect on slice equality (C speed)
-    while hi - lo > 1:
-        mid = (lo + hi) // 2
-        if a[lo:mid] == b[lo:mid]:
-            lo = mid
-        else:
-            hi = mid
-    return lo
 
 
 class NgramTrie:
@@ -450,6 +440,7 @@ class NgramDrafter:
 
     name = "ngram"
     needs_features = False
+    pays_per_level = False  # a lookup: every level costs the same (nothing)
 
     def __init__(self, config: SpecConfig | None = None, *, extrapolate_chain: bool = True) -> None:
         cfg = config if config is not None else SpecConfig(method="ngram")
@@ -476,7 +467,10 @@ class NgramDrafter:
         self._sync_index()
         return self._index
 
-    def reset(self, history: Sequence[int]) -> None:
+    def check(self, config: SpecConfig) -> None:
+        pass  # every valid SpecConfig is one the n-gram drafter can run
+
+    def reset(self, history: Sequence[int], features: torch.Tensor | None = None) -> None:
         """Start an answer with ``history`` = the tokens now in the target cache.
 
         * ``history`` extends what the drafter holds: only the new tokens are inserted (the
@@ -492,7 +486,7 @@ class NgramDrafter:
         if len(hist) >= n and hist[:n] == held:
             held.extend(hist[n:])
         else:
-            p = _common_prefix(hist, held)
+            p = common_prefix(hist, held)
             if p == 0:
                 self.clear()
                 self._tokens = hist
@@ -557,7 +551,9 @@ class NgramDrafter:
             trie.set_capacity(config.ngram_capacity)
 
     # drafting ---------------------------------------------------------------------------------
-    def propose(self, history: Sequence[int], root: int, config: SpecConfig) -> DraftTree:
+    def propose(self, history: Sequence[int], root: int, config: SpecConfig, *,
+                noise: GumbelNoise | None = None, stop: StopRule | None = None) -> DraftTree:
+        """The tree (or chain) ``config`` asks for; ``noise`` and ``stop`` do not apply to a lookup."""
         if len(history) != len(self._tokens):  # a missed observe/reset: resynchronise
             self.reset(history)
         self._apply(config)
@@ -600,70 +596,3 @@ class NgramDrafter:
                 drafts = (drafts * (max_drafts // period + 1))[:max_drafts]
         chain = DraftTree.chain(root, drafts)
         return DraftTree(chain.tokens, chain.parents, chain.draft_probs, chain.depths, has_probs=False)
-
-
-# A micro-benchmark, not a test: python -m engine.drafters.ngram ---------------------------------
-def _bench() -> None:  # pragma: no cover
-    """Replay a token stream as if decoding: propose, verify greedily against the true next
-    tokens, observe what was accepted. Streams: word-level tokens of Python source (repetitive,
-    like code/rewrites) and uniform random ids over 32k (nothing repeats: worst-case trie growth)."""
-    import glob
-    import random
-    import re
-    import sys
-    import time
-    from pathlib import Path
-
-    files = sorted(glob.glob(f"{sys.prefix}/lib/python*/site-packages/textual/*.py"))
-    text = "".join(Path(f).read_text(encoding="utf-8", errors="replace") for f in files[:40])
-    vocab: dict[str, int] = {}
-    code = [vocab.setdefault(w, len(vocab)) for w in re.findall(r"\w+|[^\w\s]|\s+", text)]
-    rng = random.Random(0)
-    noise = [rng.randrange(32000) for _ in range(12000)]
-    settings = [
-        ("tree BFS  8", dict(num_draft_tokens=8)),
-        ("tree BFS 16", dict(num_draft_tokens=16)),
-        ("tree PROB 16", dict(num_draft_tokens=16, ngram_match_type="PROB")),
-        ("chain 8", dict(num_draft_tokens=8, ngram_mode="chain")),
-        ("chain 16", dict(num_draft_tokens=16, ngram_mode="chain")),
-    ]
-    print(f"{'stream':6s} {'history':>7s} {'setting':12s} {'reset ms':>8s} {'propose us':>10s} "
-          f"{'observe us':>10s} {'p99 both':>8s} {'tok/step':>8s} {'trie nodes':>10s}")
-    for stream_name, stream in (("code", code), ("random", noise)):
-        for history_len in (1000, 4000):
-            for label, kw in settings:
-                cfg = SpecConfig(method="ngram", **kw)
-                d = NgramDrafter(cfg)
-                t0 = time.perf_counter()
-                d.reset(stream[:history_len])
-                t_reset = time.perf_counter() - t0
-                pos = history_len  # stream[pos] is the root
-                props, obs = [], []
-                emitted = 0
-                while pos + 20 < len(stream) and len(props) < 2000:
-                    root = stream[pos]
-                    t0 = time.perf_counter()
-                    tree = d.propose(d.tokens, root, cfg)
-                    t1 = time.perf_counter()
-                    kids, node, acc = tree.children(), 0, []
-                    while True:  # greedy verification against the real continuation
-                        want = stream[pos + 1 + len(acc)]
-                        node = next((c for c in kids[node] if tree.tokens[c] == want), -1)
-                        if node < 0:
-                            break
-                        acc.append(want)
-                    t2 = time.perf_counter()
-                    d.observe([root, *acc])
-                    props.append(t1 - t0)
-                    obs.append(time.perf_counter() - t2)
-                    emitted += len(acc) + 1
-                    pos += len(acc) + 1
-                both = sorted(p + o for p, o in zip(props, obs, strict=True))
-                n = len(props)
-                print(f"{stream_name:6s} {history_len:7d} {label:12s} {t_reset * 1e3:8.1f} "
-                      f"{sum(props) / n * 1e6:10.1f} {sum(obs) / n * 1e6:10.1f} "
-                      f"{both[int(n * 0.99)] * 1e6:8.0f} {emitted / n:8.2f} {d._trie.size:10d}")
-
-
-if __name__ == "__main__":  # pragma: no cover
-    _bench()

@@ -19,7 +19,9 @@ from collections.abc import Sequence
 import torch
 
 from engine.config import SpecConfig
-from engine.drafters.tree_search import Candidates, DraftRandom, StopRule, coupled_scores, grow_tree
+from engine.drafters.tree_search import Candidates, DraftRandom, StopRule, check_topk, coupled_scores, grow_tree
+from engine.prefix import common_prefix
+from engine.sampling import GumbelNoise
 from engine.tree import DraftTree
 
 
@@ -36,20 +38,16 @@ class StandaloneDrafter:
         self.cache = model.new_cache(512)
         self._tokens: list[int] = []
         self._random = DraftRandom()
-        self.noise = None  # the session's coupled-sampling noise for this step (engine/sampling.py)
-        self.stop: StopRule | None = None  # the session's confidence rule for this step (engine/adaptive.py)
         # the last proposal: (tree, scratch slot of each tree row that has an entry)
         self._last: tuple[DraftTree, dict[int, int]] | None = None
 
-    def reset(self, history: Sequence[int]) -> None:
+    def check(self, config: SpecConfig) -> None:
+        check_topk(config, self.vocab_size, "draft model")
+
+    def reset(self, history: Sequence[int], features: torch.Tensor | None = None) -> None:
         self._last = None
         history = list(history)
-        common = 0
-        for a, b in zip(self._tokens, history, strict=False):
-            if a != b:
-                break
-            common += 1
-        self.cache.truncate(min(self.cache.length, common))
+        self.cache.truncate(min(self.cache.length, common_prefix(self._tokens, history)))
         self._tokens = history
 
     def observe(self, committed: Sequence[int], features: torch.Tensor | None = None) -> None:
@@ -90,7 +88,8 @@ class StandaloneDrafter:
     def _log_probs(self, logits: torch.Tensor) -> torch.Tensor:
         return torch.log_softmax(logits[..., : self.vocab_size].float(), dim=-1)
 
-    def propose(self, history: Sequence[int], root: int, config: SpecConfig) -> DraftTree:
+    def propose(self, history: Sequence[int], root: int, config: SpecConfig, *,
+                noise: GumbelNoise | None = None, stop: StopRule | None = None) -> DraftTree:
         model, cache = self.model, self.cache
         n = len(self._tokens)
         steps, topk = config.num_steps, config.eagle_topk
@@ -127,7 +126,7 @@ class StandaloneDrafter:
         tree, _, chosen = grow_tree(root, root_logp, expand, lambda ids: ids, num_steps=steps, topk=topk,
                                     num_draft_tokens=budget,
                                     sampling=self._random.sampling(config, self._full_vocab),
-                                    coupled=coupled_scores(config, self.noise, n, None), stop=self.stop)
+                                    coupled=coupled_scores(config, noise, n, None), stop=stop)
         slot_of_row = {0: n}
         slot_of_row.update({row: slots[c] for row, c in enumerate(chosen, start=1) if c in slots})
         self._last = (tree, slot_of_row)

@@ -35,7 +35,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-from engine.config import SpecConfig
+from engine.config import ConfigError, SpecConfig
+from engine.sampling import GumbelNoise, perturbed_scores, target_probs
 from engine.tree import DraftTree
 from engine.verify import draw
 
@@ -182,7 +183,6 @@ class DraftRandom:
         if config.seed != self._seed:
             self.generator.manual_seed(config.seed if config.seed is not None else random.getrandbits(63))
             self._seed = config.seed
-        from engine.verify import target_probs
 
         def process(logp: torch.Tensor) -> torch.Tensor:
             return target_probs(logp, config.temperature, config.top_p, config.top_k)
@@ -190,14 +190,14 @@ class DraftRandom:
         return Sampling(process, to_target_dist, self.generator)
 
 
-def coupled_scores(config: SpecConfig, noise, first_position: int, head_ids: torch.Tensor | None) -> Coupled | None:
+def coupled_scores(config: SpecConfig, noise: GumbelNoise | None, first_position: int, head_ids: torch.Tensor | None
+                   ) -> Coupled | None:
     """Coupled drafting for a tree whose depth-d children sit at ``first_position + d``.
 
     ``noise``: the session's engine.sampling.GumbelNoise (None: not coupled). ``head_ids``: the
     target id of each drafter vocabulary index (None when they coincide)."""
     if noise is None or config.greedy:
         return None
-    from engine.sampling import perturbed_scores
 
     def scores(logp: torch.Tensor, depth: int) -> torch.Tensor:
         g = noise.at(first_position + depth)
@@ -205,3 +205,11 @@ def coupled_scores(config: SpecConfig, noise, first_position: int, head_ids: tor
         return perturbed_scores(logp, config.temperature, config.top_p, config.top_k, g)
 
     return Coupled(scores)
+
+
+def check_topk(config: SpecConfig, vocab_size: int, drafter: str) -> None:
+    """Refuse a branching wider than the drafter's vocabulary: a level could not hold that many
+    distinct children, and each further level would score top-k squared candidates for nothing."""
+    if config.eagle_topk > vocab_size:
+        raise ConfigError(f"eagle_topk={config.eagle_topk} is more than the {drafter}'s vocabulary of "
+                          f"{vocab_size} tokens; use eagle_topk {vocab_size} or less")

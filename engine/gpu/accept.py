@@ -22,8 +22,8 @@ from __future__ import annotations
 import torch
 
 from engine.gpu import MAX_TREE
-from engine.tree import DraftTree
-from engine.verify import Verdict, target_probs
+from engine.sampling import target_probs
+from engine.tree import DraftTree, Verdict
 
 
 def _build():

@@ -28,7 +28,9 @@ from typing import Literal
 import torch
 import torch.nn.functional as F
 
-from engine.models.rope import apply_rotary_interleaved
+from engine import gpu
+from engine.gpu.tree_attention import tree_attention
+from engine.models.layer import ForwardOutput
 
 BUCKETS = (1, 2, 4, 8, 16, 32, 64)
 MAX_TOKENS = BUCKETS[-1]
@@ -116,11 +118,14 @@ class StaticBuffers:
 
 
 def static_forward(model, cache, inputs: StepInputs, attention: Attention) -> torch.Tensor:
-    """The verify forward with no shape or host value depending on the step: [b, V] float32."""
+    """The verify forward with no shape or host value depending on the step: [b, V] float32.
+
+    ``model``: the LlamaModel (its layers, norms, rotary table and LM head); the layer math is
+    engine/models/layer.py's, so this differs from the eager forward only in how K/V are written
+    (at the device-side length) and how attention finds them."""
     c = model.config
     b = inputs.tokens.shape[0]
     nh, nkv, hd = c.num_heads, c.num_kv_heads, c.head_dim
-    k_end = (nh + nkv) * hd
     eps = c.rms_norm_eps
     slots = inputs.length + inputs.slots
     rot = model.rotary.table[inputs.positions].unsqueeze(1)
@@ -128,19 +133,11 @@ def static_forward(model, cache, inputs: StepInputs, attention: Attention) -> to
     tree_mask = inputs.mask.to(torch.int8)  # once per forward, not per layer
     x = F.embedding(inputs.tokens, model.embed)
     for li, layer in enumerate(model.layers):
-        h = F.rms_norm(x, (c.hidden_size,), layer.ln_attn, eps)
-        qkv = layer.qkv(h)
-        qk = qkv[:, :k_end].view(b, nh + nkv, hd)
-        if layer.q_norm is not None:
-            qk = torch.cat([F.rms_norm(qk[:, :nh], (hd,), layer.q_norm, eps),
-                            F.rms_norm(qk[:, nh:], (hd,), layer.k_norm, eps)], dim=1)
-        qk = apply_rotary_interleaved(qk, rot)
+        qk, v = layer.project(F.rms_norm(x, (c.hidden_size,), layer.ln_attn, eps), rot, c)
         cache.k[li].index_copy_(1, slots, qk[:, nh:].transpose(0, 1))
-        cache.v[li].index_copy_(1, slots, qkv[:, k_end:].view(b, nkv, hd).transpose(0, 1))
+        cache.v[li].index_copy_(1, slots, v.transpose(0, 1))
         q = qk[:, :nh]
         if attention == "triton":
-            from engine.gpu.tree_attention import tree_attention
-
             att = tree_attention(q, cache.k[li], cache.v[li], inputs.length, tree_mask, inputs.positions,
                                  model.scale, c.sliding_window)
         else:
@@ -149,9 +146,7 @@ def static_forward(model, cache, inputs: StepInputs, attention: Attention) -> to
                 attn_mask=add_mask, scale=model.scale, enable_gqa=nkv != nh,
             )[0].transpose(0, 1)
         x = x + layer.o(att.reshape(b, nh * hd))
-        h = F.rms_norm(x, (c.hidden_size,), layer.ln_mlp, eps)
-        gate, up = layer.gate_up(h).chunk(2, dim=-1)
-        x = x + layer.down(F.silu(gate) * up)
+        x = x + layer.mlp(F.rms_norm(x, (c.hidden_size,), layer.ln_mlp, eps))
     return model.lm_head(F.rms_norm(x, (c.hidden_size,), model.norm, eps)).float()
 
 
@@ -178,8 +173,6 @@ class StaticDecoder:
     """
 
     def __init__(self, model, *, graphs: bool | None = None, attention: Attention | None = None) -> None:
-        from engine.gpu import triton_available
-
         self.model = model
         self.device = model.device
         cuda = self.device.type == "cuda"
@@ -188,7 +181,7 @@ class StaticDecoder:
         if graphs and not cuda:
             raise ValueError("CUDA graphs need a CUDA device")
         self.graphs = graphs
-        self.attention: Attention = attention or ("triton" if cuda and triton_available() else "torch")
+        self.attention: Attention = attention or ("triton" if cuda and gpu.triton_available() else "torch")
         self.buffers = StaticBuffers(self.device)
         self._graphs: dict[int, tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
         self._graph_key: tuple | None = None
@@ -197,9 +190,7 @@ class StaticDecoder:
         self.captures = 0
 
     def forward(self, tokens: torch.Tensor, cache, positions: torch.Tensor | None, tree_mask: torch.Tensor | None,
-                logits: str):
-        from engine.models.llama import ForwardOutput
-
+                logits: str) -> ForwardOutput | None:
         n = tokens.shape[0]
         if n > MAX_TOKENS or logits == "none":
             return None

@@ -18,12 +18,14 @@ from typing import TYPE_CHECKING
 import torch
 
 from engine.kernels.linear import Linear
-from engine.kernels.native import _ptr
+from engine.kernels.native import ptr
 from engine.kernels.stored import StoredLinear
 
 if TYPE_CHECKING:
     from engine.kernels.native import NativeKernel
     from engine.models.kv_cache import KVCache
+    from engine.models.layer import LayerWeights
+    from engine.models.llama_config import DecoderShape, LlamaConfig
 
 MAX_PARTS = 3  # must match decoder.c
 _p, _l, _f = ctypes.c_void_p, ctypes.c_long, ctypes.c_float
@@ -45,6 +47,12 @@ class _Dims(ctypes.Structure):
     _fields_ = [("hidden", _l), ("heads", _l), ("kv_heads", _l), ("head_dim", _l), ("inter", _l),
                 ("window", _l), ("nthreads", _l), ("eps", _f), ("scale", _f), ("fast", _l)]
 
+    @classmethod
+    def of(cls, shape: DecoderShape, intermediate: int, window: int = 0) -> _Dims:
+        """The sizes of a decoder of this shape (a target model's layers, an EAGLE head)."""
+        return cls(shape.hidden_size, shape.num_heads, shape.num_kv_heads, shape.head_dim, intermediate, window, 1,
+                   shape.rms_norm_eps, shape.head_dim**-0.5, 0)
+
 
 def _describe(lin: Linear | StoredLinear) -> _Lin | None:
     """The C view of one linear layer, or None when the native decoder cannot run it."""
@@ -52,16 +60,16 @@ def _describe(lin: Linear | StoredLinear) -> _Lin | None:
     if isinstance(lin, StoredLinear):
         if lin._kernel is None or len(lin.parts) > MAX_PARTS:
             return None
-        out.bias = _ptr(lin._bias)
+        out.bias = ptr(lin._bias)
         out.nparts = len(lin.parts)
         for i, part in enumerate(lin.parts):
-            out.parts[i] = _Part(part.kind_id, part.group, part.n, _ptr(part.codes), _ptr(part.scales),
-                                 _ptr(part.offsets))
+            out.parts[i] = _Part(part.kind_id, part.group, part.n, ptr(part.codes), ptr(part.scales),
+                                 ptr(part.offsets))
         return out
     if lin._kernel is None or lin._packed is None:
         return None
-    out.panels = _ptr(lin._packed)
-    out.bias = _ptr(lin._bias)
+    out.panels = ptr(lin._packed)
+    out.bias = ptr(lin._bias)
     return out
 
 
@@ -80,7 +88,7 @@ class FastSwitch:
 
 
 class NativeDecoder(FastSwitch):
-    """Runs a model's decoder layers through ``decoder_layers``; built by :meth:`for_model`."""
+    """Runs a model's decoder layers through ``decoder_layers``; built by :meth:`for_layers`."""
 
     def __init__(self, kernel: NativeKernel, layers: ctypes.Array, dims: _Dims, keep: list[torch.Tensor]) -> None:
         self._fn = kernel.decoder_layers
@@ -91,24 +99,22 @@ class NativeDecoder(FastSwitch):
         self._layer_size = ctypes.sizeof(_Layer)
 
     @classmethod
-    def for_model(cls, model, kernel: NativeKernel) -> NativeDecoder | None:
+    def for_layers(cls, config: LlamaConfig, layers: Sequence[LayerWeights], kernel: NativeKernel
+                   ) -> NativeDecoder | None:
         """None when some layer needs what only the per-op path has (q/k norms, too many parts)."""
-        c = model.config
         keep: list[torch.Tensor] = []
         structs = []
-        for layer in model.layers:
+        for layer in layers:
             if layer.q_norm is not None or layer.k_norm is not None:
                 return None
-            lins = [_describe(lin) for lin in (layer.qkv, layer.o, layer.gate_up, layer.down)]
+            lins = [_describe(lin) for lin in layer.linears]
             if any(lin is None for lin in lins):
                 return None
             norms = [layer.ln_attn.float().contiguous(), layer.ln_mlp.float().contiguous()]
             keep += norms
-            structs.append(_Layer(_ptr(norms[0]), _ptr(norms[1]), *lins))
-        layers = (_Layer * len(structs))(*structs)
-        dims = _Dims(c.hidden_size, c.num_heads, c.num_kv_heads, c.head_dim, c.intermediate_size,
-                     c.sliding_window or 0, 1, c.rms_norm_eps, model.scale, 0)
-        return cls(kernel, layers, dims, keep)
+            structs.append(_Layer(ptr(norms[0]), ptr(norms[1]), *lins))
+        dims = _Dims.of(config, config.intermediate_size, config.sliding_window or 0)
+        return cls(kernel, (_Layer * len(structs))(*structs), dims, keep)
 
     def run(self, x: torch.Tensor, cache: KVCache, rot: torch.Tensor, tree: torch.Tensor | None,
             positions: torch.Tensor, start: int, stop: int) -> None:
@@ -131,7 +137,7 @@ class NativeDecoder(FastSwitch):
             cache.capacity,
             cache.length,
             rot.data_ptr(),
-            _ptr(tree),
+            ptr(tree),
             positions.data_ptr(),
         )
         if rc != 0:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch
 
-from engine.kernels.stored import QuantRows
+from engine.kernels.weights import QuantRows
 
 FAST_KINDS = ("q4", "q8")
 

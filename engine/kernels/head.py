@@ -10,17 +10,20 @@ path's, so the outputs do not change (tests/test_eagle_native.py).
 from __future__ import annotations
 
 import ctypes
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import torch
 
 from engine.kernels.decoder import FastSwitch, _describe, _Dims, _Lin
-from engine.kernels.native import _ptr
+from engine.kernels.linear import Linear
+from engine.kernels.native import ptr
+from engine.kernels.stored import StoredLinear
 
 if TYPE_CHECKING:
-    from engine.drafters.eagle_head import EagleHead
     from engine.kernels.native import NativeKernel
+    from engine.models.llama_config import DecoderShape
 
 _p = ctypes.c_void_p
 
@@ -76,24 +79,24 @@ class NativeHead(FastSwitch):
         self.vocab = vocab
 
     @classmethod
-    def for_head(cls, head: EagleHead, kernel: NativeKernel) -> NativeHead | None:
-        s = head.spec
-        if head.dtype != torch.float32 or head.device.type != "cpu" or head.fc_norms:
+    def bind(cls, kernel: NativeKernel, shape: DecoderShape, linears: Sequence[Linear | StoredLinear],
+             norms: Sequence[torch.Tensor | None], *, eagle3: bool) -> NativeHead | None:
+        """A head's layers in head.c's order: ``linears`` fc, qkv, o, gate_up, down, lm_head (the
+        target's for EAGLE-1/2); ``norms`` ln_in, ln_hidden, ln_post, norm (EAGLE-3's; None where the
+        kind has none). None when some layer or width does not suit the kernel."""
+        _fc, _qkv, _o, gate_up, _down, lm_head = linears
+        intermediate = gate_up.out_features // 2
+        lins = [_describe(lin) for lin in linears]
+        if any(lin is None for lin in lins) or shape.hidden_size % 8 or shape.head_dim % 8 or intermediate % 8:
             return None
-        lm_head = head.lm_head if head.lm_head is not None else head.target.lm_head
-        lins = [_describe(lin) for lin in (head.fc, head.qkv, head.o, head.gate_up, head.down, lm_head)]
-        if any(lin is None for lin in lins) or s.hidden_size % 8 or s.head_dim % 8 or head.intermediate % 8:
+        ln_in, ln_hidden, ln_post, norm = norms
+        if eagle3 and (ln_in is None or ln_hidden is None or norm is None):
             return None
-        eagle3 = s.kind == "eagle3"
-        if eagle3 and (head.ln_in is None or head.ln_hidden is None or head.norm is None):
-            return None
-        norms = [None if t is None else t.float().contiguous() for t in (head.ln_in, head.ln_hidden, head.ln_post,
-                                                                            head.norm if eagle3 else None)]
-        keep = [t for t in norms if t is not None]
-        struct = _Head(*(_ptr(t) for t in norms), *lins, int(eagle3))
-        dims = _Dims(s.hidden_size, s.num_heads, s.num_kv_heads, s.head_dim, head.intermediate, 0, 1,
-                     s.rms_norm_eps, head.scale, 0)
-        return cls(kernel, struct, dims, keep, lm_head.out_features)
+        floats = [None if t is None else t.float().contiguous() for t in (ln_in, ln_hidden, ln_post,
+                                                                          norm if eagle3 else None)]
+        struct = _Head(*(ptr(t) for t in floats), *lins, int(eagle3))
+        keep = [t for t in floats if t is not None]
+        return cls(kernel, struct, _Dims.of(shape, intermediate), keep, lm_head.out_features)
 
     def forward(self, emb: torch.Tensor, stream: torch.Tensor, rot: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                 slots: torch.Tensor, keys: Keys, logits: int) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -108,7 +111,7 @@ class NativeHead(FastSwitch):
                       stream.shape[1], T, k.data_ptr(), v.data_ptr(), k.shape[1], slots.data_ptr(),
                       rot.data_ptr(), keys.first.data_ptr(), keys.last.data_ptr(), keys.extra.data_ptr(),
                       keys.extra.shape[1],
-                      keys.count.data_ptr(), g.data_ptr(), logits, _ptr(out))
+                      keys.count.data_ptr(), g.data_ptr(), logits, ptr(out))
         if rc != 0:
             raise MemoryError("the native EAGLE head could not allocate its scratch buffers")
         return g, out

@@ -1,40 +1,27 @@
-"""Build, cache and load our native CPU kernels (``skinny.c``, ``ops.c``, ``stored.c``, ``decoder.c``) with the
-system C compiler.
+"""The Python bindings of our native CPU kernels (``skinny.c``, ``ops.c``, ``stored.c``, ``fast.c``,
+``decoder.c``, ``head.c``): one loaded library, its C signatures, and thin typed wrappers.
 
-Why a plain C library through ctypes rather than a torch C++ extension: the kernel needs no
-torch headers, so it compiles in about a second with ``cc`` (a torch extension takes a minute
-and needs ninja), and it can be built lazily on first use on any machine with a compiler.
-Where there is no compiler, no AVX2/FMA, or the build fails, ``load()`` returns None and the
-caller keeps torch's own products: slower, never wrong.
-
-The built library lives in ``<cache>/kernels/`` under a name that hashes the source, the
-compiler and the flags, so an edited kernel or another compiler gets its own build.
+``build.py`` compiles and caches the library; here it is loaded once per process. Where it
+cannot run (no compiler, no AVX2/FMA, a failed build, or ``SPECCHAT_LINEAR=torch``) ``load()``
+returns None with the reason in ``why_not``, and the callers keep torch's own products: slower,
+never wrong.
 """
 
 from __future__ import annotations
 
 import ctypes
-import hashlib
 import os
-import shutil
-import subprocess
-import sys
-import tempfile
 from functools import cache
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import torch
 
-if TYPE_CHECKING:
-    from engine.kernels.stored import StoredPanels
+from engine.kernels import build
 
-SOURCES = tuple(Path(__file__).with_name(n) for n in ("skinny.c", "ops.c", "stored.c", "fast.c", "decoder.c",
-                                                        "head.c"))
-HEADERS = tuple(Path(__file__).with_name(n) for n in ("layers.h",))
-# -ffp-contract=off: a*b + c stays two roundings wherever the source says so (the rotary product
-# must equal torch's complex multiply); the kernels' FMAs are explicit intrinsics.
-FLAGS = ("-O3", "-shared", "-fPIC", "-fopenmp", "-ffp-contract=off")
+if TYPE_CHECKING:
+    from engine.kernels.weights import StoredPanels
+
 ENV_SWITCH = "SPECCHAT_LINEAR"  # "torch" turns the native kernel off
 VARIANT_SWITCH = "SPECCHAT_KERNEL_VARIANT"  # "avx2" keeps an AVX-512 CPU on the AVX2 tiles
 
@@ -53,7 +40,7 @@ _SIGNATURES = {
 }
 
 
-def _ptr(t: torch.Tensor | None) -> int | None:
+def ptr(t: torch.Tensor | None) -> int | None:
     return None if t is None else t.data_ptr()
 
 
@@ -97,7 +84,7 @@ class NativeKernel:
             k,
             panels.data_ptr(),
             n,
-            _ptr(bias),
+            ptr(bias),
             y.data_ptr(),
             int(residual is not None),
             torch.get_num_threads(),
@@ -122,10 +109,10 @@ class NativeKernel:
             weight.kind_id,
             weight.group,
             weight.codes.data_ptr(),
-            _ptr(weight.scales),
-            _ptr(weight.offsets),
+            ptr(weight.scales),
+            ptr(weight.offsets),
             weight.n,
-            _ptr(bias),
+            ptr(bias),
             out.data_ptr(),
             out.stride(0),
             int(accumulate),
@@ -138,8 +125,8 @@ class NativeKernel:
         this weight's kind or this CPU has no fast kernel (nothing was written)."""
         m, k = x.shape
         rc = self._lib.stored_linear_fast(
-            x.data_ptr(), m, k, weight.kind_id, weight.group, weight.codes.data_ptr(), _ptr(weight.scales),
-            _ptr(weight.offsets), weight.n, _ptr(bias), out.data_ptr(), out.stride(0), int(accumulate),
+            x.data_ptr(), m, k, weight.kind_id, weight.group, weight.codes.data_ptr(), ptr(weight.scales),
+            ptr(weight.offsets), weight.n, ptr(bias), out.data_ptr(), out.stride(0), int(accumulate),
             torch.get_num_threads(),
         )
         if rc == -2:
@@ -199,48 +186,14 @@ class NativeKernel:
             nh,
             nkv,
             hd,
-            _ptr(tree),
+            ptr(tree),
             window,
-            _ptr(positions),
+            ptr(positions),
             scale,
             out.data_ptr(),
             torch.get_num_threads(),
         )
         return out
-
-
-def _compiler() -> str | None:
-    for name in (os.environ.get("CC"), "cc", "gcc", "clang"):
-        if name and shutil.which(name):
-            return shutil.which(name)
-    return None
-
-
-def _build(compiler: str, target: Path) -> None:
-    target.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=target.stem, suffix=".so", dir=target.parent)
-    os.close(fd)
-    try:
-        subprocess.run(
-            [compiler, *FLAGS, "-o", tmp, *map(str, SOURCES), "-lm"],
-            check=True,
-            capture_output=True,
-            timeout=120,
-        )
-        os.replace(tmp, target)  # atomic: a concurrent start sees either nothing or a whole library
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-
-
-def _library_path(compiler: str) -> Path:
-    from engine.models.resolve import cache_dir
-
-    version = subprocess.run([compiler, "--version"], capture_output=True, text=True, timeout=30).stdout
-    digest = hashlib.sha256(
-        b"".join(p.read_bytes() for p in (*SOURCES, *HEADERS)) + version.encode() + " ".join(FLAGS).encode()
-    ).hexdigest()[:16]
-    return cache_dir() / "kernels" / f"specchat-cpu-{sys.platform}-{digest}.so"
 
 
 @cache
@@ -250,21 +203,14 @@ def load() -> NativeKernel | None:
     if os.environ.get(ENV_SWITCH, "").lower() == "torch":
         why_not = f"{ENV_SWITCH}=torch"
         return None
-    if sys.platform != "linux" or os.uname().machine not in ("x86_64", "AMD64"):
-        why_not = "the native kernel is built for x86-64 Linux only"
-        return None
-    compiler = _compiler()
-    if compiler is None:
-        why_not = "no C compiler found (set CC)"
-        return None
     try:
-        path = _library_path(compiler)
-        if not path.exists():
-            _build(compiler, path)
+        path = build.library()
         lib = ctypes.CDLL(str(path))
-    except (OSError, subprocess.SubprocessError) as exc:
-        detail = getattr(exc, "stderr", b"") or b""
-        why_not = f"build failed: {exc} {detail.decode(errors='replace')[:200]}".strip()
+    except build.BuildError as exc:
+        why_not = str(exc)
+        return None
+    except OSError as exc:  # a library that does not load (a truncated file, another libc)
+        why_not = f"build failed: {exc}"
         return None
     if not (lib.skinny_supported() and lib.stored_supported()):
         why_not = "this CPU lacks AVX2/FMA/F16C"

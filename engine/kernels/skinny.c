@@ -6,7 +6,7 @@
  * a batched product over column blocks) leave half the machine idle at those shapes. Here the
  * weight is packed once into 16-column panels, each panel a contiguous [K][16] stream read from
  * DRAM exactly once per call, and up to six rows reuse every panel line from registers
- * (a 6x16 register tile: 12 accumulators, 2 weight vectors, 1 broadcast).
+ * (the 6x16 register tile of tile.h, shared with stored.c).
  *
  * Exactness: every output element is one fused multiply-add chain over k = 0..K-1 starting
  * from zero, whatever M is and whichever tile a row falls in. A row's result is therefore
@@ -16,44 +16,9 @@
  * Threads: one OpenMP loop over panels. The library links the process's libgomp (the one torch
  * already loaded), so it shares torch's thread team instead of starting a second one.
  */
-#include <immintrin.h>
+#include <string.h>
 
-#define PANEL 16
-#define MAX_ROWS 6
-#define AVX2 __attribute__((target("avx2,fma")))
-
-/* One register tile: MR rows (1..6) times one 16-column panel, written to out[MR][16]. */
-static inline __attribute__((always_inline)) AVX2 void
-tile(const int MR, const float *x, long ldx, const float *w, long K, float *out) {
-    const __m256 z = _mm256_setzero_ps();
-    __m256 a00 = z, a01 = z, a10 = z, a11 = z, a20 = z, a21 = z;
-    __m256 a30 = z, a31 = z, a40 = z, a41 = z, a50 = z, a51 = z;
-#define ROW(r)                                                   \
-    if (MR > r) {                                                \
-        const __m256 b = _mm256_broadcast_ss(x + r * ldx + k);   \
-        a##r##0 = _mm256_fmadd_ps(b, w0, a##r##0);               \
-        a##r##1 = _mm256_fmadd_ps(b, w1, a##r##1);               \
-    }
-    for (long k = 0; k < K; k++) {
-        const __m256 w0 = _mm256_loadu_ps(w + k * PANEL);
-        const __m256 w1 = _mm256_loadu_ps(w + k * PANEL + 8);
-        ROW(0) ROW(1) ROW(2) ROW(3) ROW(4) ROW(5)
-    }
-#undef ROW
-#define STORE(r)                                                 \
-    if (MR > r) {                                                \
-        _mm256_storeu_ps(out + r * PANEL, a##r##0);              \
-        _mm256_storeu_ps(out + r * PANEL + 8, a##r##1);          \
-    }
-    STORE(0) STORE(1) STORE(2) STORE(3) STORE(4) STORE(5)
-#undef STORE
-}
-
-typedef void (*tile_fn)(const float *, long, const float *, long, float *);
-#define TILE(n) \
-    static AVX2 void tile##n(const float *x, long ldx, const float *w, long K, float *o) { tile(n, x, ldx, w, K, o); }
-TILE(1) TILE(2) TILE(3) TILE(4) TILE(5) TILE(6)
-static const tile_fn TILES[MAX_ROWS + 1] = {0, tile1, tile2, tile3, tile4, tile5, tile6};
+#include "tile.h"
 
 /* 1 when this CPU can run the kernel; checked before the first call. */
 int skinny_supported(void) {
@@ -80,6 +45,7 @@ void skinny_linear(const float *x, long M, long K, const float *panels, long N, 
         const long passes = (M + MAX_ROWS - 1) / MAX_ROWS;
         for (long pass = 0, m0 = 0; pass < passes; pass++) {
             const int mr = (int)((M - m0) / (passes - pass) + ((M - m0) % (passes - pass) != 0));
+            memset(out, 0, sizeof(float) * mr * PANEL); /* the chains start from zero */
             TILES[mr](x + m0 * K, K, w, K, out);
             for (int r = 0; r < mr; r++) {
                 float *yr = y + (m0 + r) * N + col0;

@@ -9,7 +9,7 @@
  * consecutive k, as one 32-bit word per column: code[k+i] in bits 4i..4i+3, so a code comes out
  * of its word with a shift and a mask, no byte shuffles). A panel is decoded chunk by
  * chunk (KC values of k) into an L1-resident fp32 buffer, once for all rows, then the same
- * register tile as skinny.c runs over it.
+ * register tile as skinny.c runs over it (tile.h).
  *
  * Exactness: a decoded weight is the float32 value the reference dequantizer (gguf-py) gives:
  *   kind q8:  scale * code                 (Q8_0: d*q; Q6_K: (d*sc)*(q-32), one rounding)
@@ -28,8 +28,8 @@
 #include <stdint.h>
 #include <stdlib.h>
 
-#define PANEL 16
-#define MAX_ROWS 6
+#include "tile.h"
+
 /* Rows that take the fused decode-in-register tile; from 6 rows its 12 accumulators plus the
  * decode's registers spill (16 ymm), and the L1-buffer path is faster (gate|up of the 135M model,
  * 2 threads, same process: 6 rows 0.32 ms fused against 0.25 ms buffered; 5 rows 0.24 / 0.28). */
@@ -38,45 +38,6 @@
 #define AVX2 __attribute__((target("avx2,fma,f16c")))
 
 enum { KIND_F32 = 0, KIND_F16 = 1, KIND_BF16 = 2, KIND_Q8 = 3, KIND_Q4 = 4 };
-
-/* One register tile: MR rows over kc values of k, continuing the chains in acc[MR][16]. */
-static inline __attribute__((always_inline)) AVX2 void
-tile(const int MR, const float *x, long ldx, const float *w, long kc, float *acc) {
-    __m256 a00, a01, a10, a11, a20, a21, a30, a31, a40, a41, a50, a51;
-    a00 = a01 = a10 = a11 = a20 = a21 = a30 = a31 = a40 = a41 = a50 = a51 = _mm256_setzero_ps();
-#define LOAD(r)                                                  \
-    if (MR > r) {                                                \
-        a##r##0 = _mm256_loadu_ps(acc + r * PANEL);              \
-        a##r##1 = _mm256_loadu_ps(acc + r * PANEL + 8);          \
-    }
-    LOAD(0) LOAD(1) LOAD(2) LOAD(3) LOAD(4) LOAD(5)
-#undef LOAD
-#define ROW(r)                                                   \
-    if (MR > r) {                                                \
-        const __m256 b = _mm256_broadcast_ss(x + r * ldx + k);   \
-        a##r##0 = _mm256_fmadd_ps(b, w0, a##r##0);               \
-        a##r##1 = _mm256_fmadd_ps(b, w1, a##r##1);               \
-    }
-    for (long k = 0; k < kc; k++) {
-        const __m256 w0 = _mm256_load_ps(w + k * PANEL);
-        const __m256 w1 = _mm256_load_ps(w + k * PANEL + 8);
-        ROW(0) ROW(1) ROW(2) ROW(3) ROW(4) ROW(5)
-    }
-#undef ROW
-#define STORE(r)                                                 \
-    if (MR > r) {                                                \
-        _mm256_storeu_ps(acc + r * PANEL, a##r##0);              \
-        _mm256_storeu_ps(acc + r * PANEL + 8, a##r##1);          \
-    }
-    STORE(0) STORE(1) STORE(2) STORE(3) STORE(4) STORE(5)
-#undef STORE
-}
-
-typedef void (*tile_fn)(const float *, long, const float *, long, float *);
-#define TILE(n) \
-    static AVX2 void tile##n(const float *x, long ldx, const float *w, long kc, float *a) { tile(n, x, ldx, w, kc, a); }
-TILE(1) TILE(2) TILE(3) TILE(4) TILE(5) TILE(6)
-static const tile_fn TILES[MAX_ROWS + 1] = {0, tile1, tile2, tile3, tile4, tile5, tile6};
 
 /* ---- decoders: panel columns 0..15 of k = k0..k0+kc-1 into buf[kc][16] ---------------------- */
 

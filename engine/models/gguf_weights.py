@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from engine.kernels.stored import QuantRows
+from engine.kernels.weights import QuantRows
 from engine.models.gguf_convert import (
     GGUFConversionError,
     hf_config,

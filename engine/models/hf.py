@@ -13,7 +13,7 @@ from typing import Literal
 
 import torch
 
-from engine.models.llama import ForwardOutput
+from engine.models.layer import ForwardOutput
 
 
 class HFCache:

@@ -7,9 +7,12 @@ releases; the tests compare every variant against transformers.
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
+
+if TYPE_CHECKING:
+    from engine.models.llama_config import DecoderShape
 
 
 def rope_inv_freq(head_dim: int, theta: float, scaling: dict[str, Any] | None, max_positions: int
@@ -91,6 +94,13 @@ class RotaryTable:
         self.attention_factor = attention_factor
         self.device = device
         self.table = torch.empty(0, dtype=torch.complex64, device=device)
+
+    @classmethod
+    def for_shape(cls, shape: DecoderShape, device: torch.device) -> RotaryTable:
+        """The table a decoder of this shape (a target model, an EAGLE head) rotates with."""
+        inv_freq, factor = rope_inv_freq(shape.head_dim, shape.rope_theta, shape.rope_scaling,
+                                         shape.max_position_embeddings)
+        return cls(inv_freq, factor, device)
 
     def ensure(self, length: int) -> None:
         if length <= self.table.shape[0]:

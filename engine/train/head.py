@@ -17,6 +17,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from engine.errors import MissingFileError
+
 
 def default_aux_layer_ids(num_layers: int) -> list[int]:
     """Low/mid/high target layers, "output of layer i" convention (SpecForge's default).
@@ -299,6 +301,9 @@ def load_exported(folder: str | Path) -> Eagle3Head:
     from safetensors.torch import load_file
 
     folder = Path(folder)
+    missing = [name for name in ("config.json", "model.safetensors") if not (folder / name).is_file()]
+    if missing:
+        raise MissingFileError(f"{folder} is not an exported head: no {' or '.join(missing)} in it")
     cfg = HeadConfig.from_public(json.loads((folder / "config.json").read_text()))
     sd = load_file(str(folder / "model.safetensors"))
     used = torch.arange(cfg.draft_vocab_size) + sd["d2t"]

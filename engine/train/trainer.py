@@ -17,6 +17,7 @@ import json
 import math
 import os
 import random
+import tempfile
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -25,6 +26,7 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
+from safetensors import SafetensorError
 
 from engine.errors import UserError
 from engine.train.data import Sample, iter_batches
@@ -74,6 +76,11 @@ def cpu_has_bf16() -> bool:
 
 class ResumeError(UserError, ValueError):
     """A checkpoint that cannot be continued with these settings; the message says why."""
+
+
+class ExportError(UserError):
+    """The trained head could not be written to the output folder; the message says where its
+    checkpoint is kept and how to export it from there."""
 
 
 # one batch ---------------------------------------------------------------------------------------
@@ -222,6 +229,50 @@ def load_checkpoint(folder: Path) -> tuple[dict[str, torch.Tensor], dict[str, di
     return head_sd, opt_state, state
 
 
+# files written while training: a write that fails here raises one of these
+WRITE_ERRORS: tuple[type[Exception], ...] = (OSError, SafetensorError)
+
+
+def _reason(exc: Exception) -> str:
+    return getattr(exc, "strerror", None) or str(exc)
+
+
+class CheckpointKeeper:
+    """Where the run's checkpoint goes: ``OUT/checkpoint``, or a fresh temporary folder from the
+    first time that cannot be written (the folder vanished, the disk filled up).
+
+    Why: hours of training live in the checkpoint, so a failed write there must not end the run
+    with nothing kept; the run goes on and says where its checkpoint now is."""
+
+    def __init__(self, folder: Path, log: Callable[[str], None]) -> None:
+        self.folder = folder
+        self.wanted = folder
+        self.log = log
+
+    @property
+    def moved(self) -> bool:
+        return self.folder != self.wanted
+
+    def save(self, head: Eagle3Head, opt: torch.optim.Optimizer, state: dict[str, Any]) -> None:
+        try:
+            save_checkpoint(self.folder, head, opt, state)
+        except WRITE_ERRORS as exc:
+            if self.moved:
+                raise
+            self.folder = Path(tempfile.mkdtemp(prefix="specchat-checkpoint-"))
+            self.log(f"cannot write the checkpoint to {self.wanted} ({_reason(exc)}); keeping it in {self.folder}")
+            save_checkpoint(self.folder, head, opt, state)
+
+    def export_failed(self, out: Path, exc: Exception) -> ExportError:
+        """The one-line error for a head that could not be exported: where its checkpoint is, and
+        how to export it once ``out`` can be written (the same command with --resume)."""
+        where = f"could not write the head to {out} ({_reason(exc)}); the trained head is kept in {self.folder}"
+        if not self.moved:
+            return ExportError(f"{where}: once {out} can be written, run the same command with --resume")
+        return ExportError(f"{where}: copy that folder to OUT/checkpoint and run the same command with "
+                           "--resume --out OUT")
+
+
 # the loop ----------------------------------------------------------------------------------------
 @dataclass
 class TrainResult:
@@ -248,6 +299,141 @@ def build_head(hf: torch.nn.Module, train: Sequence[Sample], settings: TrainSett
     return head
 
 
+def total_steps(train_samples: Sequence[Sample], settings: TrainSettings) -> int:
+    """Optimizer steps of the whole run: ``epochs`` passes over the batches, capped by ``max_steps``."""
+    per_epoch = len(list(iter_batches(list(train_samples), settings.batch_tokens, random.Random(0))))
+    total = max(1, math.ceil(settings.epochs * per_epoch))
+    return total if settings.max_steps is None else min(total, settings.max_steps)
+
+
+def lr_at(step: int, settings: TrainSettings, total: int) -> float:
+    """Linear warm-up, then a cosine down to a tenth of the peak rate at ``total``."""
+    if step < settings.warmup_steps:
+        return settings.lr * (step + 1) / settings.warmup_steps
+    frac = (step - settings.warmup_steps) / max(1, total - settings.warmup_steps)
+    return settings.lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(frac, 1.0))))
+
+
+def _resumed(ckpt: Path, settings: TrainSettings) -> tuple[Eagle3Head, dict[str, dict[str, torch.Tensor]], dict]:
+    """The head, optimizer state and progress of the checkpoint in ``ckpt``, if its settings match."""
+    head_sd, opt_state, state = load_checkpoint(ckpt)
+    if state.get("fingerprint") != settings.fingerprint():
+        raise ResumeError(f"{ckpt} was written with different settings ({state.get('fingerprint')}); "
+                          "use the same options, or a new --out folder")
+    cfg = HeadConfig(**state["head_config"])
+    head = Eagle3Head(cfg, torch.arange(cfg.draft_vocab_size) + head_sd["d2t"])
+    head.load_state_dict(head_sd)
+    return head, opt_state, state
+
+
+def _fresh(hf: torch.nn.Module, train_samples: Sequence[Sample], settings: TrainSettings, stop_ids: Sequence[int],
+           init_from: str | Path | None) -> tuple[Eagle3Head, dict]:
+    """A new head (built, or read from an exported one) and the progress of a run at step 0."""
+    if init_from is not None:
+        head = load_exported(init_from)
+        if head.config.vocab_size != int(hf.config.vocab_size) or \
+                head.config.draft_vocab_size != settings.draft_vocab_size:
+            raise ResumeError(f"{init_from} does not fit: vocabulary {head.config.vocab_size}/"
+                              f"{head.config.draft_vocab_size}, want {hf.config.vocab_size}/"
+                              f"{settings.draft_vocab_size} (pass the same --draft-vocab-size)")
+    else:
+        head = build_head(hf, train_samples, settings, stop_ids)
+    state = {"step": 0, "epoch": 0, "batch": 0, "elapsed_s": 0.0, "train_tokens": 0, "best_tau": None,
+             "history": [], "fingerprint": settings.fingerprint(), "head_config": head.config.to_dict()}
+    return head, state
+
+
+def _optimizer(head: Eagle3Head, settings: TrainSettings, saved: dict[str, dict[str, torch.Tensor]] | None
+               ) -> torch.optim.Optimizer:
+    """AdamW over the head, with a checkpoint's moments when resuming."""
+    opt = torch.optim.AdamW(head.parameters(), lr=settings.lr, betas=(0.9, 0.95), weight_decay=0.0)
+    if saved:
+        osd = opt.state_dict()
+        for idx, st in saved.items():
+            osd["state"][int(idx)] = {k: (v if k != "step" else v.float()) for k, v in st.items()}
+        opt.load_state_dict(osd)
+    return opt
+
+
+@dataclass
+class _Run:
+    """One training run's moving parts; ``state`` is what the checkpoint keeps."""
+
+    head: Eagle3Head
+    opt: torch.optim.Optimizer
+    source: TargetSource
+    settings: TrainSettings
+    state: dict[str, Any]
+    total: int
+    out: Path
+    keeper: CheckpointKeeper
+    eval_samples: Sequence[Sample]
+    card: dict[str, Any] | None
+    log: Callable[[str], None]
+    bar: Any
+    bf16: bool = False  # the head's forward under bf16 autocast
+    ema: list[float] | None = None
+    ema_loss: float | None = None
+
+    def step(self, batch: Sequence[Sample]) -> None:
+        """One optimizer step on ``batch``; the progress bar shows smoothed loss and acceptance."""
+        st = self.settings
+        for g in self.opt.param_groups:
+            g["lr"] = lr_at(self.state["step"], st, self.total)
+        loss, stats, *_ = batch_loss(self.head, self.source, batch, st.ttt_steps, st.step_weight, bf16=self.bf16)
+        self.opt.zero_grad(set_to_none=True)
+        if loss.requires_grad:
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(self.head.parameters(), st.grad_clip)
+            self.opt.step()
+        self.state["step"] += 1
+        self.state["batch"] += 1
+        self.state["train_tokens"] += stats.tokens
+        self.ema = stats.acc if self.ema is None else [0.9 * e + 0.1 * a
+                                                       for e, a in zip(self.ema, stats.acc, strict=True)]
+        self.ema_loss = stats.loss if self.ema_loss is None else 0.9 * self.ema_loss + 0.1 * stats.loss
+        self.bar.update(1)
+        self.bar.set_postfix(loss=f"{self.ema_loss:.3f}", acc0=f"{self.ema[0]:.2f}",
+                             tau_est=f"{chain_tau(self.ema):.2f}")
+
+    def checkpoint(self) -> None:
+        self.keeper.save(self.head, self.opt, self.state)
+
+    def evaluate(self) -> dict[str, Any]:
+        """Held-out tau now, logged and kept in the history (empty without held-out samples)."""
+        if not self.eval_samples:
+            return {}
+        state = self.state
+        res = measure_tau(self.head, self.source, self.eval_samples, self.settings.ttt_steps)
+        res.update(step=state["step"], elapsed_s=round(state["elapsed_s"], 1), train_tokens=state["train_tokens"])
+        state["history"].append(res)
+        self.log(f"step {state['step']}: held-out tau {res['tau']:.3f} (chain of {res['chain_depth']}, "
+                 f"{res['positions']} positions; per-step acceptance "
+                 + ", ".join(f"{a:.2f}" for a in res["step_acceptance"]) + ")")
+        return res
+
+    def export(self, res: dict[str, Any]) -> None:
+        """Write the head to ``out`` unless an earlier export measured a better tau.
+
+        A failed write keeps the checkpoint and raises ExportError saying where it is; the best
+        tau is recorded only once its head is written, so a resumed run exports it again."""
+        best = self.state.get("best_tau")
+        if res and best is not None and res["tau"] < best:
+            return
+        state = self.state
+        info = {**(self.card or {}), "steps": state["step"], "train_tokens": state["train_tokens"],
+                "training_time_s": round(state["elapsed_s"]), "eval": res or None,
+                "finished": state["step"] >= self.total}
+        try:
+            export_head(self.head, self.out, getattr(torch, self.settings.export_dtype), card=info)
+            (self.out / "tau.json").write_text(json.dumps(info, indent=2) + "\n")
+        except WRITE_ERRORS as exc:
+            self.checkpoint()
+            raise self.keeper.export_failed(self.out, exc) from None
+        if res:
+            state["best_tau"] = res["tau"]
+
+
 def train(hf: torch.nn.Module, train_samples: Sequence[Sample], eval_samples: Sequence[Sample], out_dir: str | Path,
           settings: TrainSettings, *, stop_ids: Sequence[int] = (), resume: bool = False,
           card: dict[str, Any] | None = None, log: Callable[[str], None] = print, progress_bar: bool = True,
@@ -258,123 +444,52 @@ def train(hf: torch.nn.Module, train_samples: Sequence[Sample], eval_samples: Se
     ``deadline`` (time.time()) stops early after a checkpoint, then evaluates and exports.
     ``init_from`` starts a new run from an exported head (its weights and draft vocabulary; the
     optimizer starts afresh): how a run continues on a machine that lacks the checkpoint.
+    A head that cannot be written raises ExportError, its checkpoint kept (the message says where).
     """
     from tqdm.auto import tqdm
 
-    source = source or LiveTarget(hf)
-    bf16 = settings.use_bf16()
     out = Path(out_dir)
     ckpt = out / "checkpoint"
-    device = next(hf.parameters()).device
+    saved_opt = None
     if resume:
-        head_sd, opt_state, state = load_checkpoint(ckpt)
-        if state.get("fingerprint") != settings.fingerprint():
-            raise ResumeError(f"{ckpt} was written with different settings ({state.get('fingerprint')}); "
-                              "use the same options, or a new --out folder")
-        cfg = HeadConfig(**state["head_config"])
-        head = Eagle3Head(cfg, torch.arange(cfg.draft_vocab_size) + head_sd["d2t"])
-        head.load_state_dict(head_sd)
+        head, saved_opt, state = _resumed(ckpt, settings)
     else:
         if (ckpt / "progress.json").exists():
             raise ResumeError(f"{out} already holds a training run; pass --resume to continue it or pick a new --out")
-        if init_from is not None:
-            head = load_exported(init_from)
-            if head.config.vocab_size != int(hf.config.vocab_size) or \
-                    head.config.draft_vocab_size != settings.draft_vocab_size:
-                raise ResumeError(f"{init_from} does not fit: vocabulary {head.config.vocab_size}/"
-                                  f"{head.config.draft_vocab_size}, want {hf.config.vocab_size}/"
-                                  f"{settings.draft_vocab_size} (pass the same --draft-vocab-size)")
-        else:
-            head = build_head(hf, train_samples, settings, stop_ids)
-        state = {"step": 0, "epoch": 0, "batch": 0, "elapsed_s": 0.0, "train_tokens": 0, "best_tau": None,
-                 "history": [], "fingerprint": settings.fingerprint(), "head_config": head.config.to_dict()}
-    head.to(device).train()
-    opt = torch.optim.AdamW(head.parameters(), lr=settings.lr, betas=(0.9, 0.95), weight_decay=0.0)
-    if resume:
-        osd = opt.state_dict()
-        for idx, st in opt_state.items():
-            osd["state"][int(idx)] = {k: (v if k != "step" else v.float()) for k, v in st.items()}
-        opt.load_state_dict(osd)
-
-    per_epoch = len(list(iter_batches(list(train_samples), settings.batch_tokens, random.Random(0))))
-    total = max(1, math.ceil(settings.epochs * per_epoch))
-    if settings.max_steps is not None:
-        total = min(total, settings.max_steps)
+        head, state = _fresh(hf, train_samples, settings, stop_ids, init_from)
+    head.to(next(hf.parameters()).device).train()
+    total = total_steps(train_samples, settings)
     bar = tqdm(total=total, initial=min(state["step"], total), desc="training head", unit="step",
                dynamic_ncols=True, disable=not progress_bar)
-    ema: list[float] | None = None
-    ema_loss = None
-    t0 = time.monotonic()
-    elapsed0 = state["elapsed_s"]
+    run = _Run(head, _optimizer(head, settings, saved_opt), source or LiveTarget(hf), settings, state, total, out,
+               CheckpointKeeper(ckpt, log), eval_samples, card, log, bar, settings.use_bf16())
+    _train_until(run, train_samples, deadline)
+    bar.close()
+    run.checkpoint()
+    res = run.evaluate()
+    run.export(res)
+    run.checkpoint()
+    return TrainResult(head, out, state["step"], res, state["history"])
 
-    def lr_at(step: int) -> float:
-        if step < settings.warmup_steps:
-            return settings.lr * (step + 1) / settings.warmup_steps
-        frac = (step - settings.warmup_steps) / max(1, total - settings.warmup_steps)
-        return settings.lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(frac, 1.0))))
 
-    def evaluate() -> dict[str, Any]:
-        if not eval_samples:
-            return {}
-        res = measure_tau(head, source, eval_samples, settings.ttt_steps)
-        res.update(step=state["step"], elapsed_s=round(state["elapsed_s"], 1), train_tokens=state["train_tokens"])
-        state["history"].append(res)
-        log(f"step {state['step']}: held-out tau {res['tau']:.3f} (chain of {res['chain_depth']}, "
-            f"{res['positions']} positions; per-step acceptance "
-            + ", ".join(f"{a:.2f}" for a in res["step_acceptance"]) + ")")
-        return res
-
-    def export(res: dict[str, Any]) -> None:
-        best = state.get("best_tau")
-        if res and best is not None and res["tau"] < best:
-            return
-        if res:
-            state["best_tau"] = res["tau"]
-        info = {**(card or {}), "steps": state["step"], "train_tokens": state["train_tokens"],
-                "training_time_s": round(state["elapsed_s"]), "eval": res or None,
-                "finished": state["step"] >= total}
-        export_head(head, out, getattr(torch, settings.export_dtype), card=info)
-        (out / "tau.json").write_text(json.dumps(info, indent=2) + "\n")
-
-    stopped_early = False
-    while state["step"] < total:
+def _train_until(run: _Run, train_samples: Sequence[Sample], deadline: float | None) -> None:
+    """Steps until the run's total or the deadline, epoch by epoch in a seeded batch order (so a
+    resumed run takes the batches it would have); checkpoints and evaluations on schedule."""
+    state, settings = run.state, run.settings
+    t0, elapsed0 = time.monotonic(), state["elapsed_s"]
+    while state["step"] < run.total:
         batches = list(iter_batches(list(train_samples), settings.batch_tokens,
                                     random.Random(settings.seed * 7919 + state["epoch"])))
-        while state["batch"] < len(batches) and state["step"] < total:
-            batch = batches[state["batch"]]
-            for g in opt.param_groups:
-                g["lr"] = lr_at(state["step"])
-            loss, stats, *_ = batch_loss(head, source, batch, settings.ttt_steps, settings.step_weight, bf16=bf16)
-            opt.zero_grad(set_to_none=True)
-            if loss.requires_grad:
-                loss.backward()
-                torch.nn.utils.clip_grad_norm_(head.parameters(), settings.grad_clip)
-                opt.step()
-            state["step"] += 1
-            state["batch"] += 1
-            state["train_tokens"] += stats.tokens
+        while state["batch"] < len(batches) and state["step"] < run.total:
+            run.step(batches[state["batch"]])
             state["elapsed_s"] = elapsed0 + time.monotonic() - t0
-            ema = stats.acc if ema is None else [0.9 * e + 0.1 * a for e, a in zip(ema, stats.acc, strict=True)]
-            ema_loss = stats.loss if ema_loss is None else 0.9 * ema_loss + 0.1 * stats.loss
-            bar.update(1)
-            bar.set_postfix(loss=f"{ema_loss:.3f}", acc0=f"{ema[0]:.2f}", tau_est=f"{chain_tau(ema):.2f}")
-            if state["step"] % settings.checkpoint_every == 0 or state["step"] >= total:
-                save_checkpoint(ckpt, head, opt, state)
-            if settings.eval_every and state["step"] % settings.eval_every == 0 and state["step"] < total:
-                export(evaluate())
-                save_checkpoint(ckpt, head, opt, state)
+            if state["step"] % settings.checkpoint_every == 0 or state["step"] >= run.total:
+                run.checkpoint()
+            if settings.eval_every and state["step"] % settings.eval_every == 0 and state["step"] < run.total:
+                run.export(run.evaluate())
+                run.checkpoint()
             if deadline is not None and time.time() > deadline:
-                stopped_early = True
-                break
-        if stopped_early:
-            break
+                return
         if state["batch"] >= len(batches):
             state["epoch"] += 1
             state["batch"] = 0
-    bar.close()
-    save_checkpoint(ckpt, head, opt, state)
-    res = evaluate()
-    export(res)
-    save_checkpoint(ckpt, head, opt, state)
-    return TrainResult(head, out, state["step"], res, state["history"])
-

@@ -1,52 +1,73 @@
-"""Command palette: type a setting and a value ("num_steps 3", "topk=2", "method ngram")."""
+"""Command palette: type a setting and a value ("num_steps 3", "topk=2", "method ngram").
+
+The provider reads the settings from the app's :class:`SettingsControl` and asks for changes by
+message, so it needs nothing else of the app (and does not import it).
+"""
 
 from __future__ import annotations
 
 from functools import partial
-from typing import TYPE_CHECKING, cast
+from typing import Protocol, cast
 
 from textual.command import DiscoveryHit, Hit, Hits, Provider
+from textual.message import Message
 
-from specchat.tui.settings_schema import (
-    ENGINE_FIELDS,
-    FIELDS,
-    UI_FIELDS,
-    applies,
-    example_value,
-    format_value,
-    resolve_name,
+from specchat.tui.messages import ChangeSetting, OpenSettings
+from specchat.tui.settings_control import SettingsControl
+from specchat.tui.settings_schema import FIELDS, SettingField, example_value, format_value, resolve_name
+
+# The app's own palette entries: (title, help, action run by ``App.run_action``).
+SYSTEM_COMMANDS: tuple[tuple[str, str, str], ...] = (
+    ("Settings", "Open the settings panel (hot-swap tree knobs)", "toggle_settings"),
+    ("Compare mode", "Baseline and speculative side by side", "toggle_compare"),
+    ("Teaching mode", "Pause after every step and explain it", "toggle_teach"),
+    ("Show/hide rejected drafts", "Struck-through refused drafts in the stream", "toggle_rejected"),
+    ("Help: how speculative decoding works", "Draft, verify, accept, bonus, tau, knobs", "help"),
+    ("SGLang launch flags", "The settings in force, as SGLang server arguments", "sglang_args"),
+    ("Side panels", "Show / hide the draft tree and stats (F6)", "toggle_panels"),
+    ("Reopen a saved conversation", "Conversations are saved as you go (Ctrl+O)", "open_sessions"),
+    ("Export conversation", "Markdown, plus HTML and SVG with the token colours (Ctrl+E)",
+     "export('conversation')"),
+    ("Export last answer", "Markdown, plus HTML and SVG with the token colours", "export('answer')"),
 )
 
-if TYPE_CHECKING:
-    from specchat.tui.app import SpecChatApp
+
+class HasSettings(Protocol):
+    """What the palette needs of its app."""
+
+    settings_control: SettingsControl
+
+    def post_message(self, message: Message) -> bool: ...
 
 
 class SettingsCommands(Provider):
     """Context-aware: offers 'set NAME = VALUE' for what was typed, and the current values."""
 
     @property
-    def _app(self) -> SpecChatApp:
-        return cast("SpecChatApp", self.app)
+    def _owner(self) -> HasSettings:
+        return cast(HasSettings, self.app)
 
-    def _current(self, name: str) -> object:
-        app = self._app
-        if FIELDS[name].scope == "ui":
-            return app.ui_values()[name]
-        return getattr(app.pending_config or app.applied_config, name)
+    @property
+    def _control(self) -> SettingsControl:
+        return self._owner.settings_control
 
-    def _fields(self):
-        """The settings that act on the method in force (knobs of other drafters are left out)."""
-        method = self._app.applied_config.method
-        return [f for f in (*ENGINE_FIELDS, *UI_FIELDS) if applies(f.name, method)]
+    def _fields(self) -> list[SettingField]:
+        return self._control.fields()
+
+    def _open(self, name: str) -> None:
+        self._owner.post_message(OpenSettings(name))
+
+    def _set(self, name: str, value: str) -> None:
+        self._owner.post_message(ChangeSetting(name, value))
+
+    def _hint(self, field: SettingField, current: object) -> str:
+        return f"{field.help} — type e.g. '{field.name} {example_value(field, current)}' to change"
 
     async def discover(self) -> Hits:
         for field in self._fields()[:6]:
-            current = self._current(field.name)
-            yield DiscoveryHit(
-                f"{field.name} = {format_value(current)}",
-                partial(self._app.open_settings, field.name),
-                help=f"{field.help} — type e.g. '{field.name} {example_value(field, current)}' to change",
-            )
+            current = self._control.current(field.name)
+            yield DiscoveryHit(f"{field.name} = {format_value(current)}", partial(self._open, field.name),
+                               help=self._hint(field, current))
 
     async def search(self, query: str) -> Hits:
         text = query.replace("=", " ").split()
@@ -57,16 +78,16 @@ class SettingsCommands(Provider):
                 yield Hit(
                     1.0,
                     f"Set {name} = {value}",
-                    partial(self._app.apply_setting, name, value),
+                    partial(self._set, name, value),
                     text=f"Set {name} = {value}",
-                    help=f"now {format_value(self._current(name))}; {FIELDS[name].help}",
+                    help=f"now {format_value(self._control.current(name))}; {FIELDS[name].help}",
                 )
                 return
         matcher = self.matcher(query)
         for field in self._fields():
-            current = self._current(field.name)
+            current = self._control.current(field.name)
             label = f"{field.name} = {format_value(current)}"
             score = matcher.match(label)
             if score > 0:
-                yield Hit(score, matcher.highlight(label), partial(self._app.open_settings, field.name), text=label,
-                          help=f"{field.help} — type e.g. '{field.name} {example_value(field, current)}' to change")
+                yield Hit(score, matcher.highlight(label), partial(self._open, field.name), text=label,
+                          help=self._hint(field, current))

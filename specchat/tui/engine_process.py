@@ -25,24 +25,27 @@ import multiprocessing as mp
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from multiprocessing import resource_tracker
 from typing import Any
 
 from engine.config import ConfigError, SpecConfig
 from engine.events import Step
-from engine.trace import Record
 from specchat.tui.host import (
     Delivery,
     EngineHost,
     Item,
     Job,
     JobDone,
+    JobKind,
     Loaded,
     LoadFailed,
     Mailbox,
     SessionFactory,
+    applied_at_once,
     lower_priority,
 )
+from specchat.tui.trace import Record
 
 
 @dataclass
@@ -78,6 +81,8 @@ class _GateProxy:
 
 
 class ProcessHost:
+    """The :class:`~specchat.tui.host_api.Host` surface in the UI process; the engine runs in a child."""
+
     def __init__(
         self,
         factory: SessionFactory,
@@ -135,8 +140,8 @@ class ProcessHost:
         self._replay_speed = speed
         self._send("replay_speed", speed)
 
-    def submit(self, kind: str, text: str = "", records: Sequence[Record] = ()) -> int:
-        job = Job(kind=kind, text=text, records=tuple(records), id=next(self._ids))  # type: ignore[arg-type]
+    def submit(self, kind: JobKind, text: str = "", records: Sequence[Record] = ()) -> int:
+        job = Job(kind=kind, text=text, records=tuple(records), id=next(self._ids))
         with self._lock:
             self._open_jobs[job.id] = kind
         self._send("submit", job)
@@ -145,8 +150,9 @@ class ProcessHost:
     def cancel(self) -> None:
         self._send("cancel")
 
-    def update_config(self, config: SpecConfig) -> None:
-        """Raises the session's ConfigError if it refuses (the old settings stay), or if the engine is gone."""
+    def update_config(self, config: SpecConfig) -> bool:
+        """Raises the session's ConfigError if it refuses (the old settings stay), or if the engine is gone;
+        True when the idle session applied it at once."""
         with self._rpc_lock:
             self._send("update_config", config)
             try:
@@ -156,6 +162,7 @@ class ProcessHost:
         if status == "error":
             raise rest[0]
         self.session.config, self.session.pending_config = rest
+        return applied_at_once(self.session.config, self.session.pending_config, config)
 
     def drain(self) -> list[Item]:
         return self.mailbox.drain()
@@ -259,40 +266,8 @@ def _child_main(factory: SessionFactory, record_path: str | None, replay_speed: 
     forwarder.host = host
     sender = threading.Thread(target=forwarder.loop, name="specchat-forward", daemon=True)
     sender.start()
-    def commands() -> None:
-        while True:
-            try:
-                op, *args = cmd_in.recv()
-            except (EOFError, OSError):
-                host.shutdown()
-                return
-            if op == "shutdown":
-                host.shutdown()
-                return
-            if op == "submit":
-                host._jobs.put(args[0])  # the parent numbers the jobs
-            elif op == "cancel":
-                host.cancel()
-            elif op == "update_config":
-                try:
-                    host.update_config(args[0])
-                    rpc_out.send(("ok", host.session.config, host.session.pending_config))
-                except Exception as exc:  # the session's ConfigError, raised again in the UI
-                    rpc_out.send(("error", exc))
-            elif op == "gate_stepping":
-                host.gate.set_stepping(args[0])
-            elif op == "gate_release":
-                host.gate.release(args[0])
-            elif op == "gate_interrupt":
-                host.gate.interrupt()
-            elif op == "record_path":
-                host.record_path = args[0]
-            elif op == "set_record_path":
-                host.set_record_path(args[0], args[1])
-            elif op == "replay_speed":
-                host.replay_speed = args[0]
-
-    threading.Thread(target=commands, name="specchat-commands", daemon=True).start()
+    handlers = _command_handlers(host, rpc_out)
+    threading.Thread(target=_obey, args=(cmd_in, host, handlers), name="specchat-commands", daemon=True).start()
     try:
         host.run()
     finally:
@@ -301,3 +276,39 @@ def _child_main(factory: SessionFactory, record_path: str | None, replay_speed: 
         sender.join(timeout=2)
         with contextlib.suppress(OSError, ValueError):
             items_out.send(("exit", None))
+
+
+def _command_handlers(host: EngineHost, rpc_out: Any) -> dict[str, Callable[..., object]]:
+    """The parent's commands (``ProcessHost._send``'s first argument) and what each does here."""
+
+    def update_config(config: SpecConfig) -> None:
+        try:
+            host.update_config(config)
+            rpc_out.send(("ok", host.session.config, host.session.pending_config))
+        except Exception as exc:  # the session's ConfigError, raised again in the UI
+            rpc_out.send(("error", exc))
+
+    return {
+        "submit": host.enqueue,  # the parent numbers the jobs
+        "cancel": host.cancel,
+        "update_config": update_config,
+        "gate_stepping": host.gate.set_stepping,
+        "gate_release": host.gate.release,
+        "gate_interrupt": host.gate.interrupt,
+        "record_path": partial(setattr, host, "record_path"),
+        "set_record_path": host.set_record_path,
+        "replay_speed": partial(setattr, host, "replay_speed"),
+    }
+
+
+def _obey(cmd_in: Any, host: EngineHost, handlers: dict[str, Callable[..., object]]) -> None:
+    """Carry out the parent's commands in order until it says shutdown or its end of the pipe closes."""
+    while True:
+        try:
+            op, *args = cmd_in.recv()
+        except (EOFError, OSError):
+            op, args = "shutdown", []
+        if op == "shutdown":
+            host.shutdown()
+            return
+        handlers[op](*args)

@@ -35,6 +35,7 @@ from engine.events import (
     Step,
     StepTiming,
 )
+from engine.stats import RunningTally
 from engine.tree import DraftTree
 
 Message = dict[str, str]
@@ -54,44 +55,17 @@ def token_id(piece: str) -> int:
     return zlib.crc32(piece.encode("utf-8")) % 49_000 + 100
 
 
-@dataclasses.dataclass
-class _Stats:
-    tokens: int = 0
-    steps: int = 0
-    elapsed_s: float = 0.0
-    draft_ms: float = 0.0
-    verify_ms: float = 0.0
-    reached: list[int] = dataclasses.field(default_factory=list)
-    accepted: list[int] = dataclasses.field(default_factory=list)
-
-    def add(self, tree: DraftTree, accepted: Sequence[int], committed: int, timing: StepTiming) -> RunningStats:
-        """The engine's definitions (engine/session.py ``_Tally``): cumulative ms; depth d+1 counts
-        as attempted when the accepted path reached depth d and the node there has children."""
-        self.tokens += committed
-        self.steps += 1
-        self.elapsed_s += timing.total_ms / 1000
-        self.draft_ms += timing.draft_ms
-        self.verify_ms += timing.verify_ms
-        has_children = set(tree.parents[1:])
-        for d, node in enumerate((0, *accepted)):
-            if node not in has_children:
-                break
-            while len(self.reached) <= d:
-                self.reached.append(0)
-                self.accepted.append(0)
-            self.reached[d] += 1
-            if d < len(accepted):
-                self.accepted[d] += 1
-        return RunningStats(
-            tokens=self.tokens,
-            steps=self.steps,
-            elapsed_s=round(self.elapsed_s, 6),
-            tokens_per_s=round(self.tokens / self.elapsed_s, 3) if self.elapsed_s else 0.0,
-            tau=round(self.tokens / self.steps, 4),
-            accept_per_depth=tuple(round(a / r, 4) for a, r in zip(self.accepted, self.reached, strict=True) if r),
-            draft_ms=round(self.draft_ms, 3),
-            verify_ms=round(self.verify_ms, 3),
-        )
+def _add(stats: RunningTally, tree: DraftTree, accepted: Sequence[int], committed: int, timing: StepTiming
+         ) -> RunningStats:
+    """One scripted step into ``stats`` (a ``RunningTally(wall_clock=False)``: a scripted answer is
+    generated at once, so its time is its steps' timings). Every token a scripted step produces is
+    committed: no stop token. Rounded, so a recorded demo trace stays readable and diffable."""
+    stats.add_step(tree, accepted, committed, committed, timing)
+    s = stats.snapshot()
+    return dataclasses.replace(
+        s, elapsed_s=round(s.elapsed_s, 6), tokens_per_s=round(s.tokens_per_s, 3), tau=round(s.tau, 4),
+        accept_per_depth=tuple(round(a, 4) for a in s.accept_per_depth), draft_ms=round(s.draft_ms, 3),
+        verify_ms=round(s.verify_ms, 3))
 
 
 def _split_multibyte(pieces: list[str]) -> list[str]:
@@ -130,7 +104,7 @@ def synthetic_answer(
         Started(prompt_tokens=prompt_tokens, prefill_ms=round(verify_ms * 1.6, 3), config=config.to_dict(),
                 model=model, drafter=config.method)
     ]
-    stats = _Stats()
+    stats = RunningTally(wall_clock=False)
     root, root_text = token_id("\n"), "\n"
     # step 0, as the engine reports it: the prefill's own next token, no draft
     first = CommittedToken(id=token_id(pieces[0]), origin="target", text=pieces[0])
@@ -138,7 +112,7 @@ def synthetic_answer(
     tree0 = DraftTree.root_only(root)
     events.append(Step(index=0, tree=tree0, tree_text=(root_text,), accepted=(), bonus=first.id,
                        committed=(first,), text=first.text, timing=timing0,
-                       stats=stats.add(tree0, (), 1, timing0)))
+                       stats=_add(stats, tree0, (), 1, timing0)))
     root, root_text = first.id, first.text
     running = events[-1].stats  # a one-token answer has no step after the prefill's
     pos = 1
@@ -170,7 +144,7 @@ def synthetic_answer(
             verify_ms=round(verify_ms * (1 + 0.01 * len(tree)) * rng.uniform(0.95, 1.05), 3),
             other_ms=round(rng.uniform(0.2, 0.5), 3),
         )
-        running = stats.add(tree, path, len(committed), timing)
+        running = _add(stats, tree, path, len(committed), timing)
         events.append(
             Step(
                 index=index,
@@ -262,13 +236,13 @@ def baseline_answer(answer: Sequence[Event], *, verify_ms: float = 16.0, seed: i
     cfg = dict(started.config)
     cfg["method"] = "none"
     out: list[Event] = [dataclasses.replace(started, config=cfg, drafter="none")]
-    stats = _Stats()
+    stats = RunningTally(wall_clock=False)
     root, root_text = token_id("\n"), "\n"
     running = RunningStats()
     for i, tok in enumerate(tokens):
         tree = DraftTree.root_only(root)
         timing = StepTiming(0.0, round(verify_ms * rng.uniform(0.95, 1.05), 3), round(rng.uniform(0.1, 0.3), 3))
-        running = stats.add(tree, (), 1, timing)
+        running = _add(stats, tree, (), 1, timing)
         c = CommittedToken(id=tok.id, origin="target", text=tok.text)
         out.append(
             Step(index=i, tree=tree, tree_text=(root_text,), accepted=(), bonus=tok.id, committed=(c,),
@@ -353,7 +327,7 @@ class ScriptedSession:
 
     @classmethod
     def from_trace(cls, path: str, **kwargs: Any) -> ScriptedSession:
-        from engine.trace import read_trace
+        from specchat.tui.trace import read_trace
 
         header, records = read_trace(path)
         cfg = SpecConfig.from_dict(header.get("config") or {}) if header.get("config") else None

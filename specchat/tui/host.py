@@ -16,6 +16,7 @@ Nothing here imports Textual, so the host is tested on its own.
 
 from __future__ import annotations
 
+import atexit
 import gc
 import itertools
 import os
@@ -30,7 +31,7 @@ from typing import Any, Literal
 
 from engine.config import SpecConfig
 from engine.events import Event, Finished, Started, Step
-from engine.trace import Record, TraceWriter, UserTurn
+from specchat.tui.trace import Record, TraceWriter, UserTurn
 
 Lane = Literal["chat", "baseline", "spec"]
 ProgressFn = Callable[[str, int, int], None]
@@ -65,9 +66,15 @@ def freeze_loaded_objects() -> None:
     it triggers walks every tracked object in the process, the tokenizer's and the engine's too.
     Measured while streaming on the 2-core VM: about 10% of the event loop's samples were in
     the collector. Frozen objects are skipped; anything created later is collected as usual.
+
+    They are thawed at exit: objects still frozen when the interpreter finalizes are never freed,
+    and extension modules that check for leaks at shutdown (Triton's nanobind bindings, imported by
+    transformers and on CUDA) then print a screen of "nanobind: leaked ..." lines.
     """
     gc.collect()
     gc.freeze()
+    atexit.unregister(gc.unfreeze)  # once, however many loads
+    atexit.register(gc.unfreeze)
 
 
 # items the UI receives ------------------------------------------------------------------------
@@ -117,9 +124,12 @@ Item = LoadProgress | Loaded | LoadFailed | Delivery | JobDone | GateWaiting
 
 
 # jobs -------------------------------------------------------------------------------------------
+JobKind = Literal["chat", "compare", "replay", "reset", "restore"]
+
+
 @dataclass(frozen=True)
 class Job:
-    kind: Literal["chat", "compare", "replay", "reset", "restore"]
+    kind: JobKind
     text: str = ""
     records: Sequence[Record] = ()
     id: int = field(default=0)
@@ -255,13 +265,16 @@ class EngineHost:
             self._writer = None
         self.record_path = path
         if path is not None and records:
-            self._open_writer()
+            writer = self._open_writer(path)
             for record in records:
-                self._writer.write(record)  # type: ignore[union-attr]
+                writer.write(record)
 
     # called from the UI thread -------------------------------------------------------------
-    def submit(self, kind: str, text: str = "", records: Sequence[Record] = ()) -> int:
-        job = Job(kind=kind, text=text, records=tuple(records), id=next(self._ids))  # type: ignore[arg-type]
+    def submit(self, kind: JobKind, text: str = "", records: Sequence[Record] = ()) -> int:
+        return self.enqueue(Job(kind=kind, text=text, records=tuple(records), id=next(self._ids)))
+
+    def enqueue(self, job: Job) -> int:
+        """Queue a numbered job (a process host numbers its jobs in the UI process and sends them here)."""
         self._jobs.put(job)
         return job.id
 
@@ -271,11 +284,14 @@ class EngineHost:
             self.session.cancel()
         self.gate.interrupt()
 
-    def update_config(self, config: SpecConfig) -> None:
-        """Raises ConfigError if the session refuses; thread-safe by the SessionAPI contract."""
+    def update_config(self, config: SpecConfig) -> bool:
+        """Raises ConfigError if the session refuses; thread-safe by the SessionAPI contract.
+
+        Returns True when the session applied it at once (it was idle, so no event will say so)."""
         if self.session is None:
             raise RuntimeError("no session loaded")
         self.session.update_config(config)
+        return applied_at_once(self.session.config, self.session.pending_config, config)
 
     def shutdown(self) -> None:
         self._stop.set()
@@ -330,18 +346,18 @@ class EngineHost:
                 self.running_job = None
             self.mailbox.put(JobDone(job.id, job.kind, error))
 
-    def _open_writer(self) -> None:
+    def _open_writer(self, path: str) -> TraceWriter:
         cfg = self.session.config if self.session is not None else None
         name = getattr(self.session, "model_name", "")
-        self._writer = TraceWriter(self.record_path, model=name, drafter=cfg.method if cfg else "",  # type: ignore[arg-type]
+        self._writer = TraceWriter(path, model=name, drafter=cfg.method if cfg else "",
                                    config=cfg.to_dict() if cfg else None)
         self._writer.open()
+        return self._writer
 
     def _deliver(self, job: Job, lane: Lane, record: Record) -> None:
         if self.record_path is not None and job.kind not in ("replay", "restore"):
-            if self._writer is None:
-                self._open_writer()
-            self._writer.write(record)  # type: ignore[union-attr]
+            writer = self._writer or self._open_writer(self.record_path)
+            writer.write(record)
         if isinstance(record, Started):
             self._last_started = record
         self.mailbox.put(Delivery(job.id, lane, record))
@@ -440,6 +456,11 @@ class EngineHost:
         if speed <= 0 or ms <= 0 or self.gate.stepping:
             return
         self._cancelled.wait(ms / 1000 / speed)
+
+
+def applied_at_once(in_force: SpecConfig | None, pending: SpecConfig | None, asked: SpecConfig) -> bool:
+    """Whether a session that accepted ``asked`` has it in force already (no event will announce it)."""
+    return pending is None and in_force == asked
 
 
 def _one_line(exc: BaseException) -> str:

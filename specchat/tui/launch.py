@@ -18,20 +18,19 @@ DEFAULT_METHOD = "ngram"
 
 
 def config_from_args(args: argparse.Namespace, default_method: str | None = DEFAULT_METHOD) -> SpecConfig:
-    """A SpecConfig from the spec flags ``args`` carries (missing or None ones are skipped).
+    """The SpecConfig for ``specchat run``: the mapping every command uses (``specchat.options``).
 
-    Method aliases and value normalisation are the CLI's (``specchat.cli.spec_overrides``), so
-    ``run`` and ``generate`` read flags the same way. Raises ConfigError (one line) when invalid.
+    So the TUI applies the same rules as ``generate`` and ``bench`` (method aliases, SGLang's
+    top-k 1 rule, a draft implying the method). Missing or None flags are skipped. Raises
+    ConfigError (one line) when the flags are invalid, an unknown method included.
     """
-    from specchat.cli import UsageError, spec_overrides
+    from specchat.options import UsageError, make_config
 
+    defaults = {"method": default_method} if default_method is not None else {}
     try:
-        values = spec_overrides(args)
+        return make_config(args, **defaults)
     except UsageError as exc:
         raise ConfigError(str(exc)) from None
-    if "method" not in values and default_method is not None:
-        values["method"] = default_method
-    return SpecConfig().replace(**values)
 
 
 def _ui_settings(args: argparse.Namespace):
@@ -67,7 +66,7 @@ def _real_factory(args: argparse.Namespace, config: SpecConfig) -> SessionLoader
     passed = ("backend", "allow_pickle", "threads", "revision", "weights", "precision")
     extra = {k: getattr(args, k) for k in passed if getattr(args, k, None) is not None}
     extra["reserve_cores"] = 0
-    from specchat.cli import draft_options
+    from specchat.options import draft_options
 
     extra.update(draft_options(args))
     return SessionLoader(getattr(args, "model", None), config, getattr(args, "dtype", None) or "auto",
@@ -129,11 +128,11 @@ def run_tui(args: argparse.Namespace) -> int:
 
 
 def replay_tui(args: argparse.Namespace) -> int:
-    from engine.trace import TraceError, read_trace
+    from specchat.tui.trace import TraceError, open_trace
 
     path = str(args.trace)
-    try:
-        header, records = read_trace(path)
+    try:  # a recording cut by a crash still plays up to its last whole record
+        trace = open_trace(path, tolerant=True)
     except TraceError as exc:
         print(f"specchat replay: {exc}", file=sys.stderr)
         return 2
@@ -142,20 +141,25 @@ def replay_tui(args: argparse.Namespace) -> int:
         print("specchat replay: --speed must be > 0", file=sys.stderr)
         return 2
     try:
-        config = SpecConfig.from_dict(header.get("config") or {})
+        config = SpecConfig.from_dict(trace.header.get("config") or {})
     except (ConfigError, TypeError):
         config = SpecConfig()
     ui, warnings = _ui_settings(args)
+    if trace.dropped:
+        warnings = [*warnings, f"{path}: {trace.dropped} damaged line(s) left out (the recording was cut); "
+                               "replaying the rest"]
 
-    from specchat.tui.app import ReplaySource, SpecChatApp
+    from specchat.tui.app import SpecChatApp
+    from specchat.tui.trace import ReplaySource
 
     app = SpecChatApp(
         factory=None,
         config=config,
         ui=ui,
         warnings=warnings,
-        replay=ReplaySource(path, header, tuple(records), speed=speed, step=bool(getattr(args, "step", False))),
-        model_label=str(header.get("model") or ""),
+        replay=ReplaySource(path, trace.header, tuple(trace.records), speed=speed,
+                            step=bool(getattr(args, "step", False))),
+        model_label=str(trace.header.get("model") or ""),
     )
     result = app.run()
     return int(result or 0)

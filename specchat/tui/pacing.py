@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from typing import Protocol
 
 
 class FramePacer:
@@ -50,3 +51,38 @@ class FramePacer:
             return
         used = max(0.0, self._cpu() - self._last_cpu)
         self.frame_cost = used if self.frame_cost == 0.0 else 0.7 * self.frame_cost + 0.3 * used
+
+
+class Stoppable(Protocol):
+    def stop(self) -> object: ...
+
+
+class FrameClock:
+    """Turns the engine's wake-ups into frames at the pacer's pace.
+
+    A wake-up draws at once when the pacer allows it or something urgent waits (an answer ended,
+    the engine paused, the model loaded); otherwise one timer draws when the next frame is due, and
+    wake-ups until then fold into that frame. ``set_timer`` is the event loop's (Textual's).
+    """
+
+    def __init__(self, pacer: FramePacer, set_timer: Callable[[float, Callable[[], None]], Stoppable],
+                 draw: Callable[[], None]) -> None:
+        self.pacer = pacer
+        self._set_timer = set_timer
+        self._draw = draw
+        self._timer: Stoppable | None = None
+
+    def wake(self, urgent: bool) -> None:
+        wait = 0.0 if urgent else self.pacer.wait()
+        if wait > 0:
+            if self._timer is None:
+                self._timer = self._set_timer(wait, self._on_time)
+            return
+        if self._timer is not None:  # an urgent item overtakes the frame pacing
+            self._timer.stop()
+            self._timer = None
+        self._draw()
+
+    def _on_time(self) -> None:
+        self._timer = None
+        self._draw()

@@ -1,6 +1,6 @@
 """Saved conversations and exports (no Textual imports).
 
-Every chat is recorded as a trace (engine/trace.py: the user's turns and every engine event) under
+Every chat is recorded as a trace (trace.py: the user's turns and every engine event) under
 the user data dir, so it can be reopened later with its draft trees, or replayed. Exports turn what
 was said into Markdown (the words) or into an HTML / SVG snapshot with the token colours of the
 theme in use (for slides).
@@ -18,8 +18,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from engine.events import Finished, Started, Step
-from engine.trace import Record, TraceError, UserTurn, read_trace
+from engine.events import Finished, Started
+from specchat.tui.trace import Record, Trace, UserTurn, open_trace
 
 ENV_VAR = "SPECCHAT_DATA_DIR"
 
@@ -63,22 +63,25 @@ class SavedSession:
 
 
 def _summary(path: Path) -> SavedSession | None:
-    """Read only what the list needs: the header and the user turns (quick, never raises)."""
+    """Read only what the list needs: the header and the user turns (quick, never raises).
+
+    Why not :func:`open_trace`: steps are most of a file and the list needs none of them, so lines
+    without a user turn are skipped unparsed. A line that is not JSON (cut by a crash while it was
+    written) is skipped too: the conversation is still listed, and reopening says what was lost.
+    """
     turns = 0
     title = ""
     model = ""
     try:
-        with path.open(encoding="utf-8") as fh:
-            for n, line in enumerate(fh):
-                if n == 0:
-                    head = json.loads(line)
-                    if head.get("kind") != "header":
-                        return None
-                    model = str(head.get("model", ""))
-                    continue
+        with path.open(encoding="utf-8", errors="replace") as fh:
+            head = json.loads(fh.readline())
+            if not isinstance(head, dict) or head.get("kind") != "header":
+                return None
+            model = str(head.get("model", ""))
+            for line in fh:
                 if '"user"' not in line:  # cheap pre-filter; steps are most of the file
                     continue
-                data = json.loads(line)
+                data = _json_object(line)
                 if data.get("kind") != "user" or data.get("mode") != "chat":
                     continue
                 turns += 1
@@ -92,6 +95,15 @@ def _summary(path: Path) -> SavedSession | None:
     return SavedSession(path, stat.st_mtime, title[:70] + ("…" if len(title) > 70 else ""), turns, model)
 
 
+def _json_object(line: str) -> dict[str, object]:
+    """One line as a JSON object, or ``{}`` when it is not one (a damaged line counts for nothing)."""
+    try:
+        data = json.loads(line)
+    except ValueError:
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
 def list_sessions(folder: Path | None = None) -> list[SavedSession]:
     """Saved conversations, newest first (unreadable or empty files are skipped)."""
     folder = folder or sessions_dir()
@@ -101,10 +113,11 @@ def list_sessions(folder: Path | None = None) -> list[SavedSession]:
     return sorted(found, key=lambda s: s.modified, reverse=True)
 
 
-def load_session(path: Path) -> list[Record]:
-    """The records of a saved conversation; raises TraceError with a one-line message."""
-    _, records = read_trace(path)
-    return records
+def load_session(path: Path) -> Trace:
+    """A saved conversation, read tolerantly: a line cut by a crash while it was written is left out
+    (``Trace.dropped`` says how many), so the rest can still be reopened. Raises TraceError when the
+    file is not a conversation at all."""
+    return open_trace(path, tolerant=True)
 
 
 def chat_records(records: Sequence[Record]) -> list[Record]:
@@ -147,28 +160,6 @@ class Turn:
     user: str
     label: str
     pieces: tuple[Piece, ...]
-
-
-def turns_from_records(records: Sequence[Record]) -> list[Turn]:
-    """Turns rebuilt from a recording (same pieces as the token stream shows)."""
-    from specchat.tui.widgets.token_stream import pieces_of_step
-
-    turns: list[Turn] = []
-    user = ""
-    label = ""
-    pieces: list[Piece] = []
-    for rec in chat_records(records):
-        if isinstance(rec, UserTurn):
-            user = rec.text
-        elif isinstance(rec, Started):
-            label = f"{rec.model or 'assistant'} · {rec.drafter or 'baseline'}"
-            pieces = []
-        elif isinstance(rec, Step):
-            pieces.extend(pieces_of_step(rec))
-        elif isinstance(rec, Finished) and label:
-            turns.append(Turn(user, label, tuple(pieces)))
-            label = ""
-    return turns
 
 
 def to_markdown(turns: Sequence[Turn], title: str = "specchat conversation") -> str:
@@ -241,4 +232,4 @@ def _rgb(hex_colour: str) -> tuple[int, int, int]:
     return int(h[0:2], 16), int(h[2:4], 16), int(h[4:6], 16)
 
 
-__all__ = ["TraceError", "export_files", "list_sessions", "load_session", "new_session_path"]
+__all__ = ["export_files", "list_sessions", "load_session", "new_session_path"]

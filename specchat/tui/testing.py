@@ -8,9 +8,9 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from engine.config import SpecConfig
-from engine.trace import Record, read_trace
-from specchat.tui.app import ReplaySource, SpecChatApp
+from specchat.tui.app import SpecChatApp
 from specchat.tui.fake import ScriptedSession, demo_answers
+from specchat.tui.trace import Record, ReplaySource, read_trace
 from specchat.tui.userconfig import UISettings
 
 SIZE = (120, 40)
@@ -77,7 +77,7 @@ async def send(pilot, text: str, prompt_id: str = "#prompt") -> None:
 
 # --- screenshot scenarios: the same states for the snapshot tests and the README screenshots --------
 def _until_compare(records: Sequence[Record]) -> list[Record]:
-    from engine.trace import UserTurn
+    from specchat.tui.trace import UserTurn
 
     out = []
     for r in records:

@@ -57,7 +57,7 @@ def test_weight_bytes_count_every_matrix_once(tiny_config) -> None:
 
 
 def test_bench_bandwidth_line_needs_a_peak_on_cpu(tiny_config) -> None:
-    from specchat.bench import baseline_bandwidth
+    from specchat.bench_report import baseline_bandwidth
 
     _, model = random_model(str(tiny_config), dtype=torch.float32, device="cpu")
     assert baseline_bandwidth(model, 50.0, None) is None  # no GPU name to look up, no flag
@@ -239,8 +239,9 @@ def test_the_cuda_warm_up_sizes_the_cache_and_runs_every_verify_bucket(tiny_conf
     from engine.drafters.base import NoDrafter
     from engine.events import Step
     from engine.gpu.static import BUCKETS, StaticDecoder
+    from engine.prompts import Prompt
     from engine.session import Session
-    from specchat.bench import Prompt, capture_verify_graphs, size_cache_for
+    from specchat.bench_warmup import capture_verify_graphs, size_cache_for
     from tests.tiny import TinyTokenizer
 
     _, model = random_model(str(tiny_config), dtype=torch.float32, device="cpu")

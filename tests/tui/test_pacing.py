@@ -5,7 +5,7 @@ from __future__ import annotations
 from textual.app import App
 from textual.containers import VerticalScroll
 
-from specchat.tui.pacing import FramePacer
+from specchat.tui.pacing import FrameClock, FramePacer
 from specchat.tui.widgets.repaint import repaint
 from specchat.tui.widgets.token_stream import TokenStream
 
@@ -86,3 +86,43 @@ def test_the_app_skips_the_ansi_to_truecolor_filter_but_keeps_no_color(monkeypat
     assert not any(isinstance(f, ANSIToTruecolor) for f in app.get_line_filters())  # ... we skip it
     monkeypatch.setenv("NO_COLOR", "1")
     assert any(isinstance(f, (Monochrome, NoColor)) for f in make_app().get_line_filters())
+
+
+class FakeTimers:
+    """Stands in for the event loop's ``set_timer``: timers fire only when the test says so."""
+
+    def __init__(self) -> None:
+        self.pending: list[tuple[float, object]] = []
+        self.stopped = 0
+
+    def set_timer(self, delay: float, callback):
+        timers = self
+
+        class Timer:
+            def stop(self) -> None:
+                timers.stopped += 1
+                timers.pending.remove(entry)
+
+        entry = (delay, callback)
+        self.pending.append(entry)
+        return Timer()
+
+    def fire(self) -> None:
+        _, callback = self.pending.pop(0)
+        callback()
+
+
+def test_wake_ups_between_frames_fold_into_one_and_urgent_items_overtake_the_pacing():
+    t, timers, drawn = FakeTime(), FakeTimers(), []
+    p = pacer(t, min_interval=0.05)
+    clock = FrameClock(p, timers.set_timer, lambda: (drawn.append(t.wall), p.begin()))
+    clock.wake(urgent=False)
+    assert len(drawn) == 1 and not timers.pending, "the first frame is drawn at once"
+    clock.wake(urgent=False)
+    clock.wake(urgent=False)
+    assert len(drawn) == 1 and len(timers.pending) == 1, "two wake-ups, one timer"
+    timers.fire()
+    assert len(drawn) == 2
+    clock.wake(urgent=False)
+    clock.wake(urgent=True)
+    assert len(drawn) == 3 and timers.stopped == 1 and not timers.pending, "urgent: drawn now, timer stopped"

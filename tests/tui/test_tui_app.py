@@ -7,7 +7,6 @@ from pathlib import Path
 
 from engine.config import ConfigError
 from engine.events import Step
-from engine.trace import UserTurn, read_trace
 from specchat.tui.app import SpecChatApp
 from specchat.tui.screens.compare import CompareScreen
 from specchat.tui.screens.help import HelpScreen
@@ -22,6 +21,7 @@ from specchat.tui.testing import (
     wait_loaded,
     wait_until,
 )
+from specchat.tui.trace import UserTurn, read_trace
 from specchat.tui.widgets.draft_tree import DraftTreeView
 from specchat.tui.widgets.transcript import AnswerView, UserTurnView
 
@@ -647,7 +647,28 @@ def test_replay_tui_refuses_a_bad_trace_in_one_line(tmp_path, capsys):
     bad.write_text("nope\n")
     assert replay_tui(argparse.Namespace(trace=str(bad), speed=1.0, step=False, theme=None)) == 2
     err = capsys.readouterr().err.strip()
-    assert err.startswith("specchat replay:") and "line 1 is not JSON" in err and "\n" not in err
+    assert err.startswith("specchat replay:") and "bad.jsonl: no whole JSON record in it, not a specchat trace" in err
+    assert "\n" not in err
+
+
+def test_replay_tui_plays_a_recording_cut_by_a_crash_and_says_so(tmp_path, monkeypatch):
+    import argparse
+
+    from specchat.tui import launch
+    from specchat.tui.app import SpecChatApp
+
+    cut = tmp_path / "cut.jsonl"
+    cut.write_text(TRACE.read_text(encoding="utf-8") + '{"kind": "step", "index": 3, "tr', encoding="utf-8")
+    seen: dict = {}
+
+    def fake_run(app: SpecChatApp) -> int:
+        seen["warnings"], seen["records"] = list(app._warnings), len(app.replay.records)
+        return 0
+
+    monkeypatch.setattr(SpecChatApp, "run", fake_run)
+    assert launch.replay_tui(argparse.Namespace(trace=str(cut), speed=1.0, step=False, theme=None)) == 0
+    assert any("1 damaged line(s) left out" in w for w in seen["warnings"])
+    assert seen["records"] == len(read_trace(TRACE)[1])
 
 
 async def test_help_opened_while_loading_does_not_break_the_switch_to_chat():

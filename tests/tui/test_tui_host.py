@@ -2,13 +2,18 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import threading
 import time
+from pathlib import Path
+
+import pytest
 
 from engine.events import ConfigApplied, Finished, Started, Step
-from engine.trace import UserTurn, read_trace
 from specchat.tui.host import Delivery, EngineHost, GateWaiting, JobDone, Loaded, Mailbox, wait_items
 from specchat.tui.testing import make_session
+from specchat.tui.trace import UserTurn, read_trace
 
 
 def _host(session, **kw) -> tuple[EngineHost, threading.Thread]:
@@ -187,3 +192,17 @@ def test_scripted_session_from_a_trace_replays_its_answers():
     assert isinstance(events[0], Started) and isinstance(events[-1], Finished)
     assert "".join(e.text for e in events if isinstance(e, Step)) == first_text
     assert session.messages[-1] == {"role": "assistant", "content": first_text}
+
+
+def test_freezing_the_loaded_objects_leaves_no_leak_report_at_exit() -> None:
+    """Objects still frozen at exit are never freed: Triton's bindings then print "nanobind: leaked"."""
+    pytest.importorskip("triton")
+    code = ("import triton, triton.language\n"
+            "class Holder: pass\n"
+            "h = Holder(); h.me = h; h.triton = triton  # a cycle, as the loaded model's objects form\n"
+            "from specchat.tui.host import freeze_loaded_objects\n"
+            "freeze_loaded_objects(); freeze_loaded_objects()\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                         cwd=Path(__file__).resolve().parents[2])
+    assert out.returncode == 0, out.stderr
+    assert "leaked" not in out.stderr, out.stderr[:300]

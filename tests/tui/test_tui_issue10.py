@@ -11,7 +11,6 @@ from textual.widgets import Input, OptionList, ProgressBar
 
 from engine.config import SpecConfig
 from engine.events import Finished, PrefillProgress, RunningStats
-from engine.trace import read_trace
 from specchat.themes import THEMES, contrast_ratio
 from specchat.tui import testing
 from specchat.tui.fake import ScriptedSession, demo_answers, synthetic_answer
@@ -28,6 +27,7 @@ from specchat.tui.testing import (
     wait_loaded,
     wait_until,
 )
+from specchat.tui.trace import read_trace
 from specchat.tui.widgets.transcript import AnswerView
 
 TRACE = Path(__file__).parent / "fixtures" / "demo.jsonl"

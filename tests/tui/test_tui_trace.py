@@ -1,4 +1,4 @@
-"""engine/trace.py: JSON-lines traces, and the fixture trace the UI tests play back."""
+"""specchat/tui/trace.py: JSON-lines traces, and the fixture trace the UI tests play back."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ import pytest
 
 from engine.config import SpecConfig
 from engine.events import ConfigApplied, Finished, Started, Step
-from engine.trace import TraceError, TraceWriter, UserTurn, read_trace
 from specchat.tui.fake import synthetic_answer
+from specchat.tui.trace import TraceError, TraceWriter, UserTurn, open_trace, read_trace
 
 TRACE = Path(__file__).parent / "fixtures" / "demo.jsonl"
 
@@ -56,13 +56,13 @@ def test_empty_recording_still_has_a_header(tmp_path):
     [
         ("", "empty file"),
         ('{"kind": "step"}\n', "not a specchat trace"),
-        ("not json\n", "line 1 is not JSON"),
+        ("not json\n", ":1: not valid JSON"),
         ('{"kind":"header","format":"specchat-trace","format_version":99}\n', "format version 99"),
         ('{"kind":"header","format":"specchat-trace","format_version":1}\n{"kind":"bogus"}\n',
-         "line 2: bad 'bogus' record"),
-        ('{"kind":"header","format":"specchat-trace","format_version":1}\n[1, 2]\n', "line 2 is not a JSON object"),
+         ":2: bad 'bogus' record"),
+        ('{"kind":"header","format":"specchat-trace","format_version":1}\n[1, 2]\n', ":2: not a JSON object"),
         ('{"kind":"header","format":"specchat-trace","format_version":1}\n{"kind":"step","tree":{}}\n',
-         "line 2: bad 'step' record"),
+         ":2: bad 'step' record"),
     ],
 )
 def test_bad_files_give_one_line_errors(tmp_path, content, message):
@@ -77,6 +77,35 @@ def test_bad_files_give_one_line_errors(tmp_path, content, message):
 def test_missing_file(tmp_path):
     with pytest.raises(TraceError, match="no such file"):
         read_trace(tmp_path / "nope.jsonl")
+
+
+def _recorded(path: Path) -> list:
+    events = synthetic_answer("One answer, recorded.", seed=1, config=SpecConfig(method="ngram"))
+    with TraceWriter(path, model="m", drafter="ngram") as w:
+        w.write(UserTurn(text="hi"))
+        for ev in events:
+            w.write(ev)
+    return [UserTurn(text="hi"), *events]
+
+
+def test_a_line_cut_by_a_crash_is_dropped_and_counted_when_tolerant(tmp_path):
+    """A crash while a line was being written leaves half a record at the end: a reopened chat keeps
+    every complete record and says how many were lost; a replay (strict) still names the line."""
+    path = tmp_path / "cut.jsonl"
+    records = _recorded(path)
+    with path.open("a", encoding="utf-8") as fh:
+        fh.write('{"kind":"user","text":"the next questi')
+    trace = open_trace(path, tolerant=True)
+    assert trace.records == records and trace.dropped == 1
+    with pytest.raises(TraceError, match=r"cut\.jsonl:\d+: not valid JSON"):
+        read_trace(path)
+
+
+def test_tolerant_reading_still_refuses_what_is_not_a_trace(tmp_path):
+    path = tmp_path / "other.jsonl"
+    path.write_text('{"kind": "step"}\n')
+    with pytest.raises(TraceError, match="not a specchat trace"):
+        open_trace(path, tolerant=True)
 
 
 def test_fixture_trace_is_realistic():

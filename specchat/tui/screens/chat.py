@@ -1,5 +1,6 @@
 """The chat screen: transcript and prompt on the left; draft tree, teaching notes, stats and
-settings on the right. It only *shows* records; the app decides what to do with the engine."""
+settings on the right. It only *shows* records and the app's state (:class:`Chrome`); the app decides
+what to do with the engine."""
 
 from __future__ import annotations
 
@@ -13,8 +14,10 @@ from textual.screen import Screen
 from textual.widgets import Footer, Static
 
 from engine.events import ConfigApplied, Finished, PrefillProgress, Started, Step
-from engine.trace import Record, UserTurn
+from specchat.tui.chrome import Chrome
+from specchat.tui.messages import ChromeStale
 from specchat.tui.teaching import explain_step
+from specchat.tui.trace import Record, UserTurn
 from specchat.tui.widgets.draft_tree import DraftTreePanel, HistoryEntry
 from specchat.tui.widgets.prompt import PromptInput
 from specchat.tui.widgets.repaint import repaint
@@ -46,6 +49,8 @@ class ChatScreen(Screen):
         self.method = ""
         self.ready = False  # composed and mounted: records can be shown
         self._answer_open = False  # a Started came and its Finished not yet
+        self._chrome: Chrome | None = None  # the app's state as last shown
+        self._held: list[list[Record]] = []  # records that came before the screen was composed
 
     def compose(self) -> ComposeResult:
         yield TitleBar(id="title")
@@ -71,12 +76,71 @@ class ChatScreen(Screen):
         if self._replay:
             self.query_one(PromptInput).disabled = True
         self.ready = True
+        if self._held:
+            self.call_after_refresh(self._show_held)
+
+    def _show_held(self) -> None:
+        held, self._held = self._held, []
+        for records in held:
+            self._show_records(records)
+        self.post_message(ChromeStale())
 
     def on_screen_resume(self) -> None:
         prompt = self.query_one(PromptInput)
         if not prompt.disabled and not self.has_class("-settings"):
             prompt.focus()
-        self.app.refresh_chrome()  # type: ignore[attr-defined]
+        self.post_message(ChromeStale())
+
+    # the app's state -----------------------------------------------------------------------------
+    def show_chrome(self, chrome: Chrome) -> None:
+        self._chrome = chrome
+        self.query_one(TitleBar).show(chrome)
+        stats = self.stats
+        if stats.state.stepping != chrome.stepping or stats.state.prefill != chrome.prefill:
+            stats.state.stepping = chrome.stepping
+            stats.state.prefill = chrome.prefill
+            stats.refresh(layout=True)
+        if self.settings.display:
+            self.settings.show_values(chrome.applied, chrome.pending, chrome.ui_values)
+        self.show_teaching()
+
+    def context_line(self) -> str:
+        """How full the context is ("ctx 1,234/8,192"), once a model has said its limit."""
+        st = self.stats.state
+        return f"ctx {st.context_used:,}/{st.context_limit:,}" if st.context_limit else ""
+
+    # the side panels -----------------------------------------------------------------------------
+    @property
+    def settings_open(self) -> bool:
+        return self.has_class("-settings")
+
+    def open_settings(self, focus: str | None, methods: tuple[str, ...]) -> None:
+        """Show the settings panel with the values last shown as chrome, ``focus`` focused."""
+        self.set_class(True, "-settings")
+        settings = self.settings
+        if methods:
+            settings.set_methods(methods)
+        if self._chrome is not None:
+            settings.show_values(self._chrome.applied, self._chrome.pending, self._chrome.ui_values)
+        if focus:
+            self.call_after_refresh(lambda: settings.query_one(f"#set-{focus}").focus())
+
+    def close_settings(self) -> None:
+        self.set_class(False, "-settings")
+        if self.is_current and not self.prompt.disabled:
+            self.prompt.focus()
+
+    def toggle_panels(self) -> None:
+        """Side panels: hidden by default on a narrow screen (F6 stacks them under the chat)."""
+        if self.has_class("-narrow"):
+            self.set_class(not self.has_class("-side-open"), "-side-open")
+        else:
+            self.set_class(not self.has_class("-side-closed"), "-side-closed")
+
+    def set_baseline_tps(self, tps: float) -> None:
+        """A compare run's measured baseline speed, for the stats panel's speed-up."""
+        self.stats.state.baseline_tps = tps
+        self.stats.refresh(layout=True)
 
     # parts --------------------------------------------------------------------------------------
     @property
@@ -103,6 +167,13 @@ class ChatScreen(Screen):
     _side_due = 0.0
 
     def show_records(self, records: Sequence[Record]) -> None:
+        """Show the chat lane's records; until the screen is composed they wait, in order."""
+        if not self.ready or self._held:
+            self._held.append(list(records))
+            return
+        self._show_records(records)
+
+    def _show_records(self, records: Sequence[Record]) -> None:
         steps: list[Step] = []
         entries: list[HistoryEntry] = []
         stats = self.stats.state
@@ -221,9 +292,15 @@ class ChatScreen(Screen):
             self.set_class(narrow, "-narrow")
 
     # teaching ------------------------------------------------------------------------------------
-    def show_teaching(self, on: bool, *, waiting: bool, replay: bool) -> None:
+    def on_draft_tree_panel_browsed(self, _: DraftTreePanel.Browsed) -> None:
+        self.show_teaching()
+
+    def show_teaching(self) -> None:
+        """The teaching panel explains the step the tree shows, while the app's chrome says teaching."""
+        chrome = self._chrome
+        on = chrome is not None and chrome.teaching
         self.set_class(on, "-teaching")
-        if not on:
+        if chrome is None or not on:
             return
         panel = self.query_one("#teach", Static)
         entry = self.tree.current
@@ -234,7 +311,7 @@ class ChatScreen(Screen):
             body = explain_step(entry.step, entry.method, prompt_tokens=entry.prompt_tokens)
         if not self.tree.live:
             hint = "browsing an earlier step · F8 forward · F7 back · End: live"
-        elif waiting:
+        elif chrome.waiting:
             hint = "‖ paused · F8 next step · F7 back · F4 ends teaching"
         else:
             hint = "F8 next step · F7 back · F1 explains the words"

@@ -3,6 +3,11 @@
 The engine thread runs them one after the other, so each is timed alone; both panes stream at
 their real speed. Under greedy decoding the two texts must be identical; the badge says so, or
 shows where they first differ.
+
+The badge reports a speed-up only when the runs can show one: a speculative run that accepted no
+draft token did the baseline's work (one target forward per token), and a short answer is timed
+over too few steps for its ratio to mean anything (a 19-token answer read "1.25x" with tau 1.00);
+both are shown as noise, with the two speeds, instead of a ratio.
 """
 
 from __future__ import annotations
@@ -17,12 +22,18 @@ from textual.screen import Screen
 from textual.widgets import Footer, Static
 
 from engine.events import Finished, Started, Step
-from engine.trace import Record, UserTurn
+from specchat.tui.chrome import Chrome
+from specchat.tui.messages import ChromeStale
 from specchat.tui.textutil import first_difference, visible
+from specchat.tui.trace import Record, UserTurn
 from specchat.tui.widgets.prompt import PromptInput
 from specchat.tui.widgets.repaint import repaint
 from specchat.tui.widgets.title_bar import TitleBar
 from specchat.tui.widgets.token_stream import TokenStream
+
+# Below this many tokens per side a speed ratio is within timing noise (first-step and scheduling
+# costs are a large share of a short run): the badge says so instead of printing a ratio.
+MIN_TIMED_TOKENS = 32
 
 
 @dataclass
@@ -32,6 +43,7 @@ class LaneResult:
     token_texts: list[str] = field(default_factory=list)
     finished: Finished | None = None
     last_tps: float = 0.0
+    drafts_accepted: int = 0  # committed tokens that came from the drafter
 
     def tps(self, engine_time: bool) -> float:
         """Tokens per second: wall clock, or (teaching pauses in between) draft + verify time only."""
@@ -87,6 +99,7 @@ class ComparePane(Vertical):
                 self.stream.add_step(rec, refresh=False)
                 self.result.token_ids.extend(c.id for c in rec.committed)
                 self.result.token_texts.extend(c.text for c in rec.committed)
+                self.result.drafts_accepted += sum(c.origin == "draft" for c in rec.committed)
                 self.result.last_tps = rec.stats.tokens_per_s
                 steps += 1
                 s = rec.stats
@@ -110,6 +123,7 @@ class CompareScreen(Screen):
         self.first = ""  # the lane that ran first in the current compare
         self.stepped = False  # teaching paused the runs: compare engine time, not wall clock
         self.ready = False  # composed and mounted: records can be shown
+        self._held: list[tuple[str, list[Record]]] = []  # records that came before the screen was composed
 
     def compose(self) -> ComposeResult:
         yield TitleBar(id="title")
@@ -131,12 +145,23 @@ class CompareScreen(Screen):
         if self._replay:
             prompt.disabled = True
         self.ready = True
+        if self._held:
+            self.call_after_refresh(self._show_held)
+
+    def _show_held(self) -> None:
+        held, self._held = self._held, []
+        for lane, records in held:
+            self._show_records(lane, records)
+        self.post_message(ChromeStale())
 
     def on_screen_resume(self) -> None:
         prompt = self.query_one(PromptInput)
         if not prompt.disabled:
             prompt.focus()
-        self.app.refresh_chrome()  # type: ignore[attr-defined]
+        self.post_message(ChromeStale())
+
+    def show_chrome(self, chrome: Chrome) -> None:
+        self.query_one(TitleBar).show(chrome)
 
     def on_resize(self, event) -> None:
         self.set_class(event.size.width < 100, "-narrow")
@@ -145,6 +170,13 @@ class CompareScreen(Screen):
         return self.query_one(f"#{lane}-pane", ComparePane)
 
     def show_records(self, lane: str, records: Sequence[Record]) -> None:
+        """Show one lane's records; until the screen is composed they wait, in order."""
+        if not self.ready or self._held:
+            self._held.append((lane, list(records)))
+            return
+        self._show_records(lane, records)
+
+    def _show_records(self, lane: str, records: Sequence[Record]) -> None:
         rest: list[Record] = []
         for rec in records:
             if isinstance(rec, UserTurn):
@@ -187,13 +219,23 @@ class CompareScreen(Screen):
             cache = "unequal cache state"
         return f"{cache}, {first}"
 
+    def speed(self, base: LaneResult, spec: LaneResult) -> str:
+        """The badge's speed part: a speed-up only when the two runs did different work, long enough."""
+        b, p = base.tps(self.stepped), spec.tps(self.stepped)
+        if not (b and p):
+            return ""
+        speeds = f"{b:.1f} → {p:.1f} tok/s"
+        tokens = min(len(base.token_ids), len(spec.token_ids))
+        if spec.drafts_accepted == 0:  # kept short: the badge is one line at 120 columns
+            return f" · no drafts accepted: same work, within noise ({speeds})"
+        if tokens < MIN_TIMED_TOKENS:
+            return f" · within noise at {tokens} tokens ({speeds})"
+        clock = "engine time, teaching pauses excluded; " if self.stepped else ""
+        return f" · speed-up {p / b:.2f}× ({speeds}; {clock}{self.fairness(base, spec)})"
+
     def _verdict(self, base: LaneResult, spec: LaneResult) -> None:
         assert base.finished is not None and spec.finished is not None
-        speed = ""
-        b, p = base.tps(self.stepped), spec.tps(self.stepped)
-        if b and p:
-            clock = "engine time, teaching pauses excluded; " if self.stepped else ""
-            speed = f" · speed-up {p / b:.2f}× ({b:.1f} → {p:.1f} tok/s; {clock}{self.fairness(base, spec)})"
+        speed = self.speed(base, spec)
         if "cancelled" in (base.finished.reason, spec.finished.reason):
             self._badge("cancelled: nothing to compare" + speed, "info")
             return

@@ -24,7 +24,6 @@ from textual.binding import Binding
 from textual.containers import Vertical, VerticalScroll
 from textual.content import Content, Span
 from textual.message import Message
-from textual.widget import Widget
 from textual.widgets import Static
 
 from engine.events import Step
@@ -43,7 +42,7 @@ def node_states(step: Step) -> dict[int, NodeState]:
     return states
 
 
-class DraftTreeView(StickyHeight, Widget):
+class DraftTreeView(StickyHeight):
     COMPONENT_CLASSES: ClassVar[set[str]] = {
         "tree--root",
         "tree--accepted",

@@ -75,6 +75,13 @@ class PromptInput(TextArea):
             self.load_text(self.prompt_history[idx])
         self.move_cursor(self.document.end)
 
+    def carry(self, text: str, *, send: bool) -> None:
+        """Take over text typed elsewhere (on the loading screen), and send it if the user asked to."""
+        self.load_text(text)
+        self.move_cursor(self.document.end)
+        if send:
+            self._submit()
+
     def _submit(self) -> None:
         text = self.text.strip("\n")
         if not text.strip():

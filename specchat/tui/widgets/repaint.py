@@ -9,7 +9,7 @@ engine's matrix products (issue 10: the TUI must stream at the engine's own spee
 
 from __future__ import annotations
 
-from typing import Any
+from weakref import WeakKeyDictionary
 
 from textual.geometry import Size
 from textual.visual import VisualType
@@ -36,17 +36,20 @@ def repaint(widget: Widget) -> None:
         widget.refresh(layout=True)
 
 
+_SHOWN: WeakKeyDictionary[Static, VisualType] = WeakKeyDictionary()  # what update_static last showed
+
+
 def update_static(static: Static, content: VisualType) -> None:
     """``static.update(content)`` without the layout pass unless its height changes; no-op if unchanged."""
-    if getattr(static, "_repaint_last", None) == content:
+    if static in _SHOWN and _SHOWN[static] == content:
         return
-    static._repaint_last = content  # type: ignore[attr-defined]
+    _SHOWN[static] = content
     static.update(content, layout=False)
     repaint(static)
 
 
-class StickyHeight:
-    """Mixin for ``height: auto`` widgets whose height jitters between frames (the live tree, the stats).
+class StickyHeight(Widget):
+    """Base for ``height: auto`` widgets whose height jitters between frames (the live tree, the stats).
 
     While ``hold_height`` is on (the engine streams), the widget keeps the tallest height it has had
     at its current width until :meth:`unstick` (the answer ends), so a tree one node shorter than
@@ -58,14 +61,14 @@ class StickyHeight:
     hold_height: bool = False
 
     def get_content_height(self, container: Size, viewport: Size, width: int) -> int:
-        height = super().get_content_height(container, viewport, width)  # type: ignore[misc]
+        height = super().get_content_height(container, viewport, width)
         w, h = self._sticky
         if self.hold_height and w == width and h > height:
             return h
         self._sticky = (width, height)
         return height
 
-    def unstick(self: Any) -> None:
+    def unstick(self) -> None:
         if self._sticky != (0, 0):
             self._sticky = (0, 0)
             self.refresh(layout=True)

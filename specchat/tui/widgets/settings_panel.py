@@ -12,21 +12,15 @@ from typing import Any
 from textual import on
 from textual.containers import Horizontal, VerticalScroll
 from textual.content import Content
-from textual.message import Message
 from textual.widgets import Input, Label, Select, Static, Switch
 
 from engine.config import SpecConfig
+from specchat.tui.messages import ChangeSetting
 from specchat.tui.settings_schema import ENGINE_FIELDS, UI_FIELDS, SettingField, applies, format_value, why_not
 
 
 class SettingsPanel(VerticalScroll):
-    class Change(Message):
-        """The user asked for ``name = value`` (raw text or widget value)."""
-
-        def __init__(self, name: str, value: Any) -> None:
-            super().__init__()
-            self.name = name
-            self.value = value
+    """The settings of the method in force as widgets; a change is posted as :class:`ChangeSetting`."""
 
     def __init__(self, themes: list[str], draft_model: str = "", id: str | None = None, blink: bool = True) -> None:
         super().__init__(id=id)
@@ -145,7 +139,7 @@ class SettingsPanel(VerticalScroll):
         event.stop()
         name = (event.input.id or "").removeprefix("set-")
         self._shown.pop(name, None)
-        self.post_message(self.Change(name, event.value))
+        self.post_message(ChangeSetting(name, event.value))
 
     @on(Select.Changed)
     def _select_changed(self, event: Select.Changed) -> None:
@@ -154,7 +148,7 @@ class SettingsPanel(VerticalScroll):
         # ignore the value a Select reports when it is built, before show_values() ran
         if event.value is Select.NULL or name not in self._shown or self._shown[name] == event.value:
             return
-        self.post_message(self.Change(name, event.value))
+        self.post_message(ChangeSetting(name, event.value))
 
     @on(Switch.Changed)
     def _switch_changed(self, event: Switch.Changed) -> None:
@@ -162,4 +156,4 @@ class SettingsPanel(VerticalScroll):
         name = (event.switch.id or "").removeprefix("set-")
         if name not in self._shown or self._shown[name] == event.value:
             return
-        self.post_message(self.Change(name, event.value))
+        self.post_message(ChangeSetting(name, event.value))

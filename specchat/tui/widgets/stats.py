@@ -6,7 +6,6 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from textual.content import Content, Span
-from textual.widget import Widget
 
 from engine.events import Finished, RunningStats, Started, Step
 from specchat.tui.widgets.repaint import StickyHeight
@@ -83,7 +82,7 @@ class StatsState:
             self.stepped = True
 
 
-class StatsView(StickyHeight, Widget):
+class StatsView(StickyHeight):
     COMPONENT_CLASSES: ClassVar[set[str]] = {"stat--label", "stat--value", "stat--bar", "stat--bar-empty",
                                              "stat--good"}
 

@@ -8,6 +8,7 @@ from textual.content import Content
 from textual.widgets import Static
 
 from engine.config import SpecConfig
+from specchat.tui.chrome import Chrome
 from specchat.tui.settings_schema import format_value
 from specchat.tui.widgets.repaint import update_static
 
@@ -35,25 +36,22 @@ def pending_summary(applied: SpecConfig, pending: SpecConfig | None) -> str:
 class TitleBar(Static):
     COMPONENT_CLASSES: ClassVar[set[str]] = {"title--pending", "title--replay"}
 
-    def show(self, *, model: str, applied: SpecConfig | None, pending: SpecConfig | None,
-             status: str = "", replay: str = "", context: str = "", precision: str = "") -> None:
-        """``precision``: shown when it is not the exact reference ("fast precision")."""
+    def show(self, chrome: Chrome) -> None:
+        """``chrome.precision`` is shown when it is not the exact reference ("fast precision")."""
         # what changes (status, pending, replay state) comes first: a narrow terminal cuts the end
         parts: list[tuple[str, str] | str] = [("specchat", "bold")]
-        if replay:
-            parts += [" · ", (replay, ".title--replay")]
-        if status:
-            parts += [" · ", (status, "italic")]
-        if applied is not None:
-            pend = pending_summary(applied, pending)
-            if pend:
-                parts += [" · ", ("◌ pending: " + pend, ".title--pending")]
-        if context:
-            parts += [" · ", context]
-        if precision:
-            parts += [" · ", (precision, "bold")]
-        if applied is not None:
-            parts += [" · ", config_summary(applied)]
-        if model:
-            parts += [" · ", model]
+        if chrome.replay:
+            parts += [" · ", (chrome.replay, ".title--replay")]
+        if chrome.status:
+            parts += [" · ", (chrome.status, "italic")]
+        pend = pending_summary(chrome.applied, chrome.pending)
+        if pend:
+            parts += [" · ", ("◌ pending: " + pend, ".title--pending")]
+        if chrome.context:
+            parts += [" · ", chrome.context]
+        if chrome.precision:
+            parts += [" · ", (chrome.precision, "bold")]
+        parts += [" · ", config_summary(chrome.applied)]
+        if chrome.model:
+            parts += [" · ", chrome.model]
         update_static(self, Content.assemble(*parts))

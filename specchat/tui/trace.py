@@ -1,4 +1,4 @@
-"""Traces: a session's events saved as JSON lines, and read back for replay.
+"""Traces: a session's events saved as JSON lines, and read back for replay or to reopen a chat.
 
 Line 1 is a header::
 
@@ -11,6 +11,9 @@ Finished) or a :class:`UserTurn`, which marks the prompt that the following answ
 
 The replay needs nothing else: events carry decoded text for every token and tree node, and each
 step's timing, so the original pacing can be reproduced without a model or a tokenizer.
+
+Why this lives in the app, not the engine: only the app records and replays; the engine yields
+events and knows nothing of files of them (and must not import ``specchat``).
 """
 
 from __future__ import annotations
@@ -21,8 +24,10 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import IO, Any, Literal
 
-from engine.errors import UserError
+from engine.errors import MissingFileError, UserError
 from engine.events import Event, Started, event_from_dict, event_to_dict
+from engine.jsonl import JsonLinesError, read_jsonl
+from specchat import __version__
 
 FORMAT = "specchat-trace"
 FORMAT_VERSION = 1
@@ -46,12 +51,24 @@ class UserTurn:
 Record = Event | UserTurn
 
 
-def _specchat_version() -> str:
-    try:
-        from specchat import __version__
-    except ImportError:  # the engine may be used without the app
-        return "unknown"
-    return __version__
+@dataclass(frozen=True)
+class Trace:
+    """A trace read back: its header, its records, and how many damaged lines were left out."""
+
+    header: dict[str, Any]
+    records: list[Record]
+    dropped: int = 0
+
+
+@dataclass(frozen=True)
+class ReplaySource:
+    """A recording to play in the app: its header and records, at ``speed`` (``step``: one step per key)."""
+
+    path: str
+    header: dict[str, Any]
+    records: tuple[Record, ...]
+    speed: float = 1.0
+    step: bool = False
 
 
 def make_header(model: str = "", drafter: str = "", config: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -59,7 +76,7 @@ def make_header(model: str = "", drafter: str = "", config: dict[str, Any] | Non
         "kind": "header",
         "format": FORMAT,
         "format_version": FORMAT_VERSION,
-        "specchat_version": _specchat_version(),
+        "specchat_version": __version__,
         "model": model,
         "drafter": drafter,
         "config": dict(config or {}),
@@ -152,45 +169,45 @@ class TraceWriter:
         self._file.flush()
 
 
-def read_trace(path: str | os.PathLike[str]) -> tuple[dict[str, Any], list[Record]]:
-    """Read a trace: ``(header, records)``. Raises :class:`TraceError` with a one-line message."""
-    p = Path(path)
-    try:
-        text = p.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise TraceError(f"{p}: no such file") from None
-    except UnicodeDecodeError as exc:
-        raise TraceError(f"{p}: not a text file ({exc.reason})") from None
-    except OSError as exc:
-        raise TraceError(f"{p}: cannot read ({exc.strerror})") from None
+def open_trace(path: str | os.PathLike[str], *, tolerant: bool = False) -> Trace:
+    """Read a trace; raises :class:`TraceError` with a one-line message.
 
-    header: dict[str, Any] | None = None
+    ``tolerant``: a line that is not a whole record (the one being written when the app crashed) is
+    left out and counted in ``Trace.dropped`` instead of refusing the file; a saved conversation is
+    reopened this way. A replay reads strictly: it should play what was recorded or say why not.
+    """
+    try:
+        lines = read_jsonl(Path(path), tolerant=tolerant)
+    except (JsonLinesError, MissingFileError) as exc:
+        raise TraceError(str(exc)) from None
+    if not lines.rows:
+        what = "no whole JSON record in it" if lines.dropped else "empty file"
+        raise TraceError(f"{lines.path}: {what}, not a specchat trace")
+    (_, header), *rest = lines.rows
+    _check_header(lines.path, header)
     records: list[Record] = []
-    for lineno, line in enumerate(text.splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            data = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise TraceError(f"{p}: line {lineno} is not JSON ({exc.msg})") from None
-        if not isinstance(data, dict):
-            raise TraceError(f"{p}: line {lineno} is not a JSON object")
-        if header is None:
-            if data.get("kind") != "header" or data.get("format") != FORMAT:
-                raise TraceError(f"{p}: not a specchat trace (line 1 is not a {FORMAT} header)")
-            version = data.get("format_version")
-            if version != FORMAT_VERSION:
-                raise TraceError(
-                    f"{p}: trace format version {version!r}; this specchat reads version {FORMAT_VERSION}"
-                )
-            header = data
-            continue
+    dropped = lines.dropped
+    for lineno, data in rest:
         try:
             records.append(record_from_dict(data))
         except (TypeError, ValueError, KeyError) as exc:
-            kind = data.get("kind", "?")
+            if tolerant:
+                dropped += 1
+                continue
             reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-            raise TraceError(f"{p}: line {lineno}: bad {kind!r} record ({reason})") from None
-    if header is None:
-        raise TraceError(f"{p}: empty file, not a specchat trace")
-    return header, records
+            raise TraceError(f"{lines.path}:{lineno}: bad {data.get('kind', '?')!r} record ({reason})") from None
+    return Trace(header, records, dropped)
+
+
+def read_trace(path: str | os.PathLike[str]) -> tuple[dict[str, Any], list[Record]]:
+    """Read a whole trace strictly: ``(header, records)`` (see :func:`open_trace`)."""
+    trace = open_trace(path)
+    return trace.header, trace.records
+
+
+def _check_header(path: Path, header: dict[str, Any]) -> None:
+    if header.get("kind") != "header" or header.get("format") != FORMAT:
+        raise TraceError(f"{path}: not a specchat trace (line 1 is not a {FORMAT} header)")
+    version = header.get("format_version")
+    if version != FORMAT_VERSION:
+        raise TraceError(f"{path}: trace format version {version!r}; this specchat reads version {FORMAT_VERSION}")

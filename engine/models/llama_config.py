@@ -1,0 +1,112 @@
+"""The shape of a Llama-family decoder, read from a Hugging Face ``config.json``.
+
+Why a module of its own: a target model (:class:`LlamaConfig`) and an EAGLE head (its
+``HeadSpec``, engine/drafters/eagle_checkpoint.py) are both Llama decoder layers with a rotary
+table, described by the same config.json keys. :class:`DecoderShape` holds those fields and
+:func:`shape_fields` reads them once, so the two readers cannot drift apart (an EAGLE head's
+default RoPE base, a Qwen ``head_dim``, a ``rope_parameters`` block). It needs no torch, so a
+head's spec can be checked before anything heavy is imported.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from engine.errors import UserError
+
+SUPPORTED_TYPES = ("llama", "mistral", "qwen2", "qwen3")
+
+
+class UnsupportedModelError(UserError, ValueError):
+    """The checkpoint is not a Llama-family model our forward runs."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class DecoderShape:
+    """What a Llama decoder layer and its rotary table need: widths, heads, norm epsilon, RoPE."""
+
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    rms_norm_eps: float
+    rope_theta: float
+    max_position_embeddings: int
+    rope_scaling: dict[str, Any] | None = None
+
+
+def shape_fields(d: Mapping[str, Any], *, vocab_size: int | None = None, max_positions: int = 4096
+                 ) -> dict[str, Any]:
+    """The :class:`DecoderShape` fields of a config.json, as keyword arguments.
+
+    ``vocab_size``: the value to use when the config has none (None: the key is required);
+    ``max_positions``: the default context length. A missing required key raises KeyError, a
+    mangled value TypeError/ValueError; each caller words those for its own kind of file. The
+    RoPE base defaults to 10000 (EAGLE-3 training configs set none: never the target's)."""
+    heads = int(d["num_attention_heads"])
+    hidden = int(d["hidden_size"])
+    rope = d.get("rope_parameters") or {}
+    scaling = d.get("rope_scaling") or (rope if rope.get("rope_type", "default") != "default" else None)
+    return {
+        "vocab_size": int(d["vocab_size"]) if vocab_size is None else int(d.get("vocab_size") or vocab_size),
+        "hidden_size": hidden,
+        "intermediate_size": int(d["intermediate_size"]),
+        "num_heads": heads,
+        "num_kv_heads": int(d.get("num_key_value_heads") or heads),
+        "head_dim": int(d.get("head_dim") or hidden // heads),
+        "rms_norm_eps": float(d.get("rms_norm_eps", 1e-6)),
+        "rope_theta": float(d.get("rope_theta") or rope.get("rope_theta") or 10000.0),
+        "max_position_embeddings": int(d.get("max_position_embeddings", max_positions)),
+        "rope_scaling": dict(scaling) if scaling else None,
+    }
+
+
+@dataclass(frozen=True, kw_only=True)
+class LlamaConfig(DecoderShape):
+    """A target model's config: the decoder shape plus the stack and the vocabulary's specials."""
+
+    model_type: str
+    num_layers: int
+    tie_word_embeddings: bool
+    sliding_window: int | None = None
+    qk_norm: bool = False
+    eos_token_ids: tuple[int, ...] = ()
+    bos_token_id: int | None = None
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> LlamaConfig:
+        try:
+            return cls._from_dict(d)
+        except KeyError as exc:
+            raise UnsupportedModelError(f"config.json lacks {exc.args[0]!r}; is it a complete model config?") from None
+        except (TypeError, ValueError) as exc:
+            if isinstance(exc, UnsupportedModelError):
+                raise
+            raise UnsupportedModelError(f"config.json has an invalid value ({exc})") from None
+
+    @classmethod
+    def _from_dict(cls, d: Mapping[str, Any]) -> LlamaConfig:
+        model_type = str(d.get("model_type", "")).lower()
+        if model_type not in SUPPORTED_TYPES:
+            archs = ", ".join(d.get("architectures") or []) or model_type or "unknown"
+            raise UnsupportedModelError(
+                f"model type {archs!r} is not one of the Llama family ({', '.join(SUPPORTED_TYPES)}); "
+                "use --backend hf to run it through transformers"
+            )
+        eos = d.get("eos_token_id")
+        eos_ids = tuple(eos) if isinstance(eos, list) else ((eos,) if isinstance(eos, int) else ())
+        sliding = d.get("sliding_window") if d.get("use_sliding_window", model_type == "mistral") else None
+        return cls(
+            **shape_fields(d),
+            model_type=model_type,
+            num_layers=int(d["num_hidden_layers"]),
+            tie_word_embeddings=bool(d.get("tie_word_embeddings", False)),
+            sliding_window=int(sliding) if sliding else None,
+            qk_norm=model_type == "qwen3",
+            eos_token_ids=eos_ids,
+            bos_token_id=d.get("bos_token_id"),
+        )

@@ -1,0 +1,233 @@
+"""``specchat bench``'s tallies and report: one row per runner, the machine, the table.
+
+Why apart from the runner: what is counted (tokens, steps, identical answers, the draft/verify
+split) and how it is reported (the JSON results, the rich table) change for other reasons than
+how the runs are scheduled and timed (bench.py).
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+_FLAGS = ("avx2", "fma", "avx512f", "avx512bw", "avx512vl", "avx512_vnni", "avx512vbmi", "avx512_bf16", "avx_vnni",
+          "amx_int8", "amx_bf16")  # the ones our kernels choose variants by
+
+
+@dataclass(frozen=True)
+class Run:
+    """One timed answer: its tokens (a final stop token excluded), the steps taken, the tokens
+    produced (a final stop token included, as tau counts it), the wall time and the prefill time
+    (None for peers, which do not report it apart)."""
+
+    tokens: list[int]
+    steps: int
+    produced: int
+    seconds: float
+    prefill_s: float | None
+
+
+def cpu_name_and_flags() -> tuple[str, list[str]]:
+    """The CPU's model name and the instruction-set flags our kernels choose variants by."""
+    cpu = platform.processor() or platform.machine()
+    flags: list[str] = []
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name") and not flags:
+                cpu = line.split(":", 1)[1].strip()
+            if line.startswith("flags"):
+                flags = [f for f in line.split(":", 1)[1].split() if f in _FLAGS]
+                break
+    except OSError:
+        pass
+    return cpu, flags
+
+
+def machine_info(model: object | None = None) -> dict[str, Any]:
+    """The machine, plus which compute path the model runs (our native CPU kernels or torch's)."""
+    import torch
+
+    cpu, flags = cpu_name_and_flags()
+    info = {"cpu": cpu, "cpu_flags": flags, "cores": os.cpu_count(), "torch": torch.__version__,
+            "threads": torch.get_num_threads(), "python": platform.python_version(), "platform": platform.platform()}
+    if torch.cuda.is_available():
+        info["gpu"] = torch.cuda.get_device_name(0)
+    kernels = getattr(model, "kernels", None)
+    if kernels:
+        info["kernels"] = kernels
+        from engine.kernels import native
+
+        info["kernel_variant"] = native.variant() if kernels == "native" else "torch"
+    return info
+
+
+@dataclass
+class StepSplit:
+    """Where our steps' time went: drafting vs verifying, levels drafted (drafters that pay per
+    level), steps with drafting paused by the adaptive budget."""
+
+    steps: int = 0
+    draft_ms: float = 0.0
+    verify_ms: float = 0.0
+    levels: int = 0
+    paused: int = 0
+
+    def add(self, step: Any) -> None:
+        self.steps += 1
+        self.draft_ms += step.timing.draft_ms
+        self.verify_ms += step.timing.verify_ms
+        self.levels += step.draft_levels
+        self.paused += int(step.draft_paused)
+
+    def fields(self) -> dict[str, float | None]:
+        n = self.steps
+        return {
+            "draft_ms_per_step": round(self.draft_ms / n, 3) if n else None,
+            "verify_ms_per_step": round(self.verify_ms / n, 3) if n else None,
+            "mean_draft_levels": round(self.levels / n, 3) if n else None,
+            "paused_share": round(self.paused / n, 3) if n else None,
+        }
+
+
+@dataclass
+class Row:
+    """One runner's totals over the prompts: a method on one weights mode, or a peer."""
+
+    name: str
+    weights: str | None = None  # the mode ("stored", "fp32", "stored/fast", ...) for our rows; None for peers
+    tokens: int = 0
+    seconds: float = 0.0
+    steps: int = 0
+    produced: int = 0
+    prefill_seconds: float | None = 0.0  # None for peers, whose prefill is not reported apart
+    identical: int = 0  # equal to the baseline of the same weights
+    same_as_reference: int = 0  # equal to the baseline of the first --weights mode
+    prompts: int = 0
+    outputs: list[list[int]] = field(default_factory=list)
+    split: StepSplit = field(default_factory=StepSplit)
+
+    @property
+    def ours(self) -> bool:
+        return self.weights is not None
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.tokens / self.seconds if self.seconds else 0.0
+
+    @property
+    def decode_tokens_per_s(self) -> float | None:
+        """Tokens after the first over the time after the prefill (ours only)."""
+        if self.prefill_seconds is None or self.seconds <= self.prefill_seconds:
+            return None
+        return (self.tokens - self.prompts) / (self.seconds - self.prefill_seconds)
+
+    @property
+    def tau(self) -> float | None:
+        return self.produced / self.steps if self.steps else None
+
+    def add(self, run: Run, baselines: dict[str | None, list[int]]) -> None:
+        """Count one prompt's run; ``baselines`` maps a mode (and None, the first mode) to the
+        baseline's tokens for this prompt."""
+        self.prefill_seconds = None if run.prefill_s is None or self.prefill_seconds is None else (
+            self.prefill_seconds + run.prefill_s)
+        self.tokens += len(run.tokens)
+        self.seconds += run.seconds
+        self.steps += run.steps
+        self.produced += run.produced
+        self.prompts += 1
+        self.identical += int(run.tokens == baselines.get(self.weights, baselines.get(None)))
+        self.same_as_reference += int(run.tokens == baselines.get(None))
+        self.outputs.append(run.tokens)
+
+    def result(self, base: Row, reference_mode: str) -> dict[str, Any]:
+        """The row's JSON result, its speed-ups taken against ``base`` (the baseline of its mode)."""
+        base_tps, base_decode = base.tokens_per_s, base.decode_tokens_per_s
+        decode = self.decode_tokens_per_s
+        weights, precision = mode_parts(self.weights) if self.weights else (None, None)
+        return {
+            "method": self.name,
+            "weights": weights,
+            "precision": precision,
+            "mode": self.weights,
+            "tokens_per_s": round(self.tokens_per_s, 2),
+            "decode_tokens_per_s": round(decode, 2) if decode else None,
+            "decode_speedup": round(decode / base_decode, 3) if decode and base_decode else None,
+            "tau": round(self.tau, 3) if self.tau is not None else None,
+            "speedup": round(self.tokens_per_s / base_tps, 3) if base_tps else None,
+            "identical_to_baseline": self.identical == self.prompts,
+            "identical_prompts": self.identical,
+            f"identical_to_{reference_mode}_baseline": self.same_as_reference,
+            "prompts": self.prompts,
+            "tokens": self.tokens,
+            "seconds": round(self.seconds, 3),
+            **(self.split.fields() if self.ours else {}),
+        }
+
+
+def mode_parts(mode: str) -> tuple[str, str]:
+    """"stored/fast" -> ("stored", "fast"); "fp32" -> ("fp32", "exact")."""
+    weights, _, precision = mode.partition("/")
+    return weights, precision or "exact"
+
+
+def baseline_bandwidth(model: Any, decode_tokens_per_s: float | None, peak_gbps: float | None) -> dict | None:
+    """The baseline's fraction of the memory-bandwidth limit: on a GPU (peak looked up by name) or
+    wherever ``--peak-bandwidth`` is given; None for models that are not ours or no decode rate."""
+    from engine.gpu.bandwidth import bandwidth_report, peak_bandwidth_gbps, weight_bytes_per_token
+
+    if not decode_tokens_per_s or not hasattr(model, "layers"):
+        return None
+    device = getattr(model, "device", None)
+    if peak_gbps is None and device is not None and device.type == "cuda":
+        import torch
+
+        peak_gbps = peak_bandwidth_gbps(torch.cuda.get_device_name(device))
+    if peak_gbps is None:
+        return None
+    return bandwidth_report(weight_bytes_per_token(model), 1e3 / decode_tokens_per_s, peak_gbps)
+
+
+def print_table(report: dict[str, Any]) -> None:
+    """The results as a rich table (wide when printed to a pipe or a file)."""
+    from rich.console import Console
+    from rich.table import Table
+
+    machine = report["machine"]
+    kernels = f", {machine['kernels']} kernels" if "kernels" in machine else ""
+    if machine.get("kernel_variant"):
+        kernels += f" ({machine['kernel_variant']})"
+    weights = report.get("weights")
+    if weights:
+        kernels += f", weights {'/'.join(weights)}"
+    table = Table(title=f"{report['model']} on {machine['cpu']} ({machine['threads']} threads{kernels})")
+    for col in ("method", "tokens/s", "tau", "speedup", "decode tok/s", "decode speedup", "draft|verify ms",
+                "paused", "identical", "tokens", "seconds"):
+        table.add_column(col, justify="left" if col == "method" else "right", no_wrap=col == "method")
+    multi = len(report.get("weights") or ()) > 1
+    for r in report["results"]:
+        table.add_row(
+            f"{r['method']} ({r['mode']})" if multi and r.get("mode") else r["method"],
+            f"{r['tokens_per_s']:.2f}", "-" if r["tau"] is None else f"{r['tau']:.2f}",
+            f"{r['speedup']:.2f}x" if r["speedup"] else "-",
+            f"{r['decode_tokens_per_s']:.2f}" if r["decode_tokens_per_s"] else "-",
+            f"{r['decode_speedup']:.2f}x" if r["decode_speedup"] else "-",
+            f"{r['draft_ms_per_step']:.2f}|{r['verify_ms_per_step']:.2f}" if r.get("draft_ms_per_step") is not None
+            else "-",
+            f"{r['paused_share']:.0%}" if r.get("paused_share") is not None else "-",
+            f"{r['identical_prompts']}/{r['prompts']}", str(r["tokens"]), f"{r['seconds']:.1f}",
+        )
+    console = Console()
+    if not console.is_terminal:  # a pipe or file: do not squeeze the table into 80 columns
+        console = Console(width=160)
+    console.print(table)
+
+
+def print_bandwidth(bandwidth: dict[str, Any] | None) -> None:
+    """One line on the baseline's share of the memory-bandwidth limit, when it is known."""
+    if bandwidth is not None and bandwidth["fraction_of_limit"] is not None:
+        print(f"baseline: {bandwidth['achieved_gbps']:.0f} GB/s of weights streamed, "
+              f"{bandwidth['fraction_of_limit']:.1%} of the {bandwidth['peak_gbps']:.0f} GB/s peak "
+              f"(limit {bandwidth['limit_tokens_per_s']:.0f} tok/s)")

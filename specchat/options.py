@@ -1,0 +1,122 @@
+"""From parsed command-line flags to what the engine takes: one mapping for every command.
+
+Why one module: ``generate``, ``bench``, ``run`` (the TUI), the GPU bench and train-draft all read
+the same speculative flags, and when each built its own SpecConfig they drifted (the TUI skipped
+SGLang's top-k 1 rule and the draft-implies-method default). They all call :func:`make_config`
+and :func:`draft_options` here, and raise :class:`UsageError` for a mistake in the flags.
+
+It sits below the commands and above the engine: it imports nothing of ``specchat.cli`` (the
+parser imports it), and nothing heavy at import time, so ``specchat --help`` stays instant.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from engine.errors import UserError
+
+if TYPE_CHECKING:
+    from engine.config import SpecConfig
+
+# (flag, dest, type, help): SGLang's names, so tuned values carry over to a deployment.
+SPEC_FLAGS: list[tuple[str, str, type, str]] = [
+    ("--speculative-num-steps", "num_steps", int, "tree levels drafted per step (EAGLE)"),
+    ("--speculative-eagle-topk", "eagle_topk", int, "branching factor of the draft tree (EAGLE)"),
+    ("--speculative-num-draft-tokens", "num_draft_tokens", int, "tree size per step, root included"),
+    ("--speculative-ngram-min-match-window-size", "ngram_min_match_window_size", int, "n-gram: shortest match"),
+    ("--speculative-ngram-max-match-window-size", "ngram_max_match_window_size", int, "n-gram: longest match"),
+    ("--speculative-ngram-min-bfs-breadth", "ngram_min_bfs_breadth", int, "n-gram: least branching"),
+    ("--speculative-ngram-max-bfs-breadth", "ngram_max_bfs_breadth", int, "n-gram: most branching"),
+    ("--speculative-ngram-match-type", "ngram_match_type", str, "n-gram: BFS (recency) or PROB (frequency)"),
+    ("--speculative-ngram-max-trie-depth", "ngram_max_trie_depth", int, "n-gram: longest stored suffix"),
+    ("--speculative-ngram-capacity", "ngram_capacity", int, "n-gram: trie node budget"),
+    ("--speculative-ngram-mode", "ngram_mode", str, "n-gram: tree (SGLang trie) or chain (prompt lookup)"),
+]
+# the sampling and length flags, read the same way
+OTHER_FIELDS: tuple[str, ...] = ("temperature", "top_p", "top_k", "sampling", "seed", "max_new_tokens",
+                                 "adaptive_draft")
+# --method names (lower-cased) -> SpecConfig.method; "eagle2" is SGLang's name for EAGLE-1/2 heads
+ALGORITHMS: dict[str, str] = {"none": "none", "ngram": "ngram", "eagle": "eagle", "eagle3": "eagle3",
+                              "standalone": "standalone", "eagle2": "eagle"}
+TREE_METHODS = ("eagle", "eagle3", "standalone")
+
+
+class UsageError(UserError):
+    """Bad input from the user: printed as one line, exit status 2."""
+
+
+def spec_overrides(args: argparse.Namespace) -> dict[str, Any]:
+    """The SpecConfig fields the user set on the command line (flags left unset are absent)."""
+    out: dict[str, Any] = {}
+    method = getattr(args, "method", None)
+    if method is not None:
+        key = method.lower()
+        if key not in ALGORITHMS:
+            raise UsageError(f"unknown method {method!r}; choose none, ngram, eagle, eagle3 or standalone")
+        out["method"] = ALGORITHMS[key]
+    for dest in [dest for _, dest, _, _ in SPEC_FLAGS] + list(OTHER_FIELDS):
+        value = getattr(args, dest, None)
+        if value is not None:
+            out[dest] = value.upper() if dest == "ngram_match_type" else value
+    return out
+
+
+def make_config(args: argparse.Namespace, **defaults: Any) -> SpecConfig:
+    """The SpecConfig for ``args``: the flags given, over the command's ``defaults``.
+
+    Two rules beyond copying values, applied for every command alike:
+
+    * ``--speculative-draft-model-path`` without ``--method`` leaves the method to the loader,
+      which infers it from the draft (the config says "none" until then);
+    * SGLang's rule: a tree method with ``--speculative-eagle-topk 1`` and no tree size drafts a
+      chain, so the tree holds ``num_steps + 1`` tokens (root included).
+
+    Raises UsageError for an unknown method and ConfigError (both one line) for invalid values.
+    """
+    from engine.config import SpecConfig
+
+    overrides = spec_overrides(args)
+    if "method" not in overrides and getattr(args, "draft", None) and defaults.get("method") != "none":
+        defaults = {**defaults, "method": "none"}  # until load_session infers the method from the draft
+    if overrides.get("method") in TREE_METHODS and overrides.get("eagle_topk") == 1 \
+            and "num_draft_tokens" not in overrides:
+        overrides["num_draft_tokens"] = overrides.get("num_steps", SpecConfig.num_steps) + 1
+    return SpecConfig(**{**defaults, **overrides})
+
+
+def draft_options(args: argparse.Namespace) -> dict[str, Any]:
+    """load_session's draft arguments from the command line.
+
+    ``bench`` times the methods it lists, so there the draft never picks the method."""
+    explicit = getattr(args, "method", None) is not None
+    draft = getattr(args, "draft", None)
+    return {
+        "draft": draft,
+        "draft_revision": getattr(args, "draft_revision", None),
+        "token_map": getattr(args, "token_map", None),
+        "method_from_draft": bool(draft) and not explicit and getattr(args, "command", None) != "bench",
+    }
+
+
+def prepare_json_out(path: str | None) -> None:
+    """Make sure ``--json PATH`` can be written, before any model loads: create its parent folder
+    (``--json bench-out/x.json`` on a fresh machine) or refuse in one line, rather than ending a
+    run of minutes in a FileNotFoundError with the results lost."""
+    if not path:
+        return
+    target = Path(path)
+    if target.is_dir():
+        raise UsageError(f"--json {path} is a folder; name a file in it")
+    parent = target.parent
+    blocker = next((p for p in (parent, *parent.parents) if p.exists()), None)
+    if blocker is not None and not blocker.is_dir():
+        raise UsageError(f"--json {path}: {blocker} is a file, not a folder")
+    try:
+        parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise UsageError(f"--json {path}: cannot create the folder {parent} ({exc.strerror or exc})") from None
+    if not os.access(parent, os.W_OK):
+        raise UsageError(f"--json {path}: the folder {parent} is not writable")

@@ -1,0 +1,128 @@
+"""The settings in force and the rules for changing them, shared by the app and the command palette.
+
+Why its own class: the settings panel, the palette and teaching mode all change settings, and each
+must see the same answer to "what is in force, what is pending, may this change now". The app
+turns the answers into notifications and panel errors; nothing here imports Textual.
+
+* ``applied``: what the engine reported in force (Started / ConfigApplied);
+* ``pending``: what the user asked for and the engine accepted but has not applied yet (it applies
+  at the next step boundary, or when the next answer starts).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from engine.config import ConfigError, SpecConfig
+from specchat.tui.host_api import Host
+from specchat.tui.settings_schema import (
+    ENGINE_FIELDS,
+    FIELDS,
+    UI_FIELDS,
+    SettingField,
+    applies,
+    format_value,
+    resolve_name,
+    why_not,
+)
+
+
+class SettingsControl:
+    """Engine settings as the engine reports them, and the one path by which the UI changes them."""
+
+    def __init__(self, host: Host, config: SpecConfig, *, replay: bool,
+                 ui_values: Callable[[], dict[str, Any]]) -> None:
+        self.host = host
+        self.applied = config
+        self.pending: SpecConfig | None = None
+        self.methods: tuple[str, ...] = ()  # what the loaded session can run ("" until loaded)
+        self.loaded = False
+        self.replay = replay
+        self._ui_values = ui_values
+        self._restore_adaptive = False  # teaching turned adaptive drafting off; turn it back on after
+
+    @property
+    def in_force(self) -> SpecConfig:
+        """The settings the next answer will use: the pending ones if any."""
+        return self.pending or self.applied
+
+    def current(self, name: str) -> Any:
+        if FIELDS[name].scope == "ui":
+            return self._ui_values()[name]
+        return getattr(self.in_force, name)
+
+    def ui_values(self) -> dict[str, Any]:
+        return self._ui_values()
+
+    def fields(self) -> list[SettingField]:
+        """The settings that act on the method in force (knobs of other drafters are left out)."""
+        method = self.applied.method
+        return [f for f in (*ENGINE_FIELDS, *UI_FIELDS) if applies(f.name, method)]
+
+    def field(self, name: str) -> SettingField:
+        """The field a typed name means (aliases allowed); ConfigError names what was typed."""
+        resolved = resolve_name(name)
+        if resolved is None:
+            raise ConfigError(f"unknown setting {name!r}")
+        return FIELDS[resolved]
+
+    def loaded_with(self, config: SpecConfig | None, methods: tuple[str, ...]) -> None:
+        self.loaded = True
+        if config is not None:
+            self.applied = config
+        self.methods = methods
+
+    def change(self, name: str, value: Any, *, busy: bool) -> str:
+        """Ask the engine for ``name = value``; returns what happened in one line ('' if nothing changed).
+
+        Raises ConfigError, the old settings kept, when the change cannot be made here or the session
+        refuses it."""
+        if self.replay:
+            raise ConfigError("replay: the settings are those recorded; no engine to change")
+        if not self.loaded:
+            raise ConfigError("the model is still loading")
+        base = self.in_force
+        if not applies(name, base.method):
+            raise ConfigError(f"{name} does nothing here: {why_not(name, base.method)}")
+        if name == "method" and self.methods and value not in self.methods:
+            raise ConfigError(f"method {value!r} cannot run in this session (have: {', '.join(self.methods)}; "
+                              "EAGLE and standalone need a draft model: specchat run --draft PATH)")
+        new = base.replace(**{name: value})
+        if new == base:
+            return ""
+        if self.host.update_config(new):
+            self.applied, self.pending = new, None
+            return f"{name} = {format_value(value)} applied"
+        self.pending = None if new == self.applied else new
+        if self.pending is None:
+            return ""
+        when = "at the next step" if busy else "when the next answer starts"
+        return f"{name} = {format_value(value)} pending; applies {when}"
+
+    def reported(self, data: dict[str, Any]) -> bool:
+        """The engine says these settings are in force; True when that was the pending change."""
+        try:
+            cfg = SpecConfig.from_dict(data)
+        except (ConfigError, TypeError):
+            return False
+        self.applied = cfg
+        if self.pending is not None and self.pending == cfg:
+            self.pending = None
+            return True
+        return False
+
+    def teaching(self, on: bool, *, busy: bool) -> None:
+        """Teaching mode verifies the drafter's whole proposal (adaptive drafting off), so each step
+        shows what the drafter guessed; the user's choice comes back when teaching ends."""
+        current = self.in_force
+        try:
+            if on and current.adaptive_draft:
+                self.change("adaptive_draft", False, busy=busy)
+                self._restore_adaptive = True
+            elif not on and self._restore_adaptive:
+                self._restore_adaptive = False
+                if not current.adaptive_draft:
+                    self.change("adaptive_draft", True, busy=busy)
+        except ConfigError:
+            pass  # replay, or a session that refuses: teaching works with the settings as they are

@@ -91,69 +91,124 @@ static inline AVX2 float dot(const float *a, const float *b, int n) {
     return hsum(acc);
 }
 
+/* The largest of x[0..n-1], 8 lanes at a time. Why not a scalar loop: its compare-and-keep
+ * chain cost a third of a tree verify's attention. Which of two equal (or +0/-0) values wins
+ * cannot change the softmax below, so this equals the scalar answer for every use here. */
+static inline AVX2 float max_of(const float *x, long n) {
+    __m256 m8 = _mm256_set1_ps(-INFINITY);
+    long a = 0;
+    for (; a + 8 <= n; a += 8) m8 = _mm256_max_ps(m8, _mm256_loadu_ps(x + a));
+    float l[8];
+    _mm256_storeu_ps(l, m8);
+    float mx = l[0];
+    for (int i = 1; i < 8; i++) mx = l[i] > mx ? l[i] : mx;
+    for (; a < n; a++) mx = x[a] > mx ? x[a] : mx;
+    return mx;
+}
+
+/* Keys per block of the value pass: 64 keys of 64 floats (16 KB) stay in L1 while every row of
+ * the group reads them. */
+#define VBLOCK 64
+/* Rows one call of attend() handles at most: the query heads that share a KV head. */
+#define MAX_GROUP 16
+
 /*
- * softmax(q . k_a * scale) . v_a over the keys listed in keys[0..n-1] (slot indices into kh/vh),
- * visited in list order. scores: scratch for n floats. out: hd floats.
- * Every attention entry point below lists its keys and calls this, so they agree bit for bit
- * whenever they list the same keys in the same order.
+ * softmax(q_r . k_a * scale) . v_a for the G query heads r that share one KV head, over the keys
+ * listed in keys[0..n-1] (slot indices into kh/vh), visited in list order. q row r at q + r * hd,
+ * out row r at out + r * hd. scores: scratch for G * n floats; acc: scratch for G * hd floats.
+ *
+ * Why G rows at once: each row's arithmetic is the one-row computation (the same FMA chains in
+ * the same key order), but the keys are read once for the group while they sit in L1, not once
+ * per head from L2. With the 135M model's 3 heads per KV head a 16-node verify's attention cost
+ * about half as much. A row's bits do not depend on G (tests/test_attention.py), so every entry
+ * point below agrees with every other whenever it lists the same keys in the same order.
  */
-static inline AVX2 void attend(const float *qr, const float *kh, const float *vh, const int *keys, long n, int hd,
-                               float scale, float *scores, float *o) {
-    /* scores, 8 keys at a time (8 independent FMA chains), then one at a time */
+static AVX2 void attend(int G, const float *q, const float *kh, const float *vh, const int *keys, long n, int hd,
+                        float scale, float *scores, float *acc, float *out) {
     const __m256 sc = _mm256_set1_ps(scale);
+    /* scores, 8 keys at a time (8 independent FMA chains per row), then one at a time */
     long a0 = 0;
     for (; a0 + 8 <= n; a0 += 8) {
-        __m256 d[8];
         const float *kr[8];
-        for (int i = 0; i < 8; i++) {
-            d[i] = _mm256_setzero_ps();
-            kr[i] = kh + (long)keys[a0 + i] * hd;
+        for (int i = 0; i < 8; i++) kr[i] = kh + (long)keys[a0 + i] * hd;
+        for (int r = 0; r < G; r++) {
+            const float *qr = q + (long)r * hd;
+            __m256 d[8];
+            for (int i = 0; i < 8; i++) d[i] = _mm256_setzero_ps();
+            for (int c = 0; c < hd; c += 8) {
+                const __m256 qc = _mm256_loadu_ps(qr + c);
+                for (int i = 0; i < 8; i++) d[i] = _mm256_fmadd_ps(qc, _mm256_loadu_ps(kr[i] + c), d[i]);
+            }
+            _mm256_storeu_ps(scores + r * n + a0, _mm256_mul_ps(hsum8x8(d), sc));
         }
-        for (int c = 0; c < hd; c += 8) {
-            const __m256 qc = _mm256_loadu_ps(qr + c);
-            for (int i = 0; i < 8; i++) d[i] = _mm256_fmadd_ps(qc, _mm256_loadu_ps(kr[i] + c), d[i]);
+    }
+    for (; a0 < n; a0++)
+        for (int r = 0; r < G; r++) scores[r * n + a0] = dot(q + (long)r * hd, kh + (long)keys[a0] * hd, hd) * scale;
+    /* softmax numerators in place, and each row's 1 / sum */
+    float inv[MAX_GROUP];
+    for (int r = 0; r < G; r++) {
+        float *sr = scores + r * n;
+        const float mx = max_of(sr, n);
+        const __m256 m8 = _mm256_set1_ps(mx);
+        __m256 s8 = _mm256_setzero_ps();
+        long a = 0;
+        for (; a + 8 <= n; a += 8) {
+            const __m256 e = exp8(_mm256_sub_ps(_mm256_loadu_ps(sr + a), m8));
+            _mm256_storeu_ps(sr + a, e);
+            s8 = _mm256_add_ps(s8, e);
         }
-        _mm256_storeu_ps(scores + a0, _mm256_mul_ps(hsum8x8(d), sc));
+        float sum = hsum(s8);
+        for (; a < n; a++) {
+            float lane[8] = {sr[a] - mx};
+            float e[8];
+            _mm256_storeu_ps(e, exp8(_mm256_loadu_ps(lane)));
+            sr[a] = e[0];
+            sum += e[0];
+        }
+        inv[r] = 1.0f / sum;
     }
-    for (; a0 < n; a0++) scores[a0] = dot(qr, kh + (long)keys[a0] * hd, hd) * scale;
-    float mx = -INFINITY;
-    for (long a = 0; a < n; a++)
-        if (scores[a] > mx) mx = scores[a];
-    const __m256 m8 = _mm256_set1_ps(mx);
-    __m256 s8 = _mm256_setzero_ps();
-    long a = 0;
-    for (; a + 8 <= n; a += 8) {
-        const __m256 e = exp8(_mm256_sub_ps(_mm256_loadu_ps(scores + a), m8));
-        _mm256_storeu_ps(scores + a, e);
-        s8 = _mm256_add_ps(s8, e);
-    }
-    float sum = hsum(s8);
-    for (; a < n; a++) {
-        float lane[8] = {scores[a] - mx};
-        float e[8];
-        _mm256_storeu_ps(e, exp8(_mm256_loadu_ps(lane)));
-        scores[a] = e[0];
-        sum += e[0];
-    }
-    /* out = sum_a p_a v_a / sum, 64 columns at a time in registers */
-    const __m256 inv = _mm256_set1_ps(1.0f / sum);
+    /* out_r = sum_a p_ra v_a / sum_r: 64 columns at a time in registers, the keys in blocks of
+     * VBLOCK with each row's partial sums parked in acc between blocks (same chain, same order) */
     int c0 = 0;
     for (; c0 + 64 <= hd; c0 += 64) {
-        __m256 acc[8];
-        for (int c = 0; c < 8; c++) acc[c] = _mm256_setzero_ps();
-        for (a = 0; a < n; a++) {
-            const __m256 p = _mm256_set1_ps(scores[a]);
-            const float *vr = vh + (long)keys[a] * hd + c0;
-            for (int c = 0; c < 8; c++) acc[c] = _mm256_fmadd_ps(p, _mm256_loadu_ps(vr + 8 * c), acc[c]);
+        for (long b0 = 0; b0 < n || b0 == 0; b0 += VBLOCK) {
+            const long b1 = b0 + VBLOCK < n ? b0 + VBLOCK : n;
+            for (int r = 0; r < G; r++) {
+                const float *sr = scores + r * n;
+                float *ar = acc + (long)r * hd + c0;
+                __m256 v8[8];
+                for (int c = 0; c < 8; c++) v8[c] = b0 ? _mm256_loadu_ps(ar + 8 * c) : _mm256_setzero_ps();
+                for (long a = b0; a < b1; a++) {
+                    const __m256 p = _mm256_set1_ps(sr[a]);
+                    const float *vr = vh + (long)keys[a] * hd + c0;
+                    for (int c = 0; c < 8; c++) v8[c] = _mm256_fmadd_ps(p, _mm256_loadu_ps(vr + 8 * c), v8[c]);
+                }
+                for (int c = 0; c < 8; c++) _mm256_storeu_ps(ar + 8 * c, v8[c]);
+            }
         }
-        for (int c = 0; c < 8; c++) _mm256_storeu_ps(o + c0 + 8 * c, _mm256_mul_ps(acc[c], inv));
+        for (int r = 0; r < G; r++) {
+            const __m256 iv = _mm256_set1_ps(inv[r]);
+            for (int c = 0; c < 8; c++)
+                _mm256_storeu_ps(out + (long)r * hd + c0 + 8 * c,
+                                 _mm256_mul_ps(_mm256_loadu_ps(acc + (long)r * hd + c0 + 8 * c), iv));
+        }
     }
-    for (; c0 < hd; c0 += 8) {
-        __m256 acc = _mm256_setzero_ps();
-        for (a = 0; a < n; a++)
-            acc = _mm256_fmadd_ps(_mm256_set1_ps(scores[a]), _mm256_loadu_ps(vh + (long)keys[a] * hd + c0), acc);
-        _mm256_storeu_ps(o + c0, _mm256_mul_ps(acc, inv));
-    }
+    for (; c0 < hd; c0 += 8)
+        for (int r = 0; r < G; r++) {
+            const float *sr = scores + r * n;
+            __m256 a8 = _mm256_setzero_ps();
+            for (long a = 0; a < n; a++)
+                a8 = _mm256_fmadd_ps(_mm256_set1_ps(sr[a]), _mm256_loadu_ps(vh + (long)keys[a] * hd + c0), a8);
+            _mm256_storeu_ps(out + (long)r * hd + c0, _mm256_mul_ps(a8, _mm256_set1_ps(inv[r])));
+        }
+}
+
+/* How many query heads of a KV group one work item takes: the whole group, unless that leaves
+ * too few items to keep every thread busy (one token, few KV heads); any split gives the same bits. */
+static int heads_per_item(long T, int nkv, int group, int nthreads) {
+    int sg = group < MAX_GROUP ? group : MAX_GROUP;
+    while (sg > 1 && T * nkv * ((group + sg - 1) / sg) < 2L * nthreads) sg = (sg + 1) / 2;
+    return sg;
 }
 
 /*
@@ -166,15 +221,17 @@ static inline AVX2 void attend(const float *qr, const float *kh, const float *vh
 AVX2 void tree_attention(const float *q, long q_stride, const float *k, const float *v, long cap, long L,
                          long T, int nh, int nkv, int hd, const unsigned char *tree, long window,
                          const long *positions, float scale, float *out, int nthreads) {
-    const int group = nh / nkv;
+    const int group = nh / nkv, sg = heads_per_item(T, nkv, group, nthreads), parts = (group + sg - 1) / sg;
 #pragma omp parallel num_threads(nthreads)
     {
-        float *scores = malloc(sizeof(float) * (size_t)(L + T));
+        float *scores = malloc(sizeof(float) * (size_t)(sg * (L + T)));
+        float *acc = malloc(sizeof(float) * (size_t)(sg * hd));
         int *keys = malloc(sizeof(int) * (size_t)(L + T));
 #pragma omp for schedule(static)
-        for (long item = 0; item < T * nh; item++) {
-            const long t = item / nh;
-            const int h = (int)(item % nh), g = h / group;
+        for (long item = 0; item < T * nkv * parts; item++) {
+            const long t = item / (nkv * parts);
+            const int g = (int)(item / parts % nkv), h = g * group + (int)(item % parts) * sg;
+            const int rows = h + sg <= (g + 1) * group ? sg : (g + 1) * group - h;
             const long pq = positions ? positions[t] : L + t;
             long n = 0;
             for (long j = 0; j < L; j++)
@@ -184,10 +241,11 @@ AVX2 void tree_attention(const float *q, long q_stride, const float *k, const fl
                 const long pk = positions ? positions[i] : L + i;
                 if (visible && (window <= 0 || pq - pk < window)) keys[n++] = (int)(L + i);
             }
-            attend(q + t * q_stride + (long)h * hd, k + (long)g * cap * hd, v + (long)g * cap * hd, keys, n, hd,
-                   scale, scores, out + t * (long)nh * hd + (long)h * hd);
+            attend(rows, q + t * q_stride + (long)h * hd, k + (long)g * cap * hd, v + (long)g * cap * hd, keys, n, hd,
+                   scale, scores, acc, out + t * (long)nh * hd + (long)h * hd);
         }
         free(scores);
+        free(acc);
         free(keys);
     }
 }
@@ -214,22 +272,26 @@ AVX2 void keyed_attention(const float *q, long q_stride, const float *k, const f
         const long n = (last[t] >= first[t] ? last[t] - first[t] + 1 : 0) + (extra ? nextra[t] : 0);
         if (n > most) most = n;
     }
+    const int sg = heads_per_item(T, nkv, group, nthreads), parts = (group + sg - 1) / sg;
 #pragma omp parallel num_threads(nthreads) if (T * nh * most > 4096)
     {
-        float *scores = malloc(sizeof(float) * (size_t)most);
+        float *scores = malloc(sizeof(float) * (size_t)(sg * most));
+        float *acc = malloc(sizeof(float) * (size_t)(sg * hd));
         int *keys = malloc(sizeof(int) * (size_t)most);
-#pragma omp for schedule(dynamic, 4)
-        for (long item = 0; item < T * nh; item++) {
-            const long t = item / nh;
-            const int h = (int)(item % nh), g = h / group;
+#pragma omp for schedule(dynamic, 2)
+        for (long item = 0; item < T * nkv * parts; item++) {
+            const long t = item / (nkv * parts);
+            const int g = (int)(item / parts % nkv), h = g * group + (int)(item % parts) * sg;
+            const int rows = h + sg <= (g + 1) * group ? sg : (g + 1) * group - h;
             long n = 0;
             for (long j = first[t]; j <= last[t]; j++)
                 if (window <= 0 || positions[t] - (j - first[t]) < window) keys[n++] = (int)j;
             for (long i = 0; extra && i < nextra[t]; i++) keys[n++] = extra[t * max_extra + i];
-            attend(q + t * q_stride + (long)h * hd, k + (long)g * cap * hd, v + (long)g * cap * hd, keys, n, hd,
-                   scale, scores, out + t * (long)nh * hd + (long)h * hd);
+            attend(rows, q + t * q_stride + (long)h * hd, k + (long)g * cap * hd, v + (long)g * cap * hd, keys, n, hd,
+                   scale, scores, acc, out + t * (long)nh * hd + (long)h * hd);
         }
         free(scores);
+        free(acc);
         free(keys);
     }
 }

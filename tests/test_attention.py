@@ -1,0 +1,93 @@
+"""The native attention kernels (engine/kernels/ops.c): the query heads of one KV head run together.
+
+The promises: a row's bits do not depend on how many heads share its item (a grouped-query model
+gives every head exactly what the same head gets with its K/V copied per head), nor on the thread
+count (which changes how a small call splits its groups); the tree entry point and the keyed one
+agree when they list the same keys; and the result is softmax attention (close to torch's).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from engine.kernels import native
+
+KERNEL = native.load()
+pytestmark = pytest.mark.skipif(KERNEL is None, reason="no native kernel here")
+
+SHAPES = [(9, 3, 64), (8, 2, 128), (6, 1, 16), (12, 2, 72), (4, 4, 64)]  # heads, KV heads, head dim
+
+
+def _inputs(nh: int, nkv: int, hd: int, L: int, T: int, seed: int):
+    gen = torch.Generator().manual_seed(seed)
+    cap = L + T + 3
+    k = torch.randn(nkv, cap, hd, generator=gen)
+    v = torch.randn(nkv, cap, hd, generator=gen)
+    q = torch.randn(T, nh, hd, generator=gen)
+    parents = [-1] + [(i - 1) // 2 for i in range(1, T)]
+    tree = torch.zeros(T, T, dtype=torch.bool)
+    depth = [0] * T
+    for i in range(T):
+        j = i
+        while j >= 0:
+            tree[i, j] = True
+            j = parents[j]
+        if i:
+            depth[i] = depth[parents[i]] + 1
+    return q, k, v, tree, torch.tensor(depth) + L
+
+
+def _attend(q, k, v, L, tree, positions, window=0, threads=2):
+    old = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        return KERNEL.attention(q, k, v, L, tree, window, positions, 0.125)
+    finally:
+        torch.set_num_threads(old)
+
+
+@pytest.mark.parametrize("nh,nkv,hd", SHAPES)
+@pytest.mark.parametrize("L,T", [(0, 1), (7, 1), (65, 2), (130, 5), (300, 16)])
+def test_grouped_heads_equal_each_head_with_its_own_kv_copy(nh: int, nkv: int, hd: int, L: int, T: int) -> None:
+    q, k, v, tree, pos = _inputs(nh, nkv, hd, L, T, seed=L + T)
+    group = nh // nkv
+    grouped = _attend(q, k, v, L, tree, pos)
+    alone = _attend(q, k.repeat_interleave(group, 0).contiguous(), v.repeat_interleave(group, 0).contiguous(), L,
+                    tree, pos)
+    assert torch.equal(grouped, alone)
+
+
+@pytest.mark.parametrize("window", [0, 40])
+def test_the_thread_count_does_not_change_a_bit(window: int) -> None:
+    for T in (1, 2, 3, 9):
+        q, k, v, tree, pos = _inputs(9, 3, 64, 120, T, seed=T)
+        runs = [_attend(q, k, v, 120, tree, pos, window, threads) for threads in (1, 2, 3, 5)]
+        assert all(torch.equal(runs[0], r) for r in runs[1:])
+
+
+def test_keyed_attention_equals_tree_attention_on_the_same_keys() -> None:
+    L, T = 97, 6
+    q, k, v, tree, pos = _inputs(9, 3, 64, L, T, seed=5)
+    by_tree = _attend(q, k, v, L, tree, pos)
+    extra = [[L + i for i in range(T) if tree[t, i]] for t in range(T)]
+    table = torch.zeros(T, max(map(len, extra)), dtype=torch.int32)
+    for t, e in enumerate(extra):
+        table[t, :len(e)] = torch.tensor(e, dtype=torch.int32)
+    by_keys = KERNEL.keyed_attention(q, k, v, torch.zeros(T, dtype=torch.int64), torch.full((T,), L - 1),
+                                     table, torch.tensor([len(e) for e in extra], dtype=torch.int32), 0.125)
+    assert torch.equal(by_tree, by_keys)
+
+
+@pytest.mark.parametrize("nh,nkv,hd", SHAPES)
+def test_it_is_softmax_attention(nh: int, nkv: int, hd: int) -> None:
+    L, T = 50, 4
+    q, k, v, tree, pos = _inputs(nh, nkv, hd, L, T, seed=1)
+    visible = torch.cat([torch.ones(T, L, dtype=torch.bool), tree], 1)
+    group = nh // nkv
+    keys = k[:, :L + T].repeat_interleave(group, 0)  # [nh, L+T, hd]
+    values = v[:, :L + T].repeat_interleave(group, 0)
+    scores = torch.einsum("thd,hsd->hts", q, keys) * 0.125
+    scores = scores.masked_fill(~visible[None], float("-inf"))
+    want = torch.einsum("hts,hsd->thd", scores.softmax(-1), values).reshape(T, nh * hd)
+    torch.testing.assert_close(_attend(q, k, v, L, tree, pos), want, rtol=1e-5, atol=1e-5)

@@ -99,8 +99,8 @@ def check_precision(precision: str, *, weights: str = "stored", device: torch.de
 
     kernel = native.load()
     if kernel is None or kernel.fast_variant is None:
-        why = native.why_not or "this CPU lacks AVX-512 VNNI/VBMI"
-        raise LoadError(f"--precision fast needs our native kernel with AVX-512 VNNI ({why}); use --precision exact")
+        why = native.why_not or "this CPU lacks AVX2"
+        raise LoadError(f"--precision fast needs our native kernel ({why}); use --precision exact")
 
 
 def load_model(

@@ -8,3 +8,28 @@ engine/loader.configure_threads). Tests that load the real model set their own t
 import torch
 
 torch.set_num_threads(1)
+
+
+import os  # noqa: E402
+from collections.abc import Iterator  # noqa: E402
+
+import pytest  # noqa: E402
+
+
+@pytest.fixture(params=["cpu", "avx2"])
+def kernel_variant(request: pytest.FixtureRequest) -> Iterator[str]:
+    """Run a kernel test with the tiles this CPU picks, then with the AVX2 ones, so every variant's
+    exactness is checked on whatever machine runs the suite (the AVX2 run is skipped where the CPU
+    picks AVX2 anyway). Yields the stored-weight variant in force."""
+    from engine.kernels import native
+
+    kernel = native.load()
+    if kernel is None:
+        pytest.skip(f"no native kernel here: {native.why_not}")
+    if request.param == "avx2" and kernel.variant == "avx2" and kernel.fast_variant != "avx512vnni":
+        pytest.skip("this CPU runs the AVX2 tiles already")
+    kernel.choose_variant(request.param == "avx2")
+    try:
+        yield kernel.variant
+    finally:
+        kernel.choose_variant(os.environ.get(native.VARIANT_SWITCH, "").lower() == "avx2")

@@ -27,7 +27,7 @@ from tests.test_stored_weights import VOCAB, gguf_bytes, write_model_gguf
 
 KERNEL = native.load()
 FAST = KERNEL is not None and KERNEL.fast_variant is not None
-needs_fast = pytest.mark.skipif(not FAST, reason="no fast kernel here (needs AVX-512 VNNI and VBMI)")
+needs_fast = pytest.mark.skipif(not FAST, reason="no fast kernel here (needs the native kernel: AVX2)")
 INT_FORMATS = [Q.Q4_0, Q.Q4_1, Q.Q4_K, Q.Q8_0, Q.Q6_K]
 
 
@@ -51,7 +51,7 @@ def test_activation_quantization_is_within_half_a_step() -> None:
 
 @needs_fast
 @pytest.mark.parametrize("m", [1, 2, 5, 12, 13, 30])
-def test_kernel_equals_the_torch_definition_and_is_row_invariant(weight, m: int) -> None:
+def test_kernel_equals_the_torch_definition_and_is_row_invariant(weight, m: int, kernel_variant: str) -> None:
     gen = torch.Generator().manual_seed(m)
     x = torch.randn(m, weight.shape[1], generator=gen) * 0.5
     x[0, 32:64] = 0  # a zero block: scale 0
@@ -67,6 +67,26 @@ def test_kernel_equals_the_torch_definition_and_is_row_invariant(weight, m: int)
     acc = torch.ones(m, weight.shape[0])
     KERNEL.stored_linear_fast(x, panels, bias, acc, True)
     assert torch.equal(acc, 1 + y)
+
+
+@needs_fast
+@pytest.mark.parametrize("m", [1, 4, 7])
+def test_both_variants_give_the_same_bits(weight, m: int) -> None:
+    """The AVX2 tiles (vpmaddubsw + vpmaddwd) and the VNNI ones (vpdpbusd) sum the same exact
+    integers and scale them in the same float steps."""
+    if KERNEL.fast_variant != "avx512vnni":
+        pytest.skip("this CPU has only the AVX2 tiles")
+    x = torch.randn(m, weight.shape[1], generator=torch.Generator().manual_seed(9)) * 3
+    x[:, :32] *= 1e-3  # a small block beside big ones
+    panels = StoredPanels.from_rows(weight)
+    outs = []
+    for avx2_only in (False, True):
+        KERNEL.choose_variant(avx2_only)
+        y = torch.empty(m, weight.shape[0])
+        assert KERNEL.stored_linear_fast(x, panels, None, y, False)
+        outs.append(y)
+    KERNEL.choose_variant(False)
+    assert torch.equal(outs[0], outs[1])
 
 
 @needs_fast
@@ -94,7 +114,7 @@ def fast_model(tmp_path_factory) -> LlamaModel:
 
 
 @needs_fast
-def test_fast_model_rows_equal_one_token_steps(fast_model: LlamaModel) -> None:
+def test_fast_model_rows_equal_one_token_steps(fast_model: LlamaModel, kernel_variant: str) -> None:
     """Prefill of 9 tokens, then plain steps: every row's logits equal the one-token forward's, and
     a rows forward of two sequences gives them too."""
     model = fast_model

@@ -83,7 +83,7 @@ def test_q8_quantization_is_within_half_a_step_and_multiplies_like_its_dequantiz
 
 
 @pytest.mark.parametrize("m", [1, 2, 5, 6, 7, 13, 20])
-def test_stored_product_equals_fp32_path_and_is_row_invariant(stored_weight, m: int) -> None:
+def test_stored_product_equals_fp32_path_and_is_row_invariant(stored_weight, m: int, kernel_variant: str) -> None:
     rows, dense = stored_weight
     bias = torch.randn(dense.shape[0], generator=torch.Generator().manual_seed(2))
     ours, fp32 = StoredLinear([rows], bias), Linear(dense, bias)

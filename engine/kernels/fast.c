@@ -1,7 +1,7 @@
 /*
  * The "fast" precision's matrix product on stored quant weights: activations quantized to 8 bits
- * per block, integer dot products with the weights' own codes (AVX-512 VNNI), one float scaling
- * per block. y[M, N] = x[M, K] @ W[N, K]^T (+ bias).
+ * per block, integer dot products with the weights' own codes (AVX-512 VNNI here; AVX2 in
+ * fast_avx2.c, the same bits), one float scaling per block. y[M, N] = x[M, K] @ W[N, K]^T (+ bias).
  *
  * Why: on a CPU a forward of many rows (a draft tree, a prefill chunk, the data engine's batch)
  * is bound by multiply-adds, and vpdpbusd does 64 of them per instruction where an fp32 FMA does
@@ -33,19 +33,37 @@
 #define PANEL 16
 #define FAST_ROWS 12
 #define VNNI __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi,avx2,fma")))
+#define AVX2F __attribute__((target("avx2,fma")))
 
 enum { KIND_Q8 = 3, KIND_Q4 = 4 };
 
-int fast_supported(void) {
+static int has_vnni(void) {
     __builtin_cpu_init();
     return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
            __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512vnni") &&
            __builtin_cpu_supports("avx512vbmi");
 }
 
+static int variant = -1; /* 512: the VNNI tiles, 2: the AVX2 tiles (fast_avx2.c), 0: none; -1: not chosen */
+
+/* Choose the tiles for this CPU: 512 (AVX-512 VNNI), 2 (AVX2) or 0 (neither). force 2: AVX2 even
+ * where VNNI runs (SPECCHAT_KERNEL_VARIANT=avx2, how the suite tests both on one machine). */
+int fast_variant(int force) {
+    __builtin_cpu_init();
+    const int avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+    variant = has_vnni() && force != 2 ? 512 : avx2 ? 2 : 0;
+    return variant;
+}
+
+/* Nonzero when some variant runs here (the VNNI one unless fast_variant(2) chose AVX2). */
+int fast_supported(void) {
+    if (variant < 0) fast_variant(0);
+    return variant != 0;
+}
+
 /* Quantize one row: K values in blocks of `group` (a multiple of 8). q4_order: store each 8 k as
  * the four even-k bytes then the four odd-k bytes (the order the q4 words' nibbles come out in). */
-static VNNI void quantize_row(const float *x, long K, long group, int q4_order, int8_t *xq, float *d, int32_t *s) {
+static AVX2F void quantize_row(const float *x, long K, long group, int q4_order, int8_t *xq, float *d, int32_t *s) {
     const __m128i evenodd = _mm_setr_epi8(0, 2, 4, 6, 1, 3, 5, 7, 8, 10, 12, 14, 9, 11, 13, 15);
     const __m256 sign = _mm256_set1_ps(-0.0f);
     for (long b = 0; b < K / group; b++) {
@@ -67,7 +85,9 @@ static VNNI void quantize_row(const float *x, long K, long group, int q4_order, 
                 if (i + 8 < group) q1 = _mm256_cvtps_epi32(_mm256_div_ps(_mm256_loadu_ps(xb + i + 8), dv));
             }
             sum = _mm256_add_epi32(sum, _mm256_add_epi32(q0, q1));
-            __m128i bytes = _mm_unpacklo_epi64(_mm256_cvtepi32_epi8(q0), _mm256_cvtepi32_epi8(q1));
+            /* 16 int32 in -127..127 to bytes in order (the packs cannot saturate) */
+            const __m256i w16 = _mm256_permute4x64_epi64(_mm256_packs_epi32(q0, q1), 0xD8);
+            __m128i bytes = _mm_packs_epi16(_mm256_castsi256_si128(w16), _mm256_extracti128_si256(w16, 1));
             if (q4_order) bytes = _mm_shuffle_epi8(bytes, evenodd);
             if (i + 8 < group)
                 _mm_storeu_si128((__m128i *)(qb + i), bytes);
@@ -157,6 +177,8 @@ typedef void (*fast_tile_fn)(const int8_t *, long, const float *, const int32_t 
                                const void *c, const float *s, const float *o, float *out) {                       \
         tile(n, 0, xq, K, xd, xs, group, c, s, o, out);                                                            \
     }
+#define FAST_AVX2_ROWS 4
+extern const fast_tile_fn FAST_AVX2_Q4[FAST_AVX2_ROWS + 1], FAST_AVX2_Q8[FAST_AVX2_ROWS + 1]; /* fast_avx2.c */
 FTILE(1) FTILE(2) FTILE(3) FTILE(4) FTILE(5) FTILE(6) FTILE(7) FTILE(8) FTILE(9) FTILE(10) FTILE(11) FTILE(12)
 static const fast_tile_fn FT_Q4[FAST_ROWS + 1] = {0, ft_q4_1, ft_q4_2, ft_q4_3, ft_q4_4, ft_q4_5, ft_q4_6,
                                                   ft_q4_7, ft_q4_8, ft_q4_9, ft_q4_10, ft_q4_11, ft_q4_12};
@@ -173,6 +195,7 @@ int stored_linear_fast(const float *x, long M, long K, int kind, long group, con
     const int q4 = kind == KIND_Q4;
     if ((kind != KIND_Q4 && kind != KIND_Q8) || group <= 0 || K % group || group % (q4 ? 8 : 4) || !fast_supported())
         return -1;
+    const int vnni = variant == 512, rows_max = vnni ? FAST_ROWS : FAST_AVX2_ROWS;
     const long ng = K / group;
     if (M <= 0 || N <= 0) return 0;
     int8_t *xq = aligned_alloc(64, (size_t)((M * K + 63) / 64 * 64));
@@ -188,7 +211,7 @@ int stored_linear_fast(const float *x, long M, long K, int kind, long group, con
     for (long r = 0; r < M; r++) quantize_row(x + r * K, K, group, q4, xq + r * K, xd + r * ng, xs + r * ng);
     const long npanels = (N + PANEL - 1) / PANEL;
     const long panel_bytes = q4 ? K * PANEL / 2 : K * PANEL;
-    const fast_tile_fn *tiles = q4 ? FT_Q4 : FT_Q8;
+    const fast_tile_fn *tiles = vnni ? (q4 ? FT_Q4 : FT_Q8) : (q4 ? FAST_AVX2_Q4 : FAST_AVX2_Q8);
 #pragma omp parallel for num_threads(nthreads) schedule(static)
     for (long p = 0; p < npanels; p++) {
         float out[FAST_ROWS * PANEL] __attribute__((aligned(64)));
@@ -197,8 +220,8 @@ int stored_linear_fast(const float *x, long M, long K, int kind, long group, con
         const float *po = offsets ? offsets + p * ng * PANEL : 0;
         const long col0 = p * PANEL;
         const int ncols = (int)(N - col0 < PANEL ? N - col0 : PANEL);
-        for (long m0 = 0; m0 < M; m0 += FAST_ROWS) {
-            const int mr = (int)(M - m0 < FAST_ROWS ? M - m0 : FAST_ROWS);
+        for (long m0 = 0; m0 < M; m0 += rows_max) {
+            const int mr = (int)(M - m0 < rows_max ? M - m0 : rows_max);
             tiles[mr](xq + m0 * K, K, xd + m0 * ng, xs + m0 * ng, group, pc, ps, po, out);
             for (int r = 0; r < mr; r++) {
                 float *yr = y + (m0 + r) * ldy + col0;

@@ -63,8 +63,18 @@ class NativeKernel:
         self.eagle_head_forward.restype = _i
         self._lib.stored_linear_fast.argtypes = _SIGNATURES["stored_linear"]
         self._lib.stored_linear_fast.restype = _i
-        self._lib.fast_supported.restype = _i
-        self.fast_variant = "avx512vnni" if lib.fast_supported() else None  # None: no fast kernel on this CPU
+        self._lib.fast_variant.argtypes = [_i]
+        self._lib.fast_variant.restype = _i
+        self.fast_variant: str | None = None  # "avx512vnni" | "avx2"; None: no fast kernel on this CPU
+
+    def choose_variant(self, avx2_only: bool = False) -> None:
+        """Pick the tiles from the CPU flags (``avx2_only``: the AVX2 ones even on an AVX-512 CPU,
+        what ``SPECCHAT_KERNEL_VARIANT=avx2`` asks and how the tests check both on one machine)."""
+        self._lib.stored_variant.argtypes = [_i]
+        self._lib.stored_variant.restype = _i
+        force = 2 if avx2_only else 0
+        self.variant = "avx512" if self._lib.stored_variant(force) == 512 else "avx2"
+        self.fast_variant = {512: "avx512vnni", 2: "avx2"}.get(self._lib.fast_variant(force))
 
     def linear(
         self,
@@ -217,10 +227,8 @@ def load() -> NativeKernel | None:
         return None
     why_not = ""
     kernel = NativeKernel(lib, path)
-    lib.stored_variant.argtypes = [_i]
-    lib.stored_variant.restype = _i
     forced = os.environ.get(VARIANT_SWITCH, "").lower()
-    kernel.variant = "avx512" if lib.stored_variant(2 if forced == "avx2" else 0) == 512 else "avx2"
+    kernel.choose_variant(forced == "avx2")
     return kernel
 
 

@@ -1,0 +1,117 @@
+/*
+ * The fast precision's tile for CPUs with AVX2 but no AVX-512 VNNI (AMD Zen 3, older Intel):
+ * the same integers and the same float steps as fast.c's VNNI tile, so both variants give every
+ * output the same bits (tests/test_fast_kernel.py runs this one on any AVX2 machine).
+ *
+ * Why the integers agree: a block's dot product of 8-bit activations with the weight's codes is
+ * an exact integer however it is summed. VNNI adds four byte products per lane (vpdpbusd); here
+ * vpmaddubsw adds pairs into 16 bits and vpmaddwd pairs of those into 32. Nothing saturates:
+ * q4 codes are 0..15 and activations -127..127, so a 16-bit lane holds at most 4 words' worth
+ * (4 * 2 * 2 * 15 * 127 = 30480 < 32767) before it is widened; q8 codes go through |w| and the
+ * activation's sign flipped by w's (at most 2 * 128 * 127 = 32512), widened every word.
+ * The float steps are fast.c's, lane by lane, in the same order.
+ *
+ * Why a panel is done as two 8-column halves: AVX2 has 16 vector registers, which hold a few
+ * rows' 8-column accumulators, not 16 columns' (the VNNI tile keeps 12 rows x 16 columns).
+ */
+#include <immintrin.h>
+#include <stdint.h>
+
+#define PANEL 16
+#define AVX2F __attribute__((target("avx2,fma")))
+
+/* Columns half*8 .. half*8+7 of four q8 k (16 bytes per k in the panel) as four k per 32-bit lane. */
+static inline AVX2F __m256i q8_four_k(const int8_t *cb, int half) {
+    const __m128i r0 = _mm_loadl_epi64((const __m128i *)(cb + half * 8));
+    const __m128i r1 = _mm_loadl_epi64((const __m128i *)(cb + PANEL + half * 8));
+    const __m128i r2 = _mm_loadl_epi64((const __m128i *)(cb + 2 * PANEL + half * 8));
+    const __m128i r3 = _mm_loadl_epi64((const __m128i *)(cb + 3 * PANEL + half * 8));
+    const __m128i a = _mm_unpacklo_epi8(r0, r1), b = _mm_unpacklo_epi8(r2, r3);
+    return _mm256_set_m128i(_mm_unpackhi_epi16(a, b), _mm_unpacklo_epi16(a, b));
+}
+
+/* MR rows (<= 4) by one 16-column panel, as fast.c's tile(); results to out[MR][16]. */
+static inline __attribute__((always_inline)) AVX2F void
+tile2(const int MR, const int q4, const int8_t *xq, long K, const float *xd, const int32_t *xs, long group,
+      const void *codes, const float *sc, const float *of, float *out) {
+    const long ng = K / group;
+    const __m256i m4 = _mm256_set1_epi32(0x0F0F0F0F), ones = _mm256_set1_epi16(1);
+    for (int half = 0; half < 2; half++) {
+        __m256 acc[4];
+#pragma GCC unroll 4
+        for (int r = 0; r < MR; r++) acc[r] = _mm256_setzero_ps();
+        for (long g = 0; g < ng; g++) {
+            __m256i isum[4];
+#pragma GCC unroll 4
+            for (int r = 0; r < MR; r++) isum[r] = _mm256_setzero_si256();
+            if (q4) {
+                const uint32_t *cw = (const uint32_t *)codes + g * (group / 8) * PANEL + half * 8;
+                for (long w0 = 0; w0 < group / 8; w0 += 4) {
+                    const long w1 = w0 + 4 < group / 8 ? w0 + 4 : group / 8;
+                    __m256i part[4];
+#pragma GCC unroll 4
+                    for (int r = 0; r < MR; r++) part[r] = _mm256_setzero_si256();
+                    for (long w = w0; w < w1; w++) {
+                        const __m256i word = _mm256_loadu_si256((const __m256i *)(cw + w * PANEL));
+                        const __m256i lo = _mm256_and_si256(word, m4);
+                        const __m256i hi = _mm256_and_si256(_mm256_srli_epi32(word, 4), m4);
+                        const long k = g * group + w * 8;
+#pragma GCC unroll 4
+                        for (int r = 0; r < MR; r++) {
+                            const int32_t *xr = (const int32_t *)(xq + r * K + k);
+                            part[r] = _mm256_add_epi16(part[r], _mm256_maddubs_epi16(lo, _mm256_set1_epi32(xr[0])));
+                            part[r] = _mm256_add_epi16(part[r], _mm256_maddubs_epi16(hi, _mm256_set1_epi32(xr[1])));
+                        }
+                    }
+#pragma GCC unroll 4
+                    for (int r = 0; r < MR; r++) isum[r] = _mm256_add_epi32(isum[r], _mm256_madd_epi16(part[r], ones));
+                }
+            } else {
+                const int8_t *cb = (const int8_t *)codes + g * group * PANEL;
+                for (long w = 0; w < group / 4; w++) {
+                    const __m256i wt = q8_four_k(cb + w * 4 * PANEL, half);
+                    const __m256i mag = _mm256_abs_epi8(wt); /* -128 -> 0x80, read as unsigned 128 */
+                    const long k = g * group + w * 4;
+#pragma GCC unroll 4
+                    for (int r = 0; r < MR; r++) {
+                        const __m256i xb = _mm256_set1_epi32(*(const int32_t *)(xq + r * K + k));
+                        const __m256i prod = _mm256_maddubs_epi16(mag, _mm256_sign_epi8(xb, wt));
+                        isum[r] = _mm256_add_epi32(isum[r], _mm256_madd_epi16(prod, ones));
+                    }
+                }
+            }
+            const __m256 s = _mm256_loadu_ps(sc + g * PANEL + half * 8);
+#pragma GCC unroll 4
+            for (int r = 0; r < MR; r++) {
+                const float dx = xd[r * ng + g];
+                acc[r] = _mm256_add_ps(acc[r], _mm256_mul_ps(_mm256_cvtepi32_ps(isum[r]),
+                                                             _mm256_mul_ps(s, _mm256_set1_ps(dx))));
+            }
+            if (of) {
+                const __m256 o = _mm256_loadu_ps(of + g * PANEL + half * 8);
+#pragma GCC unroll 4
+                for (int r = 0; r < MR; r++) {
+                    const float c = xd[r * ng + g] * (float)xs[r * ng + g];
+                    acc[r] = _mm256_add_ps(acc[r], _mm256_mul_ps(o, _mm256_set1_ps(c)));
+                }
+            }
+        }
+#pragma GCC unroll 4
+        for (int r = 0; r < MR; r++) _mm256_storeu_ps(out + r * PANEL + half * 8, acc[r]);
+    }
+}
+
+typedef void (*fast_tile_fn)(const int8_t *, long, const float *, const int32_t *, long, const void *, const float *,
+                             const float *, float *);
+#define FTILE2(n)                                                                                                   \
+    static AVX2F void ft2_q4_##n(const int8_t *xq, long K, const float *xd, const int32_t *xs, long group,        \
+                                 const void *c, const float *s, const float *o, float *out) {                     \
+        tile2(n, 1, xq, K, xd, xs, group, c, s, o, out);                                                           \
+    }                                                                                                               \
+    static AVX2F void ft2_q8_##n(const int8_t *xq, long K, const float *xd, const int32_t *xs, long group,        \
+                                 const void *c, const float *s, const float *o, float *out) {                     \
+        tile2(n, 0, xq, K, xd, xs, group, c, s, o, out);                                                           \
+    }
+FTILE2(1) FTILE2(2) FTILE2(3) FTILE2(4)
+const fast_tile_fn FAST_AVX2_Q4[5] = {0, ft2_q4_1, ft2_q4_2, ft2_q4_3, ft2_q4_4};
+const fast_tile_fn FAST_AVX2_Q8[5] = {0, ft2_q8_1, ft2_q8_2, ft2_q8_3, ft2_q8_4};

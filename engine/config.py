@@ -14,8 +14,10 @@ from typing import Any, Literal
 
 from engine.errors import UserError
 
-Method = Literal["none", "ngram", "eagle", "eagle3", "standalone"]
-METHODS: tuple[str, ...] = ("none", "ngram", "eagle", "eagle3", "standalone")
+Method = Literal["none", "ngram", "eagle", "eagle3", "standalone", "medusa"]
+METHODS: tuple[str, ...] = ("none", "ngram", "eagle", "eagle3", "standalone", "medusa")
+MedusaTree = Literal["dynamic", "static"]
+MEDUSA_TREES: tuple[str, ...] = ("dynamic", "static")
 NgramMatchType = Literal["BFS", "PROB"]
 NgramMode = Literal["tree", "chain"]
 SamplingMode = Literal["coupled", "rejection"]
@@ -34,6 +36,7 @@ METHOD_KNOBS: dict[str, tuple[str, ...]] = {
     "eagle": _TREE_KNOBS,
     "eagle3": _TREE_KNOBS,
     "standalone": _TREE_KNOBS,
+    "medusa": (*_TREE_KNOBS, "medusa_tree"),
 }
 DRAFT_KNOBS: frozenset[str] = frozenset(k for knobs in METHOD_KNOBS.values() for k in knobs) | {"adaptive_draft"}
 
@@ -67,6 +70,9 @@ class SpecConfig:
     ngram_max_trie_depth: int = 18
     ngram_capacity: int = 200_000  # trie nodes; ~370 B each in the Python trie
     ngram_mode: NgramMode = "tree"
+    # Medusa: "dynamic" = top-k Cartesian tree ranked by the product of head probabilities (eagle_topk,
+    # num_steps); "static" = the Medusa paper's 63-node tree (mc_sim_7b_63) trimmed to num_draft_tokens
+    medusa_tree: MedusaTree = "dynamic"
     # Verify only the part of each tree expected to pay for its cost (engine/adaptive.py).
     adaptive_draft: bool = True
     # sampling; temperature 0 means greedy
@@ -121,6 +127,8 @@ class SpecConfig:
         if self.ngram_mode not in ("tree", "chain"):
             raise ConfigError(f"ngram_mode must be tree or chain, not {self.ngram_mode!r}")
         _at_least("ngram_capacity", self.ngram_capacity, 1000)
+        if self.medusa_tree not in MEDUSA_TREES:
+            raise ConfigError(f"medusa_tree must be dynamic or static, not {self.medusa_tree!r}")
         if not (0.0 <= self.temperature <= 10.0):
             raise ConfigError(f"temperature must be between 0 and 10, got {self.temperature}")
         if not (0.0 < self.top_p <= 1.0):
@@ -160,6 +168,7 @@ class SpecConfig:
         """The same settings as SGLang launch flags, for handing a tuned setup over."""
         if self.method == "none":
             return []
+        # KeyError for medusa: SGLang has no Medusa algorithm (vLLM has; specchat/export.py says so)
         algo = {"ngram": "NGRAM", "eagle": "EAGLE", "eagle3": "EAGLE3", "standalone": "STANDALONE"}[self.method]
         args = [f"--speculative-algorithm {algo}"]
         if self.method == "ngram":

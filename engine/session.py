@@ -274,7 +274,8 @@ class Session:
         beyond the draft vocabulary), up front: a refused hot-swap leaves the old settings."""
         if config.method not in self._factories:
             have = ", ".join(self._factories)
-            hint = " (load a draft with --draft)" if config.method in ("eagle", "eagle3", "standalone") else ""
+            drafts = ("eagle", "eagle3", "standalone", "medusa")
+            hint = " (load a draft with --draft)" if config.method in drafts else ""
             raise ConfigError(f"method {config.method!r} is not available in this session{hint}; have: {have}")
         self._drafter(config.method).check(config)
 

@@ -84,12 +84,12 @@ def run_bench(args: argparse.Namespace) -> int:
         from specchat.bench_cost import run_cost_curve
 
         prepare_json_out(args.json_out)
-        return run_cost_curve(_load_sessions(args, base_config, modes), args)
+        return run_cost_curve(load_sessions(args, base_config, modes), args)
     plan = plan_bench(args, base_config, modes)
     prepare_json_out(args.json_out)
     llama_peer = _open_llamacpp(args, plan)
     _say_how_sampling_compares(plan.config)
-    sessions = _load_sessions(args, plan.config, modes)
+    sessions = load_sessions(args, plan.config, modes)
     hf = _open_hf(args, plan, sessions[modes[0]])
     runners = _runners(plan, sessions, hf, llama_peer)
     graphs = _warm_up(plan, sessions, hf, llama_peer)
@@ -164,8 +164,8 @@ def _say_how_sampling_compares(config: SpecConfig) -> None:
 
 
 # loading --------------------------------------------------------------------------------------
-def _load_sessions(args: argparse.Namespace, base_config: SpecConfig, modes: list[str]) -> dict[str, Any]:
-    """One session per weights mode, in the order given."""
+def load_sessions(args: argparse.Namespace, base_config: SpecConfig, modes: list[str]) -> dict[str, Any]:
+    """One session per weights mode, in the order given (``specchat tune`` loads its one here too)."""
     from engine.loader import load_session
     from engine.models.progress import rich_progress
 
@@ -201,8 +201,8 @@ def _open_hf(args: argparse.Namespace, plan: Plan, session: Any) -> Any:
 
 
 # running --------------------------------------------------------------------------------------
-def _run_ours(session: Any, prompt: Prompt, config: SpecConfig, split: StepSplit | None = None) -> Run:
-    """One answer from our session, timed from the request to the last token."""
+def run_ours(session: Any, prompt: Prompt, config: SpecConfig, split: StepSplit | None = None) -> Run:
+    """One answer from our session, timed from the request to the last token (bench and tune alike)."""
     from engine.events import Finished, Started, Step
 
     session.reset()
@@ -235,7 +235,7 @@ def _runners(plan: Plan, sessions: dict[str, Any], hf: Any, llama_peer: Any) -> 
         for method, config in plan.configs.items():
             row = Row(method, mode)
             runners.append(Runner(f"{method} [{mode}]" if plan.multi else method, row,
-                                  lambda p, s=sessions[mode], c=config, r=row: _run_ours(s, p, c, r.split)))
+                                  lambda p, s=sessions[mode], c=config, r=row: run_ours(s, p, c, r.split)))
     if hf is not None:
         runners += [Runner("hf-generate", Row("hf-generate"), lambda p: hf.run(p, lookup=False)),
                     Runner("hf-prompt-lookup", Row("hf-prompt-lookup"), lambda p: hf.run(p, lookup=True))]
@@ -256,7 +256,7 @@ def _warm_up(plan: Plan, sessions: dict[str, Any], hf: Any, llama_peer: Any) -> 
     warm = plan.configs["none"].replace(max_new_tokens=8)
     for mode in plan.modes:
         for method in plan.configs:
-            _run_ours(sessions[mode], plan.prompts[0], warm.replace(method=method))
+            run_ours(sessions[mode], plan.prompts[0], warm.replace(method=method))
     graphs = {mode: capture_verify_graphs(sessions[mode]) for mode in plan.modes}  # every bucket, not just those used
     if hf is not None:
         hf.warm(plan.prompts[0])

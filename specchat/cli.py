@@ -1,4 +1,4 @@
-"""The ``specchat`` command line: the parser and the dispatch (run, generate, bench, replay, train-draft).
+"""The ``specchat`` command line: the parser and the dispatch (run, generate, bench, tune, export, replay, train-draft).
 
 Start-up stays light: torch, transformers and textual are imported inside the command that
 needs them, so ``specchat --help`` and argument errors answer at once.
@@ -20,6 +20,8 @@ EMBEDDED_MODEL = "smollm2-135m"
 COMMANDS: dict[str, tuple[str, str]] = {
     "generate": ("specchat.generate", "run_generate"),
     "bench": ("specchat.bench", "run_bench"),
+    "tune": ("specchat.tune", "run_tune"),
+    "export": ("specchat.export", "run_export"),
     "run": ("specchat.tui.launch", "run_tui"),
     "replay": ("specchat.tui.launch", "replay_tui"),
     "train-draft": ("specchat.train_draft", "run_train_draft"),
@@ -38,10 +40,10 @@ def _add_model_args(p: argparse.ArgumentParser) -> None:
                         "same answers) or fp32 (upcast once; GGUFs via the cached fp32 conversion)")
     p.add_argument("--precision", default="auto",
                    help="auto (default: fast where this CPU runs it, else exact), exact (fp32 arithmetic, the "
-                        "reference) or fast (8-bit activations, integer products on the stored blocks; needs "
+                        "reference) or fast (8-bit activations, integer products on the stored blocks; AVX2 or "
                         "AVX-512 VNNI); speculation is lossless against the baseline of the same precision")
     p.add_argument("--backend", default="auto", choices=["auto", "specchat", "hf"],
-                   help="specchat: our Llama-family forward; hf: any transformers causal LM")
+                   help="specchat: our own forward (Llama family, Gemma 3); hf: any transformers causal LM")
     p.add_argument("--threads", type=int, default=None,
                    help="CPU threads for the model (default: all cores; the TUI leaves one for the UI)")
     p.add_argument("--allow-pickle", action="store_true",
@@ -56,6 +58,8 @@ def _add_spec_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--draft-revision", default=None, help="hub draft: branch, tag or commit")
     p.add_argument("--speculative-token-map", dest="token_map", default=None,
                    help="FR-Spec: frequency-ranked token ids (.pt/.json/.safetensors) restricting an EAGLE-1/2 head")
+    p.add_argument("--settings", default=None, metavar="FILE",
+                   help="a JSON of settings (specchat tune --save-settings writes one); flags given win over it")
     for flag, dest, typ, help_ in SPEC_FLAGS:
         p.add_argument(flag, dest=dest, type=typ, default=None, help=help_)
     p.add_argument("--adaptive-draft", dest="adaptive_draft", action=argparse.BooleanOptionalAction, default=None,
@@ -116,6 +120,24 @@ def build_parser() -> argparse.ArgumentParser:
                             "config.json); reports decode tok/s, bandwidth fraction, cost curve, oracle acceptance")
     bench.add_argument("--peak-bandwidth", dest="peak_bandwidth", type=float, default=None, metavar="GBPS",
                        help="peak memory bandwidth for the bandwidth fraction (default: looked up by GPU name)")
+
+    tune = sub.add_parser("tune", help="sweep the tree knobs on your prompts; print SGLang and vLLM launch lines")
+    _add_model_args(tune)
+    _add_spec_args(tune)
+    tune.add_argument("--prompts", required=True, help="JSON-lines prompt file (messages | turns | prompt)")
+    tune.add_argument("--methods", default="ngram", help="comma list of methods to tune (default: ngram)")
+    tune.add_argument("--grid", default=None,
+                      help="knob values to sweep, e.g. 'num_steps=3,4;eagle_topk=1,4' (default: SGLang's ranges)")
+    tune.add_argument("--minutes", type=float, default=None, help="time budget: coarse grid first, then refine")
+    tune.add_argument("--limit", type=int, default=None, help="use only the first N prompts")
+    tune.add_argument("--json", dest="json_out", default=None, help="write everything to this JSON file")
+    tune.add_argument("--save-settings", dest="save_settings", default=None, metavar="FILE",
+                      help="write the winner's settings for specchat run --settings FILE")
+
+    export = sub.add_parser("export", help="print the SGLang or vLLM launch line for these settings")
+    export.add_argument("server", choices=["sglang", "vllm"])
+    _add_model_args(export)
+    _add_spec_args(export)
 
     rep = sub.add_parser("replay", help="play a recorded trace in the TUI, no model needed")
     rep.add_argument("trace", help="a trace written by specchat run --record")

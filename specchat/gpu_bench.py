@@ -146,6 +146,9 @@ def plan_random_bench(args: argparse.Namespace, target_config: dict[str, Any]) -
     if "ngram" in asked:
         raise UsageError("--random-weights cannot measure ngram: its drafts are looked up in the text, and random "
                          "weights write none worth matching; bench it with --prompts on a real model")
+    if "medusa" in asked:
+        raise UsageError("--random-weights cannot measure medusa: it builds EAGLE-3 heads only; give a Medusa head "
+                         "with --draft PATH and bench it with --prompts on a real model")
     if "standalone" in asked:
         raise UsageError("--random-weights cannot measure standalone: a draft model must share the target's "
                          "tokenizer and a random target has none; bench it with --prompts on a real model")

@@ -12,6 +12,7 @@ parser imports it), and nothing heavy at import time, so ``specchat --help`` sta
 from __future__ import annotations
 
 import argparse
+import json
 import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -34,14 +35,16 @@ SPEC_FLAGS: list[tuple[str, str, type, str]] = [
     ("--speculative-ngram-max-trie-depth", "ngram_max_trie_depth", int, "n-gram: longest stored suffix"),
     ("--speculative-ngram-capacity", "ngram_capacity", int, "n-gram: trie node budget"),
     ("--speculative-ngram-mode", "ngram_mode", str, "n-gram: tree (SGLang trie) or chain (prompt lookup)"),
+    ("--speculative-medusa-tree", "medusa_tree", str, "Medusa: dynamic (top-k product tree) or static (the paper's "
+     "63-node tree)"),
 ]
 # the sampling and length flags, read the same way
 OTHER_FIELDS: tuple[str, ...] = ("temperature", "top_p", "top_k", "sampling", "seed", "max_new_tokens",
                                  "adaptive_draft")
 # --method names (lower-cased) -> SpecConfig.method; "eagle2" is SGLang's name for EAGLE-1/2 heads
 ALGORITHMS: dict[str, str] = {"none": "none", "ngram": "ngram", "eagle": "eagle", "eagle3": "eagle3",
-                              "standalone": "standalone", "eagle2": "eagle"}
-TREE_METHODS = ("eagle", "eagle3", "standalone")
+                              "standalone": "standalone", "eagle2": "eagle", "medusa": "medusa"}
+TREE_METHODS = ("eagle", "eagle3", "standalone", "medusa")
 
 
 class UsageError(UserError):
@@ -55,7 +58,7 @@ def spec_overrides(args: argparse.Namespace) -> dict[str, Any]:
     if method is not None:
         key = method.lower()
         if key not in ALGORITHMS:
-            raise UsageError(f"unknown method {method!r}; choose none, ngram, eagle, eagle3 or standalone")
+            raise UsageError(f"unknown method {method!r}; choose none, ngram, eagle, eagle3, standalone or medusa")
         out["method"] = ALGORITHMS[key]
     for dest in [dest for _, dest, _, _ in SPEC_FLAGS] + list(OTHER_FIELDS):
         value = getattr(args, dest, None)
@@ -67,7 +70,9 @@ def spec_overrides(args: argparse.Namespace) -> dict[str, Any]:
 def make_config(args: argparse.Namespace, **defaults: Any) -> SpecConfig:
     """The SpecConfig for ``args``: the flags given, over the command's ``defaults``.
 
-    Two rules beyond copying values, applied for every command alike:
+    ``--settings FILE`` (a JSON of SpecConfig fields, as ``specchat tune --save-settings`` writes)
+    sits between the two: the flags win over it, it wins over the defaults. Two rules beyond
+    copying values, applied for every command alike:
 
     * ``--speculative-draft-model-path`` without ``--method`` leaves the method to the loader,
       which infers it from the draft (the config says "none" until then);
@@ -79,8 +84,11 @@ def make_config(args: argparse.Namespace, **defaults: Any) -> SpecConfig:
     from engine.config import SpecConfig
 
     overrides = spec_overrides(args)
-    if "method" not in overrides and getattr(args, "draft", None) and defaults.get("method") != "none":
+    saved = settings_from(args)
+    if "method" not in overrides and "method" not in saved and getattr(args, "draft", None) \
+            and defaults.get("method") != "none":
         defaults = {**defaults, "method": "none"}  # until load_session infers the method from the draft
+    defaults = {**defaults, **saved}  # --settings FILE: over the command's defaults, under the flags
     if overrides.get("method") in TREE_METHODS and overrides.get("eagle_topk") == 1 \
             and "num_draft_tokens" not in overrides:
         overrides["num_draft_tokens"] = overrides.get("num_steps", SpecConfig.num_steps) + 1
@@ -90,15 +98,72 @@ def make_config(args: argparse.Namespace, **defaults: Any) -> SpecConfig:
 def draft_options(args: argparse.Namespace) -> dict[str, Any]:
     """load_session's draft arguments from the command line.
 
-    ``bench`` times the methods it lists, so there the draft never picks the method."""
-    explicit = getattr(args, "method", None) is not None
+    ``bench`` and ``tune`` time the methods they list, so there the draft never picks the method;
+    nor where a settings file names it."""
+    explicit = getattr(args, "method", None) is not None or "method" in settings_from(args)
     draft = getattr(args, "draft", None)
     return {
         "draft": draft,
         "draft_revision": getattr(args, "draft_revision", None),
         "token_map": getattr(args, "token_map", None),
-        "method_from_draft": bool(draft) and not explicit and getattr(args, "command", None) != "bench",
+        "method_from_draft": bool(draft) and not explicit and getattr(args, "command", None) not in ("bench", "tune"),
     }
+
+
+def settings_from(args: argparse.Namespace) -> dict[str, Any]:
+    """The fields of ``--settings FILE`` ({} without one), checked: see :func:`load_settings`."""
+    path = getattr(args, "settings", None)
+    return load_settings(path) if path else {}
+
+
+def load_settings(path: str | Path) -> dict[str, Any]:
+    """A settings file: one JSON object of SpecConfig fields (``tune --save-settings`` writes them).
+
+    Refused in one line, naming the file and what to fix: a missing or unreadable file, not JSON,
+    an unknown field, a value of the wrong type or out of range."""
+    import dataclasses
+
+    from engine.config import ConfigError, SpecConfig
+
+    try:
+        data = json.loads(Path(path).read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise UsageError(f"--settings {path}: no such file") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise UsageError(f"--settings {path}: cannot read it ({exc})") from None
+    except json.JSONDecodeError as exc:
+        raise UsageError(f"--settings {path}: not JSON ({exc.msg}, line {exc.lineno}); "
+                         "write one object of settings") from None
+    if not isinstance(data, dict):
+        raise UsageError(f"--settings {path}: write one JSON object of settings, e.g. {{\"method\": \"ngram\"}}")
+    defaults = {f.name: f.default for f in dataclasses.fields(SpecConfig)}
+    for name, value in data.items():
+        if name not in defaults:
+            raise UsageError(f"--settings {path}: unknown setting {name!r}; settings are SpecConfig fields "
+                             f"({', '.join(defaults)})")
+        if not _same_kind(value, defaults[name]):
+            raise UsageError(f"--settings {path}: {name} takes {_kind(defaults[name])}, not {value!r}")
+    try:
+        SpecConfig(**data)
+    except ConfigError as exc:
+        raise UsageError(f"--settings {path}: {exc}") from None
+    return data
+
+
+def _kind(default: Any) -> str:
+    return {bool: "true or false", int: "an integer", float: "a number", str: "a string"}.get(
+        type(default), "an integer or null")  # seed, whose default is None
+
+
+def _same_kind(value: Any, default: Any) -> bool:
+    """JSON's types against the field's (its default's): true is no integer, 1 is a float."""
+    if default is None:
+        return value is None or (isinstance(value, int) and not isinstance(value, bool))
+    if isinstance(default, bool) or isinstance(value, bool):
+        return isinstance(value, bool) and isinstance(default, bool)
+    if isinstance(default, float):
+        return isinstance(value, (int, float))
+    return isinstance(value, type(default))
 
 
 def prepare_json_out(path: str | None) -> None:

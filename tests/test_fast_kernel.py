@@ -226,3 +226,22 @@ def test_zero_rows_are_a_no_op_in_both_precisions(weight) -> None:
     KERNEL.stored_linear(x, panels, None, y, False)  # used to call a null zero-row tile
     if FAST:
         assert KERNEL.stored_linear_fast(x, panels, None, y, False)
+
+
+def test_q4_quantizer_rounds_to_the_nearest_of_16_levels() -> None:
+    """QuantRows.quantize_q4 (Q4_1's recipe, for draft heads): codes 0..15, each value within half
+    a step of its block's grid, a block's ends exact; the fast kernel takes its rows."""
+    from engine.kernels.weights import QuantRows
+
+    w = torch.randn(24, 96, generator=torch.Generator().manual_seed(4))
+    w[5, :32] = 0.25  # a flat block
+    q = QuantRows.quantize_q4(w)
+    assert q.kind == "q4" and q.codes.dtype == torch.uint8 and int(q.codes.max()) <= 15
+    step = q.scales.repeat_interleave(32, dim=1)
+    assert bool(((q.dequantize() - w).abs() <= step / 2 + 1e-6).all())
+    assert torch.equal(q.dequantize()[5, :32], w[5, :32])
+    if FAST:
+        x = torch.randn(3, 96)
+        y = torch.empty(3, 24)
+        assert KERNEL.stored_linear_fast(x, StoredPanels.from_rows(q), None, y, False)
+        assert torch.equal(y, fast_linear_reference(x, q))

@@ -214,7 +214,7 @@ def test_invalid_hot_swap_is_refused_and_old_settings_stay() -> None:
     assert s.pending_config is None
 
 
-@pytest.mark.parametrize("method", ["eagle", "eagle3", "standalone"])
+@pytest.mark.parametrize("method", ["eagle", "eagle3", "standalone", "medusa"])
 def test_a_topk_wider_than_the_tree_is_refused_up_front_in_one_line(method: str) -> None:
     """``generate --method eagle3 --speculative-eagle-topk 99999`` used to print one word and hang
     (topk² candidates per level): a level wider than the tree's drafts is refused on construction."""

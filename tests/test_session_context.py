@@ -110,9 +110,10 @@ def test_rewind_cache_keeps_a_prefix():
 def test_knobs_by_method():
     assert knobs_for("none") == ()
     assert "ngram_min_match_window_size" in knobs_for("ngram") and "eagle_topk" not in knobs_for("ngram")
-    for method in ("eagle", "eagle3", "standalone"):
+    for method in ("eagle", "eagle3", "standalone", "medusa"):
         assert {"num_steps", "eagle_topk", "num_draft_tokens"} <= set(knobs_for(method))
-    assert set(METHOD_KNOBS) == {"none", "ngram", "eagle", "eagle3", "standalone"}
+    assert set(METHOD_KNOBS) == {"none", "ngram", "eagle", "eagle3", "standalone", "medusa"}
+    assert "medusa_tree" in knobs_for("medusa") and "medusa_tree" not in knobs_for("eagle3")
 
 
 def test_ngram_drafts_say_they_have_no_probabilities():

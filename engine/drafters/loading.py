@@ -1,4 +1,4 @@
-"""From ``--draft NAME`` to a drafter factory: EAGLE heads (EAGLE-1/2, EAGLE-3) or a standalone model.
+"""From ``--draft NAME`` to a drafter factory: EAGLE heads (EAGLE-1/2, EAGLE-3), Medusa heads or a standalone model.
 
 Everything that can fail is checked before the caller changes anything: a head that does not fit
 the target raises DraftLoadError with one line, and the session (or the loading screen) keeps
@@ -15,9 +15,10 @@ from typing import Any
 import torch
 
 from engine.drafters.eagle_checkpoint import DraftLoadError, HeadKind, guess_kind, is_eagle_config, read_head
+from engine.drafters.medusa_checkpoint import is_medusa_config, medusa_layout, read_medusa, read_medusa_state
 from engine.features import FeatureSpec
 
-DRAFT_METHODS = ("eagle", "eagle3", "standalone")
+DRAFT_METHODS = ("eagle", "eagle3", "standalone", "medusa")
 # The EAGLE-3 head trained for the embedded model (issue 8), used by --method eagle3 without --draft.
 SHIPPED_HEADS = {"smollm2-135m": Path(__file__).resolve().parents[2] / "assets" / "eagle3-smollm2-135m"}
 
@@ -26,7 +27,7 @@ SHIPPED_HEADS = {"smollm2-135m": Path(__file__).resolve().parents[2] / "assets" 
 class DraftBundle:
     """What a session needs to draft with a loaded draft."""
 
-    method: str  # eagle | eagle3 | standalone
+    method: str  # eagle | eagle3 | standalone | medusa
     factory: Callable[[], Any]  # a new Drafter
     features: FeatureSpec | None  # target states the drafter reads
     description: str  # one line for the UI: what was loaded
@@ -41,23 +42,38 @@ def load_draft(source: str, target: Any, tokenizer: Any, *, method: str | None =
                revision: str | None = None, token_map: str | None = None) -> DraftBundle:
     """Load ``source`` (a local folder or a hub id) as a drafter for ``target`` (a LlamaModel).
 
-    ``method`` None infers eagle / eagle3 / standalone from the checkpoint.
+    ``method`` None infers eagle / eagle3 / medusa / standalone from the checkpoint.
     """
     from engine.models.checkpoint import CheckpointError, load_state_dict, read_config
     from engine.models.resolve import ModelResolutionError, resolve_model
 
     if method is not None and method not in DRAFT_METHODS:
-        raise DraftLoadError(f"--draft goes with --method eagle, eagle3 or standalone, not {method!r}")
+        raise DraftLoadError(f"--draft goes with --method eagle, eagle3, medusa or standalone, not {method!r}")
     if not hasattr(target, "embed_tokens") or not hasattr(target, "config"):
         raise DraftLoadError("draft models need specchat's own forward for the target; drop --backend hf")
     try:
         resolved = resolve_model(source, revision=revision, allow_pickle=allow_pickle)
         config = read_config(resolved.path)
-        state = load_state_dict(resolved.path, allow_pickle=allow_pickle)
+        medusa = is_medusa_config(config)
+        state = (read_medusa_state(resolved.path, allow_pickle=allow_pickle) if medusa
+                 else load_state_dict(resolved.path, allow_pickle=allow_pickle))
     except (ModelResolutionError, CheckpointError) as e:
+        raise DraftLoadError(f"draft {source}: {e}") from None
+    except DraftLoadError as e:
         raise DraftLoadError(f"draft {source}: {e}") from None
     label = resolved.name or source
     kind: HeadKind | None = guess_kind(config, set(state))
+    if medusa or (kind is None and medusa_layout(set(state)) is not None):
+        if method not in (None, "medusa"):
+            raise DraftLoadError(f"{label} holds Medusa heads, not an {method} draft; use --method medusa")
+        if token_map:
+            raise DraftLoadError("--speculative-token-map applies to EAGLE-1/2 heads only (vLLM Medusa heads carry "
+                                 "their own token_map)")
+        return _medusa(config, state, target, label)
+    if method == "medusa":
+        what = {"eagle": "an EAGLE-1/2 head", "eagle3": "an EAGLE-3 head", None: "not a Medusa head"}[kind]
+        hint = f"; use --method {kind}" if kind else " (no medusa_num_heads in its config.json, no Medusa weights)"
+        raise DraftLoadError(f"{label} is {what}{hint}")
     if kind is None and not is_eagle_config(config):
         if method in ("eagle", "eagle3"):
             raise DraftLoadError(f"{label} is a full language model, not an EAGLE head; use --method standalone")
@@ -84,6 +100,18 @@ def load_draft(source: str, target: Any, tokenizer: Any, *, method: str | None =
     vocab = f", {head.vocab_size} draft tokens" if head.vocab_ids is not None else ""
     what = {"eagle": "EAGLE-1/2", "eagle3": "EAGLE-3"}[spec.kind]
     return DraftBundle(spec.kind, lambda: EagleDrafter(head, spec.kind), features, f"{what} head {label}{vocab}")
+
+
+def _medusa(config: dict[str, Any], state: dict[str, torch.Tensor], target: Any, label: str) -> DraftBundle:
+    from engine.drafters.medusa import MedusaDrafter, MedusaHeads
+
+    spec, weights = read_medusa(config, state, target=target.config, source=label)
+    heads = MedusaHeads(spec, weights, target)
+    vocab = f", {spec.head_vocab} draft tokens" if spec.head_vocab != spec.vocab_size else ""
+    layout = {"medusa": "Medusa", "vllm": "vLLM Medusa"}[spec.layout]
+    return DraftBundle("medusa", lambda: MedusaDrafter(heads), FeatureSpec(final_hidden=True),
+                       f"{layout} heads {label} ({spec.num_heads} heads of {spec.num_layers} "
+                       f"block{'s' if spec.num_layers != 1 else ''}{vocab})")
 
 
 def _standalone(path: Path, label: str, config: dict[str, Any], state: dict[str, torch.Tensor], target: Any,

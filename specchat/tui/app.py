@@ -34,7 +34,7 @@ from engine.config import ConfigError, SpecConfig
 from engine.events import ConfigApplied, Finished, PrefillProgress, Started, Step
 from specchat.themes import THEMES, VARIABLE_DEFAULTS, pick_theme, resolve_theme_name, theme_colours
 from specchat.tui.chrome import Chrome, precision_line, replay_line, status_line
-from specchat.tui.commands import SYSTEM_COMMANDS, SettingsCommands
+from specchat.tui.commands import SYSTEM_COMMANDS, SettingsCommands, copy_launch_line
 from specchat.tui.host import Delivery, GateWaiting, Item, JobDone, Loaded, LoadFailed, LoadProgress, SessionFactory
 from specchat.tui.host_api import Host, make_host
 from specchat.tui.keys import APP_KEYS
@@ -92,6 +92,7 @@ class SpecChatApp(App[int]):
         replay: ReplaySource | None = None,
         model_label: str = "",
         draft_model: str = "",
+        serve_model: str = "",  # the model as the command line named it: launch lines name it so
         engine_process: bool = False,
         precision: str = "exact",
     ) -> None:
@@ -101,7 +102,7 @@ class SpecChatApp(App[int]):
         self._warnings = list(warnings)
         self.model_name = model_label
         self.precision = precision  # the engine's arithmetic (exact | fast), fixed for the app's life
-        self.draft_model = draft_model
+        self.draft_model, self.serve_model = draft_model, serve_model
         self.start_in = start_in
         self.teaching = teach or (replay is not None and replay.step)
         self.replay = replay
@@ -593,6 +594,5 @@ class SpecChatApp(App[int]):
             yield SystemCommand(f"Theme: {theme.name}", "Switch colours",
                                 partial(self.apply_setting, "theme", theme.name))
 
-    def action_sglang_args(self) -> None:
-        args = " ".join(self.applied_config.sglang_args()) or "(baseline: no speculative flags)"
-        self.notify(args, title="SGLang launch flags", timeout=15)
+    def action_copy_launch(self, server: str) -> None:
+        copy_launch_line(self, server, self.applied_config)

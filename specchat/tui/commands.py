@@ -7,7 +7,7 @@ message, so it needs nothing else of the app (and does not import it).
 from __future__ import annotations
 
 from functools import partial
-from typing import Protocol, cast
+from typing import TYPE_CHECKING, Protocol, cast
 
 from textual.command import DiscoveryHit, Hit, Hits, Provider
 from textual.message import Message
@@ -16,6 +16,9 @@ from specchat.tui.messages import ChangeSetting, OpenSettings
 from specchat.tui.settings_control import SettingsControl
 from specchat.tui.settings_schema import FIELDS, SettingField, example_value, format_value, resolve_name
 
+if TYPE_CHECKING:
+    from engine.config import SpecConfig
+
 # The app's own palette entries: (title, help, action run by ``App.run_action``).
 SYSTEM_COMMANDS: tuple[tuple[str, str, str], ...] = (
     ("Settings", "Open the settings panel (hot-swap tree knobs)", "toggle_settings"),
@@ -23,13 +26,38 @@ SYSTEM_COMMANDS: tuple[tuple[str, str, str], ...] = (
     ("Teaching mode", "Pause after every step and explain it", "toggle_teach"),
     ("Show/hide rejected drafts", "Struck-through refused drafts in the stream", "toggle_rejected"),
     ("Help: how speculative decoding works", "Draft, verify, accept, bonus, tau, knobs", "help"),
-    ("SGLang launch flags", "The settings in force, as SGLang server arguments", "sglang_args"),
+    ("Copy SGLang launch line", "The settings in force as an SGLang launch line, to the clipboard",
+     "copy_launch('sglang')"),
+    ("Copy vLLM launch line", "The settings in force as a vLLM launch line, to the clipboard", "copy_launch('vllm')"),
     ("Side panels", "Show / hide the draft tree and stats (F6)", "toggle_panels"),
     ("Reopen a saved conversation", "Conversations are saved as you go (Ctrl+O)", "open_sessions"),
     ("Export conversation", "Markdown, plus HTML and SVG with the token colours (Ctrl+E)",
      "export('conversation')"),
     ("Export last answer", "Markdown, plus HTML and SVG with the token colours", "export('answer')"),
 )
+
+
+class CopiesLines(Protocol):
+    """What copying a launch line needs of the app: its model, its draft, the clipboard, a toast."""
+
+    serve_model: str  # as named on the command line ("" for the embedded model)
+    draft_model: str
+
+    def copy_to_clipboard(self, text: str) -> None: ...
+
+    def notify(self, message: str, *, title: str = "", timeout: float | None = None, markup: bool = True) -> None: ...
+
+
+def copy_launch_line(app: CopiesLines, server: str, config: SpecConfig) -> str:
+    """Copy the launch line of ``server`` (sglang | vllm) for ``config`` and show it, with what does
+    not carry over (a terminal without clipboard support still shows the line to select)."""
+    from specchat.export import launch_line
+
+    line = launch_line(server, config, app.serve_model or None, app.draft_model or None)
+    app.copy_to_clipboard(line.command)
+    notes = "".join(f"\n· {note}" for note in line.notes)
+    app.notify(f"{line.command}{notes}", title=f"{line.server} launch line (copied)", timeout=30, markup=False)
+    return line.command
 
 
 class HasSettings(Protocol):

@@ -118,6 +118,7 @@ def run_tui(args: argparse.Namespace) -> int:
         model_label="fake-model" if fake else (model or "embedded model"),
         precision=precision,
         draft_model=getattr(args, "draft", None) or "",
+        serve_model="" if fake else (model or ""),
         engine_process=os.environ.get("SPECCHAT_ENGINE_PROCESS", "1") != "0",
     )
     result = app.run()

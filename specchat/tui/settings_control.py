@@ -87,7 +87,7 @@ class SettingsControl:
             raise ConfigError(f"{name} does nothing here: {why_not(name, base.method)}")
         if name == "method" and self.methods and value not in self.methods:
             raise ConfigError(f"method {value!r} cannot run in this session (have: {', '.join(self.methods)}; "
-                              "EAGLE and standalone need a draft model: specchat run --draft PATH)")
+                              "EAGLE, Medusa and standalone need a draft: specchat run --draft PATH)")
         new = base.replace(**{name: value})
         if new == base:
             return ""

@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from engine.config import CONTEXT_OVERFLOW, DRAFT_KNOBS, METHODS, ConfigError, knobs_for
+from engine.config import CONTEXT_OVERFLOW, DRAFT_KNOBS, MEDUSA_TREES, METHODS, ConfigError, knobs_for
 
 FieldKind = Literal["int", "float", "choice", "bool"]
 
@@ -30,6 +30,8 @@ ENGINE_FIELDS: tuple[SettingField, ...] = (
     SettingField("ngram_max_match_window_size", "ngram max window", "int", help="n-gram: longest suffix matched"),
     SettingField("ngram_min_bfs_breadth", "ngram min breadth", "int", help="n-gram: fewest branches per level"),
     SettingField("ngram_max_bfs_breadth", "ngram max breadth", "int", help="n-gram: most branches per level"),
+    SettingField("medusa_tree", "medusa tree", "choice", choices=MEDUSA_TREES,
+                 help="Medusa: dynamic (top-k product of the heads) or static (the paper's 63-node tree)"),
     SettingField("adaptive_draft", "adaptive draft", "bool",
                  help="verify only the part of each tree expected to pay (off in teaching mode)"),
     SettingField("temperature", "temperature", "float", help="0 = greedy (identical to baseline)"),

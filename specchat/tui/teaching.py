@@ -24,6 +24,9 @@ DRAFT_SOURCES: dict[str, str] = {
               "its probabilities.",
     "standalone": "Standalone drafts come from a small language model running on its own; the numbers are its "
                   "probabilities.",
+    "medusa": "Medusa drafts come from a few extra heads on the target's last hidden state: head i guesses the "
+              "token i+1 places ahead, all at once and without seeing the guesses before it, so the deeper heads "
+              "miss more; the numbers are the heads' probabilities.",
 }
 
 PROBABILITIES = ("A number beside a draft is the drafter's probability for it given its parent: how sure the "

@@ -261,7 +261,7 @@ async def test_settings_schema_parsing():
     assert resolve_name("topk") == "eagle_topk" and resolve_name("steps") == "num_steps"
     assert resolve_name("bogus") is None
     with pytest.raises(ConfigError, match="one of"):
-        parse_value(FIELDS["method"], "medusa")
+        parse_value(FIELDS["method"], "lookahead")
 
 
 # --- cancel ----------------------------------------------------------------------------------------
@@ -635,7 +635,7 @@ def test_launch_helpers_stay_light_and_read_cli_args():
     with pytest.raises(ConfigError, match="num_draft_tokens"):
         config_from_args(argparse.Namespace(num_draft_tokens=1))
     with pytest.raises(ConfigError, match="unknown method"):
-        config_from_args(argparse.Namespace(method="medusa"))
+        config_from_args(argparse.Namespace(method="lookahead"))
 
 
 def test_replay_tui_refuses_a_bad_trace_in_one_line(tmp_path, capsys):

@@ -37,7 +37,7 @@ NGRAM = SpecConfig(method="ngram", num_draft_tokens=8)
 def ngram_session(**kw) -> ScriptedSession:
     kw.setdefault("config", NGRAM)
     kw.setdefault("refuse_methods", {m: f"method {m!r} is not available (load a draft with --draft)"
-                                     for m in ("eagle", "eagle3", "standalone")})
+                                     for m in ("eagle", "eagle3", "standalone", "medusa")})
     return ScriptedSession(demo_answers(kw["config"]), **kw)
 
 

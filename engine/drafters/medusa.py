@@ -1,0 +1,262 @@
+"""The Medusa drafter: K heads on the target's last hidden state guess the next K positions at once.
+
+Head i reads the hidden state the target's lm_head read at the last verified position (after the
+final norm: the session captures it as for EAGLE-1/2, ``FeatureSpec(final_hidden=True)``) and
+guesses the token i+1 places after the root. No head sees what the heads before it guessed, which
+is why Medusa is cheap (one batched call per step, no draft KV cache) and why its deeper guesses
+miss more often than EAGLE's, whose head runs on its own outputs.
+
+The residual blocks of all heads run together: stacked into [K, L, H, H] and applied with one
+``baddbmm`` per block depth (L is 1 in every published head). The lm_heads dominate the cost: on the
+embedded model each is 49152x576, so 4 distinct heads read as many weights per step as the target's
+whole forward. Measured on the 2-core VM (one thread, stored-weights target, 4 heads as 8-bit
+codes): one layer of the 4 matrices stacked by rows over the 4 rows took 21 ms a step (the skinny
+product reads each weight once but does 4x the arithmetic, and at 1-4 rows it is arithmetic-bound);
+one product per head on its own row took 13 ms; one shared lm_head over the 4 rows took 4.5 ms. So:
+distinct lm_heads run one product per head (K native calls, each reading only its own matrix, and
+only for the heads a step uses); identical lm_heads (vLLM's ``original_lm_head``, or heads trained
+with a frozen lm_head) keep one copy and one product over all rows; and on a full-precision target
+whose own lm_head is that copy, the target's layer runs it (no second copy in memory).
+
+Trees (engine.tree.DraftTree) are paths of ranks: (r1..rd) takes head 0's rank-r1 candidate, then
+head 1's rank-r2 one below it, and so on. ``dynamic`` (the default) keeps the ``num_draft_tokens - 1``
+best nodes of the Cartesian tree of each head's top-k (``eagle_topk``) ranked by the product of the
+heads' probabilities, found best first; ``topk 1`` is a chain of ``num_steps`` drafts (capped by the
+number of heads), grown by the tree search every drafter shares so a sampled chain carries its
+distributions for rejection sampling. ``static`` is the Medusa paper's 63-node tree
+(``mc_sim_7b_63``) trimmed to ``num_draft_tokens``. Both are verified like every tree, so greedy
+output equals plain greedy decoding and sampling keeps the target's distribution (coupled
+Gumbel-top-k or rejection sampling, as for EAGLE).
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+import os
+from collections.abc import Sequence
+
+import torch
+import torch.nn.functional as F
+
+from engine.config import SpecConfig
+from engine.drafters.medusa_checkpoint import MedusaSpec, MedusaWeights
+from engine.drafters.tree_search import (
+    Candidates,
+    Coupled,
+    DraftRandom,
+    StopRule,
+    check_topk,
+    coupled_scores,
+    grow_tree,
+)
+from engine.kernels.linear import Linear
+from engine.kernels.stored import StoredLinear
+from engine.kernels.weights import QuantRows
+from engine.models.layer import as_weight, make_linear
+from engine.sampling import GumbelNoise
+from engine.tree import DraftTree
+
+# The Medusa paper's tree for Vicuna-7B (FasterDecoding/Medusa, medusa_choices.py: mc_sim_7b_63): each
+# entry is a path of ranks, [0, 1] = head 0's best token, then head 1's second best below it. Listed
+# best first and every prefix before its extensions, so a trimmed list is still a tree.
+MC_SIM_7B_63: tuple[tuple[int, ...], ...] = (
+    (0,), (0, 0), (1,), (0, 1), (2,), (0, 0, 0), (1, 0), (0, 2), (3,), (0, 3), (4,), (0, 4), (2, 0), (0, 5),
+    (0, 0, 1), (5,), (0, 6), (6,), (0, 7), (0, 1, 0), (1, 1), (7,), (0, 8), (0, 0, 2), (3, 0), (0, 9), (8,), (9,),
+    (1, 0, 0), (0, 2, 0), (1, 2), (0, 0, 3), (4, 0), (2, 1), (0, 0, 4), (0, 0, 5), (0, 0, 0, 0), (0, 1, 1),
+    (0, 0, 6), (0, 3, 0), (5, 0), (1, 3), (0, 0, 7), (0, 0, 8), (0, 0, 9), (6, 0), (0, 4, 0), (1, 4), (7, 0),
+    (0, 1, 2), (2, 0, 0), (3, 1), (2, 2), (8, 0), (0, 5, 0), (1, 5), (1, 0, 1), (0, 2, 1), (9, 0), (0, 6, 0),
+    (0, 0, 0, 1), (1, 6), (0, 7, 0),
+)
+
+
+class MedusaHeads:
+    """K Medusa heads bound to one target (its dtype, device, weight form and, where shared, its lm_head)."""
+
+    def __init__(self, spec: MedusaSpec, weights: MedusaWeights, target) -> None:
+        self.spec = spec
+        self.target = target
+        dt, dev = target.dtype, target.device
+        self.blocks = weights.blocks.to(device=dev, dtype=dt)
+        self.biases = weights.biases.to(device=dev, dtype=dt)
+        lm = weights.lm_heads
+        self.shared = bool(all(torch.equal(lm[0], lm[i]) for i in range(1, lm.shape[0])))
+        # On a stored-weights target the lm_heads become 8-bit codes like an EAGLE head's (drafts are
+        # verified, so their exact values never reach the output): faster than the target's own form.
+        stored = getattr(target, "weights", "fp32") == "stored"
+        q8 = stored and os.environ.get("SPECCHAT_HEAD_WEIGHTS", "q8") != "stored"
+        self.uses_target_lm_head = not q8 and self.shared and weights.token_map is None and _is_targets(target, lm[0])
+
+        def matrix(w: torch.Tensor) -> Linear | StoredLinear:
+            w = QuantRows.quantize_q8(w) if q8 and w.shape[-1] % 32 == 0 else w
+            return make_linear([as_weight(w, stored, dt, dev)], None)
+
+        # one layer per distinct lm_head (one when shared; none when it is the target's): see the module docstring
+        self.lm_layers: list[Linear | StoredLinear] = (
+            [] if self.uses_target_lm_head else [matrix(w) for w in (lm[:1] if self.shared else lm)])
+        self.vocab_ids = weights.token_map.to(dev) if weights.token_map is not None else None
+
+    @property
+    def num_heads(self) -> int:
+        return self.spec.num_heads
+
+    @property
+    def vocab_size(self) -> int:
+        return self.spec.head_vocab
+
+    @torch.inference_mode()
+    def log_probs(self, hidden: torch.Tensor, heads: int) -> torch.Tensor:
+        """[heads, head vocab] float32 log-probabilities of the first ``heads`` heads for one hidden state [H]."""
+        x = hidden.to(self.blocks.dtype).expand(heads, -1)  # [K, H]
+        for j in range(self.spec.num_layers):  # block depth (1 in published heads), never per head
+            y = torch.baddbmm(self.biases[:heads, j, :, None], self.blocks[:heads, j], x[:, :, None])[..., 0]
+            x = x + F.silu(y)
+        x = x.contiguous()
+        if not self.lm_layers:
+            logits = self.target.logits_from_hidden(x)
+        elif self.shared:
+            logits = self.lm_layers[0](x)
+        else:  # each head's own matrix on its own row: K products that each read one matrix once
+            logits = torch.cat([self.lm_layers[k](x[k: k + 1]) for k in range(heads)])
+        return torch.log_softmax(logits.float(), dim=-1)
+
+    def to_target(self, ids: torch.Tensor) -> torch.Tensor:
+        """Head vocabulary indices -> target token ids."""
+        return ids if self.vocab_ids is None else self.vocab_ids[ids.to(self.vocab_ids.device)]
+
+    def to_target_dist(self, q: torch.Tensor) -> torch.Tensor:
+        """A distribution over the head vocabulary as one over the target's (zero elsewhere)."""
+        if self.vocab_ids is None:
+            return q
+        out = torch.zeros(self.spec.vocab_size, dtype=q.dtype, device=q.device)
+        return out.index_copy_(0, self.vocab_ids.to(q.device), q)
+
+
+class MedusaDrafter:
+    name = "medusa"
+    needs_features = True
+    # one batched call drafts every level: fewer levels would save nothing worth a rule
+    pays_per_level = False
+
+    def __init__(self, heads: MedusaHeads) -> None:
+        self.heads = heads
+        self._hidden: torch.Tensor | None = None  # the target's last hidden state at the last cached token
+        self._random = DraftRandom()
+
+    # -- the Drafter protocol ------------------------------------------------------------------
+    def check(self, config: SpecConfig) -> None:
+        check_topk(config, self.heads.vocab_size, "Medusa heads")
+
+    def reset(self, history: Sequence[int], features: torch.Tensor | None = None) -> None:
+        if features is None or features.shape[0] != len(history):
+            raise ValueError("the Medusa drafter needs one target hidden state per history token")
+        self._hidden = self._last_hidden(features) if len(history) else None
+
+    def observe(self, committed: Sequence[int], features: torch.Tensor | None = None) -> None:
+        if features is None or features.shape[0] != len(committed):
+            raise ValueError("the Medusa drafter needs one target hidden state per committed token")
+        if len(committed):
+            self._hidden = self._last_hidden(features)
+
+    def _last_hidden(self, features: torch.Tensor) -> torch.Tensor:
+        """The last row's final hidden state: its last ``hidden_size`` columns, so rows that also
+        carry other captured layers in front (a session feeding EAGLE-3 too) read the same."""
+        return features[-1, -self.heads.spec.hidden_size:].clone()
+
+    def truncate(self, length: int) -> None:
+        """The cache was cut back: the last hidden state is stale until the session's next ``reset``."""
+        self._hidden = None
+
+    def propose(self, history: Sequence[int], root: int, config: SpecConfig, *,
+                noise: GumbelNoise | None = None, stop: StopRule | None = None) -> DraftTree:
+        heads = self.heads
+        depth = min(config.num_steps, heads.num_heads)
+        if self._hidden is None or depth < 1 or config.num_draft_tokens < 2:
+            return DraftTree.root_only(root)
+        logp = heads.log_probs(self._hidden, depth)  # [depth, head vocab]: every level in one call
+        n = len(history)  # the root sits at position n, a depth-d node at n + d
+        coupled = coupled_scores(config, noise, n, heads.vocab_ids)
+        drafts = config.num_draft_tokens - 1
+        if config.medusa_tree == "static":
+            paths = static_paths(drafts, depth, heads.vocab_size)
+            width = [1 + max((p[-1] for p in paths if len(p) == d + 1), default=0) for d in range(depth)]
+            return self._tree(root, logp, self._ranked(logp, width, coupled), paths)
+        if config.eagle_topk > 1:
+            ranked = self._ranked(logp, [config.eagle_topk] * depth, coupled)
+            scores = [logp[d, ix].tolist() for d, ix in enumerate(ranked)]
+            return self._tree(root, logp, ranked, cartesian_paths(scores, drafts))
+
+        # topk 1: a chain, through the tree search every drafter shares (it samples the chain and
+        # records the distributions for rejection sampling, or follows the coupled noise)
+        def expand(frontier: list[int], cands: Candidates) -> torch.Tensor:
+            return logp[cands.depth[frontier[0]]].expand(len(frontier), -1)  # a guess ignores its parent
+
+        tree, _, _ = grow_tree(root, logp[0], expand, heads.to_target, num_steps=depth, topk=1,
+                               num_draft_tokens=min(config.num_draft_tokens, depth + 1),
+                               sampling=self._random.sampling(config, heads.to_target_dist), coupled=coupled, stop=stop)
+        return tree
+
+    # -- trees from rank paths ------------------------------------------------------------------
+    @staticmethod
+    def _ranked(logp: torch.Tensor, width: list[int], coupled: Coupled | None) -> list[torch.Tensor]:
+        """Each head's ``width[d]`` best candidates in rank order: by probability, or with coupled
+        sampling by the perturbed scores the target will sample with (rank 0 is the token it would
+        draw from that head's distribution)."""
+        ranked = []
+        for d, k in enumerate(width):
+            scores = logp[d] if coupled is None else coupled.scores(logp[d][None], d + 1)[0]
+            ranked.append(scores.topk(min(k, scores.shape[-1])).indices)
+        return ranked
+
+    def _tree(self, root: int, logp: torch.Tensor, ranked: list[torch.Tensor], paths: list[tuple[int, ...]]
+              ) -> DraftTree:
+        """The tree of ``paths`` (each after its prefix): path (r1..rd) takes head d-1's rank-rd candidate.
+        Read back to the host once per level, not once per node (a GPU would sync at each)."""
+        ids = [r.tolist() for r in ranked]
+        lps = [logp[d, r].tolist() for d, r in enumerate(ranked)]
+        picked = [ids[len(p) - 1][p[-1]] for p in paths]
+        tokens = self.heads.to_target(torch.tensor(picked, dtype=torch.int64, device=logp.device)).tolist()
+        row = {(): 0}
+        parents = [-1]
+        for r, path in enumerate(paths, start=1):
+            row[path] = r
+            parents.append(row[path[:-1]])
+        probs = [1.0] + [math.exp(lps[len(p) - 1][p[-1]]) for p in paths]
+        return DraftTree((root, *tokens), tuple(parents), tuple(probs))
+
+
+def _is_targets(target, weight: torch.Tensor) -> bool:
+    """Whether ``weight`` is exactly the target's lm_head (read only when a shared copy could be dropped)."""
+    dense = getattr(getattr(target, "lm_head", None), "dense_weight", None)
+    return bool(dense is not None and dense.shape == weight.shape and torch.equal(dense.detach().float().cpu(), weight))
+
+
+def cartesian_paths(scores: list[list[float]], drafts: int) -> list[tuple[int, ...]]:
+    """The ``drafts`` best nodes of the Cartesian tree whose depth-d level offers ``scores[d]`` (log-
+    probabilities in rank order), a node scoring the sum along its path: the product of the heads'
+    probabilities. Best first, each node reached from its previous sibling or (rank 0) its parent,
+    so every node comes after its parent and the list is a tree."""
+    heap = [(-scores[0][0], (0,))] if scores and scores[0] else []
+    out: list[tuple[int, ...]] = []
+    while heap and len(out) < drafts:
+        neg, path = heapq.heappop(heap)
+        out.append(path)
+        d, r = len(path) - 1, path[-1]
+        if r + 1 < len(scores[d]):
+            heapq.heappush(heap, (neg + scores[d][r] - scores[d][r + 1], (*path[:-1], r + 1)))
+        if d + 1 < len(scores):
+            heapq.heappush(heap, (neg - scores[d + 1][0], (*path, 0)))
+    return out
+
+
+def static_paths(drafts: int, depth: int, vocab: int) -> list[tuple[int, ...]]:
+    """The first ``drafts`` paths of MC_SIM_7B_63 that the heads can fill, each after its prefix."""
+    out: list[tuple[int, ...]] = []
+    kept: set[tuple[int, ...]] = {()}
+    for path in MC_SIM_7B_63:
+        if len(out) == drafts:
+            break
+        if len(path) <= depth and max(path) < vocab and path[:-1] in kept:
+            out.append(path)
+            kept.add(path)
+    return out

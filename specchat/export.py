@@ -1,0 +1,155 @@
+"""Launch lines for serving: the settings tuned here, as SGLang and vLLM command lines.
+
+Why one module: ``specchat tune`` prints them for its winners, ``specchat export`` for the flags
+given, and the TUI's palette copies them for the settings in force; when each built its own line
+they would drift from the servers' flag names. Every line comes with the plain list of what does
+not carry over (vLLM drafts chains, the n-gram knobs have other names or none), so nobody
+deploys a setting believing it is the one they measured.
+
+Flag names are checked against the servers' own sources: SGLang's ``server_args.py`` (whose
+n-gram drafter since the trie rewrite has ``--speculative-ngram-max-trie-depth`` and no
+match-window flags: its own test asserts they are gone) and vLLM's ``SpeculativeConfig``
+(vllm/config/speculative.py: ``method``, ``model``, ``num_speculative_tokens``,
+``prompt_lookup_min``, ``prompt_lookup_max``; the draft-model method is called ``draft_model``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shlex
+import sys
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from specchat.options import UsageError, make_config
+
+if TYPE_CHECKING:
+    from engine.config import SpecConfig
+
+SERVERS = ("sglang", "vllm")
+# the embedded model's own checkpoint on the hub: what a server loads in place of our GGUF
+EMBEDDED_HUB_ID = "HuggingFaceTB/SmolLM2-135M-Instruct"
+EMBEDDED_NAMES = frozenset({"", "embedded model", "smollm2-135m", "smollm2-135m-instruct", "smollm2"})
+DRAFT_PLACEHOLDER = "PATH/TO/DRAFT"  # an EAGLE head or draft model the user names with --draft
+DRAFT_METHODS = ("eagle", "eagle3", "standalone", "medusa")
+# flags SpecConfig.sglang_args() writes that current SGLang refuses (removed with the trie rewrite)
+SGLANG_REMOVED = ("--speculative-ngram-min-match-window-size", "--speculative-ngram-max-match-window-size")
+VLLM_METHODS = {"ngram": "ngram", "eagle": "eagle", "eagle3": "eagle3", "standalone": "draft_model", "medusa": "medusa"}
+ADAPTIVE_NOTE = ("the adaptive draft budget is specchat's own: a server verifies the whole static tree "
+                 "(tune measures it that way, with the budget off)")
+
+
+@dataclass(frozen=True)
+class LaunchLine:
+    """One server's command line, and what of the settings it cannot express."""
+
+    server: str
+    command: str
+    notes: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"server": self.server, "command": self.command, "notes": list(self.notes)}
+
+
+def serving_model(model: str | None) -> str:
+    """The model a server loads: the embedded model's hub checkpoint, else the name given."""
+    if model is None or model.strip().lower() in EMBEDDED_NAMES:
+        return EMBEDDED_HUB_ID
+    return model
+
+
+def _draft_for(config: SpecConfig, draft: str | None, notes: list[str]) -> str:
+    if draft:
+        return draft
+    notes.append(f"{config.method} needs its draft: replace {DRAFT_PLACEHOLDER} with the EAGLE head or "
+                 "draft model's folder or hub id")
+    return DRAFT_PLACEHOLDER
+
+
+def sglang_line(config: SpecConfig, model: str | None, draft: str | None = None) -> LaunchLine:
+    """``python -m sglang.launch_server`` with SpecConfig.sglang_args(), minus what SGLang dropped."""
+    notes: list[str] = []
+    parts = ["python -m sglang.launch_server", f"--model-path {shlex.quote(serving_model(model))}"]
+    try:
+        flags = config.sglang_args()
+    except KeyError:  # a method SGLang has no algorithm for (Medusa)
+        flags = []
+        notes.append(f"SGLang has no {config.method} algorithm: this line serves without speculation")
+    if flags and config.method in DRAFT_METHODS:
+        parts.append(f"--speculative-draft-model-path {shlex.quote(_draft_for(config, draft, notes))}")
+    kept = [f for f in flags if f.split()[0] not in SGLANG_REMOVED]
+    if len(kept) < len(flags):
+        notes.append(f"SGLang's n-gram drafter has no match-window flags (ngram_min/max_match_window_size = "
+                     f"{config.ngram_min_match_window_size}/{config.ngram_max_match_window_size} do not carry "
+                     "over); it matches suffixes up to --speculative-ngram-max-trie-depth")
+    if config.method == "ngram":
+        if config.ngram_mode == "chain":
+            notes.append("ngram_mode chain is specchat's prompt-lookup mode; SGLang always drafts its trie's tree")
+        notes.append("ngram_capacity does not carry over: SGLang's --speculative-ngram-capacity counts "
+                     "tokens (default 10M), ours counts trie nodes")
+    if flags and config.adaptive_draft:
+        notes.append(ADAPTIVE_NOTE)
+    return LaunchLine("SGLang", " ".join(parts + kept), notes)
+
+
+def vllm_speculative_config(config: SpecConfig, draft: str | None, notes: list[str]) -> dict[str, Any] | None:
+    """vLLM's ``--speculative-config`` JSON (SpeculativeConfig's field names), None for no speculation."""
+    if config.method == "none":
+        return None
+    if config.method not in VLLM_METHODS:
+        notes.append(f"vLLM takes no {config.method} settings from specchat yet: this line serves without "
+                     "speculation")
+        return None
+    spec: dict[str, Any] = {"method": VLLM_METHODS[config.method]}
+    if config.method == "ngram":
+        drafts = config.num_draft_tokens - 1
+        spec.update(num_speculative_tokens=drafts, prompt_lookup_min=config.ngram_min_match_window_size,
+                    prompt_lookup_max=config.ngram_max_match_window_size)
+        notes.append(f"vLLM's n-gram is prompt lookup: one chain of {drafts} tokens (num_draft_tokens - 1); "
+                     "the match window becomes prompt_lookup_min/max; BFS breadth, match type, trie depth and "
+                     "capacity have no vLLM counterpart")
+        return spec
+    spec.update(model=_draft_for(config, draft, notes), num_speculative_tokens=config.num_steps)
+    if config.method == "medusa":
+        notes.append(f"vLLM's Medusa drafts one chain from the heads: medusa_tree={config.medusa_tree} does not "
+                     "carry over; num_speculative_tokens = num_steps, at most the number of heads")
+    elif config.eagle_topk > 1:
+        notes.append(f"vLLM drafts a chain: no top-k tree, so eagle_topk={config.eagle_topk} and "
+                     f"num_draft_tokens={config.num_draft_tokens} do not carry over; num_speculative_tokens = "
+                     f"num_steps = {config.num_steps} (tune with --grid eagle_topk=1 to measure the chain)")
+    return spec
+
+
+def vllm_line(config: SpecConfig, model: str | None, draft: str | None = None) -> LaunchLine:
+    """``vllm serve MODEL --speculative-config '{...}'``."""
+    notes: list[str] = []
+    command = f"vllm serve {shlex.quote(serving_model(model))}"
+    spec = vllm_speculative_config(config, draft, notes)
+    if spec is not None:
+        command += f" --speculative-config {shlex.quote(json.dumps(spec))}"
+        if config.adaptive_draft:
+            notes.append(ADAPTIVE_NOTE)
+    return LaunchLine("vLLM", command, notes)
+
+
+def launch_line(server: str, config: SpecConfig, model: str | None, draft: str | None = None) -> LaunchLine:
+    """The line for ``server`` (sglang or vllm)."""
+    if server == "sglang":
+        return sglang_line(config, model, draft)
+    if server == "vllm":
+        return vllm_line(config, model, draft)
+    raise UsageError(f"unknown server {server!r}; choose sglang or vllm")
+
+
+def run_export(args: argparse.Namespace) -> int:
+    """``specchat export sglang|vllm``: the line on stdout (ready to paste), what does not carry
+    over on stderr."""
+    config = make_config(args, method="ngram")  # run's default method
+    if getattr(args, "draft", None) and getattr(args, "method", None) is None and config.method == "none":
+        raise UsageError("export reads no draft to infer the method: add --method eagle, eagle3, standalone or medusa")
+    line = launch_line(args.server, config, getattr(args, "model", None), getattr(args, "draft", None))
+    print(line.command)
+    for note in line.notes:
+        print(f"note: {note}", file=sys.stderr)
+    return 0

@@ -23,7 +23,7 @@ class LoadError(UserError, RuntimeError):
 
 @dataclass
 class LoadedModel:
-    model: object  # LlamaModel or HFModel
+    model: object  # LlamaModel (or a subclass: Gemma3Model) or HFModel
     tokenizer: object  # engine.tokenizer.Tokenizer
     name: str
     path: str
@@ -123,7 +123,8 @@ def load_model(
     stored blocks; engine/kernels/fast.c) or "auto" (fast where it runs), checked before the
     weights are read."""
     from engine.models.checkpoint import load_state_dict, read_config
-    from engine.models.llama import LlamaConfig, LlamaModel, UnsupportedModelError
+    from engine.models.families import model_for_config
+    from engine.models.llama_config import UnsupportedModelError
     from engine.models.resolve import resolve_model
     from engine.tokenizer import Tokenizer
 
@@ -136,12 +137,13 @@ def load_model(
                                   backend=backend)
     stored = (weights == "stored" and torch_device.type == "cpu" and torch_dtype == torch.float32
               and backend != "hf")
-    resolved = resolve_model(model, revision=revision, progress=progress, weights="stored" if stored else "fp32")
+    resolved = resolve_model(model, revision=revision, progress=progress, weights="stored" if stored else "fp32",
+                             backend=backend)
     raw_config = read_config(resolved.path)
     tokenizer = Tokenizer.from_dir(resolved.path)
     if backend in ("auto", "specchat"):
         try:
-            config = LlamaConfig.from_dict(raw_config)
+            config, model_class = model_for_config(raw_config)
         except UnsupportedModelError:
             if backend == "specchat":
                 raise
@@ -155,7 +157,7 @@ def load_model(
                 state = load_gguf_state(resolved.gguf)[1]
             else:
                 state = load_state_dict(resolved.path, allow_pickle=allow_pickle)
-            net = LlamaModel(config, state, dtype=torch_dtype, device=torch_device, consume=True,
+            net = model_class(config, state, dtype=torch_dtype, device=torch_device, consume=True,
                              weights="stored" if stored else "fp32")
             del state
             try:
@@ -171,7 +173,9 @@ def load_model(
                         "use --precision exact")
     from engine.models.hf import HFModel
 
-    net = HFModel.from_pretrained(resolved.path, dtype=torch_dtype, device=torch_device)
+    # a GGUF of a family only transformers runs: transformers reads (and dequantizes) it itself
+    gguf = resolved.gguf if backend == "hf" else None
+    net = HFModel.from_pretrained(resolved.path, dtype=torch_dtype, device=torch_device, gguf=gguf)
     return LoadedModel(net, tokenizer, resolved.name, str(resolved.path), "hf", resolved.source)
 
 
@@ -219,8 +223,8 @@ def load_session(
         if shipped is not None and config.method in ("none", "ngram", "eagle3"):
             source = str(shipped)
     if source is None and config.method in DRAFT_METHODS:
-        raise LoadError(f"--method {config.method} needs --draft (an EAGLE head folder or hub id, or a small model "
-                        "with the same tokenizer for standalone)")
+        raise LoadError(f"--method {config.method} needs --draft (an EAGLE or Medusa head folder or hub id, or a "
+                        "small model with the same tokenizer for standalone)")
     if source is not None:
         if progress:
             progress("loading the draft", 0, 1)

@@ -6,7 +6,7 @@ import argparse
 import json
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from engine.errors import MissingFileError
 from specchat.options import UsageError, draft_options, make_config
@@ -74,7 +74,7 @@ def run_generate(args: argparse.Namespace) -> int:
                                weights=_one_weights(args), precision=_one_precision(args), **draft_options(args))
     config = session.config
     if args.raw:
-        events = session.generate_ids(session.tokenizer.encode(prompt))
+        events = session.generate_ids(_raw_ids(session.tokenizer, prompt))
     else:
         events = session.generate([{"role": "user", "content": prompt}])
 
@@ -109,3 +109,14 @@ def run_generate(args: argparse.Namespace) -> int:
         f"{stats.tokens_per_s:.1f} tok/s, {config.method}, stop: {finished.reason}[/]{legend}"
     )
     return 0
+
+
+def _raw_ids(tokenizer: Any, prompt: str) -> list[int]:
+    """``--raw`` text as the model reads a document: after the tokens its tokenizer puts in front (a
+    BOS for Gemma, which answers garbage without one), unless the text already starts with them;
+    never with what it appends (an EOS would end the answer before it starts)."""
+    plain = tokenizer.encode(prompt)
+    full = tokenizer.encode(prompt, add_special_tokens=True)
+    front = next((k for k in range(len(full) - len(plain) + 1) if full[k:k + len(plain)] == plain), 0)
+    prefix = full[:front]
+    return plain if plain[:len(prefix)] == prefix else prefix + plain

@@ -108,3 +108,22 @@ def test_help_does_not_import_heavy_modules() -> None:
             "print(any(m in sys.modules for m in ('torch', 'textual', 'transformers')))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert out.stdout.strip() == "False"
+
+
+def test_raw_prompts_get_the_tokens_the_tokenizer_puts_in_front_once() -> None:
+    """``generate --raw``: a BOS-adding tokenizer (Gemma) gets its BOS, not twice when typed, and no
+    appended EOS; a tokenizer that adds nothing (SmolLM2) reads the text alone."""
+    from specchat.generate import _raw_ids
+
+    class Fake:
+        def __init__(self, front: list[int], back: list[int]) -> None:
+            self.front, self.back = front, back
+
+        def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
+            ids = [1 if c == "^" else ord(c) for c in text]
+            return self.front + ids + self.back if add_special_tokens else ids
+
+    assert _raw_ids(Fake([1], []), "ab") == [1, 97, 98]
+    assert _raw_ids(Fake([1], []), "^ab") == [1, 97, 98]
+    assert _raw_ids(Fake([1], [2]), "ab") == [1, 97, 98]
+    assert _raw_ids(Fake([], []), "ab") == [97, 98]

@@ -114,7 +114,7 @@ def test_conversion_error_is_one_line(fake_gguf: Path, monkeypatch: pytest.Monke
         raise gguf_convert.GGUFConversionError("GGUF architecture 'qwen9' is not supported")
 
     monkeypatch.setattr(gguf_convert, "convert_gguf", broken)
-    with pytest.raises(ModelResolutionError, match=r"cannot convert .*qwen9"):
+    with pytest.raises(ModelResolutionError, match=r"cannot use .*qwen9"):
         resolve_model(None)
 
 

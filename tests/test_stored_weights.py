@@ -27,7 +27,7 @@ from engine.models.gguf_weights import load_gguf_state, quant_rows
 from engine.models.llama import LlamaConfig, LlamaModel
 from engine.tree import DraftTree
 
-FORMATS = [Q.F32, Q.F16, Q.BF16, Q.Q8_0, Q.Q4_0, Q.Q4_1, Q.Q4_K, Q.Q6_K]
+FORMATS = [Q.F32, Q.F16, Q.BF16, Q.Q8_0, Q.Q5_0, Q.Q4_0, Q.Q4_1, Q.Q4_K, Q.Q6_K]
 NATIVE = native.load() is not None
 
 

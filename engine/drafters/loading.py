@@ -117,11 +117,12 @@ def _medusa(config: dict[str, Any], state: dict[str, torch.Tensor], target: Any,
 def _standalone(path: Path, label: str, config: dict[str, Any], state: dict[str, torch.Tensor], target: Any,
                 tokenizer: Any, allow_pickle: bool) -> DraftBundle:
     from engine.drafters.standalone import StandaloneDrafter
-    from engine.models.llama import LlamaConfig, LlamaModel, UnsupportedModelError
+    from engine.models.families import model_for_config
+    from engine.models.llama_config import UnsupportedModelError
     from engine.tokenizer import Tokenizer, TokenizerError
 
     try:
-        draft_config = LlamaConfig.from_dict(config)
+        draft_config, model_class = model_for_config(config)
     except UnsupportedModelError as e:
         raise DraftLoadError(f"draft {label}: {e}") from None
     try:
@@ -133,7 +134,7 @@ def _standalone(path: Path, label: str, config: dict[str, Any], state: dict[str,
         raise DraftLoadError(f"draft {label} uses a different tokenizer than the target; a standalone draft must "
                              "share the target's vocabulary (pick a smaller model of the same family)")
     try:
-        model = LlamaModel(draft_config, state, dtype=target.dtype, device=target.device, consume=True)
+        model = model_class(draft_config, state, dtype=target.dtype, device=target.device, consume=True)
     except UnsupportedModelError as e:
         raise DraftLoadError(f"draft {label}: {e}") from None
     vocab = target.config.vocab_size

@@ -1,4 +1,5 @@
-"""Convert a llama-architecture GGUF file into a plain Hugging Face folder.
+"""Convert a GGUF file of a family we run (llama, mistral, qwen2, qwen3, gemma3) into a plain
+Hugging Face folder, its architecture read from the file's ``general.architecture``.
 
 Why convert at all: our engine runs its own PyTorch model code on float32 weights, and a folder
 with ``config.json`` + ``model.safetensors`` + tokenizer files is the one format every other part
@@ -13,6 +14,11 @@ Two details matter for correctness:
   (x[i], x[i + d/2]). :func:`unpermute_rope_rows` undoes that reordering.
 * GGUF stores no ``output.weight`` when the LM head is tied to the embedding, so its absence sets
   ``tie_word_embeddings``.
+* llama.cpp stores Gemma's norm weights as ``1 + w``; the Hugging Face checkpoint holds ``w``, so
+  the 1 is taken off (as transformers' own GGUF loader does) and the model adds it back.
+
+Which of these apply, and how tensors are named, is per architecture (:data:`GGUF_FAMILIES`); an
+architecture we do not run is refused from the metadata alone, before any tensor is read.
 
 The tokenizer is rebuilt with transformers (imported lazily: it is slow to import and only this
 one-off step needs it).
@@ -22,6 +28,8 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -29,13 +37,12 @@ import numpy as np
 import torch
 
 from engine.errors import UserError
+from engine.models.chat_templates import BY_ARCHITECTURE
 from engine.models.progress import ProgressCallback, report
 from engine.tokenizer import CHAT_END_TOKENS
 
 # Bumped whenever the output of the converter changes, so cached conversions are redone.
 CONVERTER_VERSION = 1
-
-SUPPORTED_ARCHITECTURES = ("llama",)
 
 _GLOBAL_NAMES = {
     "token_embd.weight": "model.embed_tokens.weight",
@@ -53,21 +60,116 @@ _BLOCK_NAMES = {
     "attn_norm": "input_layernorm",
     "ffn_norm": "post_attention_layernorm",
 }
+_QK_NORMS = {"attn_q_norm": "self_attn.q_norm", "attn_k_norm": "self_attn.k_norm"}
+_GEMMA_NORMS = {
+    "attn_norm": "input_layernorm",
+    "post_attention_norm": "post_attention_layernorm",
+    "ffn_norm": "pre_feedforward_layernorm",
+    "post_ffw_norm": "post_feedforward_layernorm",
+}
 _BLOCK_RE = re.compile(r"blk\.(\d+)\.([a-z_]+)\.(weight|bias)")
+
+
+@dataclass(frozen=True)
+class GGUFFamily:
+    """How one GGUF architecture maps onto a Hugging Face checkpoint."""
+
+    model_type: str  # config.json's model_type
+    hf_class: str  # transformers' class, for config.json's architectures
+    permuted_qk: bool  # llama.cpp reordered q/k rows for its pairwise rotation (llama-style RoPE)
+    blocks: Mapping[str, str]  # GGUF block tensor kind -> HF module path inside a layer
+    norm_shift: float = 0.0  # GGUF norm weight = HF weight + this (Gemma: 1)
+
+
+GGUF_FAMILIES: dict[str, GGUFFamily] = {
+    "llama": GGUFFamily("llama", "LlamaForCausalLM", True, _BLOCK_NAMES),
+    "mistral": GGUFFamily("mistral", "MistralForCausalLM", True, _BLOCK_NAMES),
+    "qwen2": GGUFFamily("qwen2", "Qwen2ForCausalLM", False, _BLOCK_NAMES),
+    "qwen3": GGUFFamily("qwen3", "Qwen3ForCausalLM", False, _BLOCK_NAMES | _QK_NORMS),
+    "gemma3": GGUFFamily("gemma3_text", "Gemma3ForCausalLM", False, _BLOCK_NAMES | _QK_NORMS | _GEMMA_NORMS,
+                         norm_shift=1.0),
+}
+SUPPORTED_ARCHITECTURES = tuple(GGUF_FAMILIES)
 
 
 class GGUFConversionError(UserError, ValueError):
     """The GGUF cannot be converted; the message says why and what to use instead."""
 
 
-def hf_tensor_name(gguf_name: str) -> str | None:
-    """The Hugging Face Llama name of a GGUF tensor, or None when it has no counterpart."""
+class ForeignArchitectureError(GGUFConversionError):
+    """A GGUF of a family our forward does not run (transformers may: ``--backend hf``)."""
+
+
+def hf_tensor_name(gguf_name: str, family: GGUFFamily = GGUF_FAMILIES["llama"]) -> str | None:
+    """The Hugging Face name of a GGUF tensor in ``family``, or None when it has no counterpart."""
     if gguf_name in _GLOBAL_NAMES:
         return _GLOBAL_NAMES[gguf_name]
     m = _BLOCK_RE.fullmatch(gguf_name)
-    if m is None or m.group(2) not in _BLOCK_NAMES:
+    if m is None or m.group(2) not in family.blocks:
         return None
-    return f"model.layers.{m.group(1)}.{_BLOCK_NAMES[m.group(2)]}.{m.group(3)}"
+    return f"model.layers.{m.group(1)}.{family.blocks[m.group(2)]}.{m.group(3)}"
+
+
+def gguf_family(meta: Mapping[str, Any]) -> GGUFFamily:
+    """The family ``general.architecture`` names; one line naming the families we run otherwise.
+    Called on the metadata alone, so a file we cannot run costs no tensor reading."""
+    arch = meta.get("general.architecture")
+    family = GGUF_FAMILIES.get(str(arch))
+    if family is None:
+        route = (f"add --backend hf to run it through transformers, which reads {arch} GGUFs"
+                 if transformers_reads(str(arch)) else
+                 "transformers cannot read it either: run the model's Hugging Face folder or hub id with --backend hf")
+        raise ForeignArchitectureError(
+            f"GGUF architecture {arch!r} is not supported: specchat runs {', '.join(GGUF_FAMILIES)} GGUFs; {route}"
+        )
+    return family
+
+
+def transformers_reads(arch: str) -> bool:
+    """Whether the installed transformers loads GGUFs of this architecture (imported only here,
+    on the way to an error or to --backend hf: the import takes seconds)."""
+    try:
+        from transformers.integrations.ggml import GGUF_CONFIG_MAPPING
+    except ImportError:
+        return False
+    return arch in GGUF_CONFIG_MAPPING and arch not in ("general", "tokenizer")
+
+
+def runs_architecture(path: Path) -> bool:
+    """Whether our forward runs this GGUF's family (read from the metadata alone; an unreadable
+    file answers True, so that the converter reports what is wrong with it)."""
+    from engine.models.gguf_file import GGUFFormatError, read_gguf
+
+    try:
+        return str(read_gguf(Path(path)).metadata.get("general.architecture")) in GGUF_FAMILIES
+    except GGUFFormatError:
+        return True
+
+
+def hf_names(gguf_names: list[str], family: GGUFFamily) -> dict[str, str]:
+    """GGUF tensor name -> HF name for a whole file; refuses tensors the family has no use for."""
+    names = {n: hf_tensor_name(n, family) for n in gguf_names}
+    unknown = [n for n, hf in names.items() if hf is None]
+    if unknown:
+        raise GGUFConversionError(
+            f"the file has tensors a {family.model_type} model does not use ({', '.join(unknown[:4])}); "
+            "the file is damaged or made for a variant specchat does not run"
+        )
+    return {n: hf for n, hf in names.items() if hf is not None}
+
+
+def to_hf_values(w: Any, gguf_name: str, family: GGUFFamily, config: Mapping[str, Any]) -> Any:
+    """A GGUF tensor's values (numpy rows, or stored rows with a ``rows`` method) as the HF
+    checkpoint holds them: q/k rows back in HF's order, Gemma's norm shift taken off."""
+    kind = gguf_name.split(".")[-2]
+    if family.norm_shift and gguf_name.endswith("norm.weight"):
+        return w - np.float32(family.norm_shift)
+    if family.permuted_qk and kind in ("attn_q", "attn_k"):
+        heads = config["num_attention_heads"] if kind == "attn_q" else config["num_key_value_heads"]
+        if isinstance(w, np.ndarray):
+            return unpermute_rope_rows(w, heads)
+        return w.rows(torch.from_numpy(np.ascontiguousarray(unpermute_rope_rows(np.arange(w.shape[0]), heads))))
+    return w
 
 
 def permute_rope_rows(w: np.ndarray, n_heads: int) -> np.ndarray:
@@ -139,18 +241,15 @@ def read_metadata(reader: Any, *, with_vocab: bool = False) -> dict[str, Any]:
 
 
 def hf_config(meta: dict[str, Any], tensor_shapes: dict[str, tuple[int, ...]]) -> dict[str, Any]:
-    """A transformers ``LlamaConfig`` dict built from GGUF metadata and tensor shapes."""
-    arch = meta.get("general.architecture")
-    if arch not in SUPPORTED_ARCHITECTURES:
-        raise GGUFConversionError(
-            f"GGUF architecture {arch!r} is not supported (only {', '.join(SUPPORTED_ARCHITECTURES)}); "
-            "use a Hugging Face folder or hub id for this model instead"
-        )
+    """A transformers config dict (of the family ``general.architecture`` names) built from GGUF
+    metadata and tensor shapes."""
+    arch = str(meta.get("general.architecture"))
+    family = gguf_family(meta)
 
     def need(key: str) -> Any:
         value = meta.get(f"{arch}.{key}")
         if value is None:
-            raise GGUFConversionError(f"GGUF metadata lacks {arch}.{key}; the file is incomplete or not a llama model")
+            raise GGUFConversionError(f"GGUF metadata lacks {arch}.{key}; the file is incomplete")
         return value
 
     hidden = int(need("embedding_length"))
@@ -167,8 +266,8 @@ def hf_config(meta: dict[str, Any], tensor_shapes: dict[str, tuple[int, ...]]) -
     vocab = tensor_shapes["model.embed_tokens.weight"][0]
 
     config: dict[str, Any] = {
-        "architectures": ["LlamaForCausalLM"],
-        "model_type": "llama",
+        "architectures": [family.hf_class],
+        "model_type": family.model_type,
         "hidden_size": hidden,
         "intermediate_size": int(need("feed_forward_length")),
         "num_hidden_layers": int(need("block_count")),
@@ -194,7 +293,43 @@ def hf_config(meta: dict[str, Any], tensor_shapes: dict[str, tuple[int, ...]]) -
     ):
         if meta.get(f"tokenizer.ggml.{key}") is not None:
             config[ours] = int(meta[f"tokenizer.ggml.{key}"])
+    config.update(_family_fields(meta, arch, config))
     return config
+
+
+def _family_fields(meta: Mapping[str, Any], arch: str, config: Mapping[str, Any]) -> dict[str, Any]:
+    """What a family's transformers config needs beyond the Llama keys."""
+    window = meta.get(f"{arch}.attention.sliding_window")
+    if arch == "mistral" and window:
+        return {"sliding_window": int(window)}
+    if arch in ("qwen2", "qwen3"):
+        return {"use_sliding_window": False}
+    if arch != "gemma3":
+        return {}
+    layers = int(config["num_hidden_layers"])
+    # llama.cpp writes no pattern for Gemma 3 (it hard-codes every sixth layer global); newer files
+    # may carry one, as a period or as one flag per layer (true: sliding)
+    pattern = meta.get(f"{arch}.attention.sliding_window_pattern") or 6
+    if isinstance(pattern, list):
+        kinds = ["sliding_attention" if p else "full_attention" for p in pattern]
+    else:
+        kinds = ["sliding_attention" if (i + 1) % int(pattern) else "full_attention" for i in range(layers)]
+    head_dim = int(config["head_dim"])
+    # llama.cpp: queries scaled by 1/sqrt(head_dim), except Gemma 3 27B (62 layers): 1/sqrt(hidden/heads)
+    scalar = config["hidden_size"] // config["num_attention_heads"] if layers == 62 else head_dim
+    fields: dict[str, Any] = {
+        "hidden_act": "gelu_pytorch_tanh",
+        "hidden_activation": "gelu_pytorch_tanh",
+        "rms_norm_eps": float(meta.get(f"{arch}.attention.layer_norm_rms_epsilon", 1e-6)),
+        "rope_local_base_freq": 10000.0,  # llama.cpp's fixed base for Gemma 3's sliding layers
+        "sliding_window": int(window or 4096),
+        "layer_types": kinds,
+        "query_pre_attn_scalar": scalar,
+    }
+    cap = meta.get(f"{arch}.final_logit_softcapping")
+    if cap:
+        fields["final_logit_softcapping"] = float(cap)
+    return fields
 
 
 def _rope_scaling(meta: dict[str, Any], arch: str) -> dict[str, Any] | None:
@@ -249,25 +384,14 @@ def convert_gguf(
 
     gguf_path = Path(gguf_path)
     out_dir = Path(out_dir)
+    _check_architecture(gguf_path)
     try:
         reader = GGUFReader(gguf_path)
     except (OSError, ValueError) as e:
         raise GGUFConversionError(f"{gguf_path} is not a readable GGUF file ({e})") from e
     meta = read_metadata(reader)
-
-    names: dict[str, str] = {}
-    unknown: list[str] = []
-    for t in reader.tensors:
-        hf = hf_tensor_name(t.name)
-        if hf is None:
-            unknown.append(t.name)
-        else:
-            names[t.name] = hf
-    if unknown:
-        raise GGUFConversionError(
-            f"{gguf_path.name} has tensors a Llama model does not use ({', '.join(unknown[:4])}); "
-            "only plain llama-architecture GGUFs can be converted"
-        )
+    family = gguf_family(meta)
+    names = hf_names([t.name for t in reader.tensors], family)
     shapes = {names[t.name]: tuple(int(d) for d in reversed(t.shape.tolist())) for t in reader.tensors}
     config = hf_config(meta, shapes)
 
@@ -279,12 +403,7 @@ def convert_gguf(
             w = dequantize(t.data, t.tensor_type)
         except NotImplementedError as e:
             raise GGUFConversionError(f"cannot dequantize {t.name} ({t.tensor_type.name}): {e}") from e
-        w = np.asarray(w, dtype=np.float32).reshape(shapes[names[t.name]])
-        kind = t.name.split(".")[-2]
-        if kind == "attn_q":
-            w = unpermute_rope_rows(w, config["num_attention_heads"])
-        elif kind == "attn_k":
-            w = unpermute_rope_rows(w, config["num_key_value_heads"])
+        w = to_hf_values(np.asarray(w, dtype=np.float32).reshape(shapes[names[t.name]]), t.name, family, config)
         # copy: the reader's arrays are views into a read-only memory map of the file
         tensors[names[t.name]] = torch.from_numpy(np.array(w, dtype=np.float32, copy=True))
         report(progress, description, done, total)
@@ -307,9 +426,55 @@ def convert_gguf(
     return out_dir
 
 
+def write_transformers_folder(gguf_path: Path, out_dir: Path, *, progress: ProgressCallback | None = None,
+                              description: str = "reading the GGUF") -> Path:
+    """config.json, generation_config.json and the tokenizer of a GGUF of a family only
+    transformers runs (``--backend hf``), written by transformers; it reads the weights from the
+    GGUF itself at load. Refuses a family transformers does not read either."""
+    import transformers
+    from gguf import GGUFReader
+
+    gguf_path, out_dir = Path(gguf_path), Path(out_dir)
+    reader = GGUFReader(gguf_path)
+    meta = read_metadata(reader)
+    arch = str(meta.get("general.architecture"))
+    if not transformers_reads(arch):
+        gguf_family(meta)  # the one-line refusal
+    report(progress, description, 0, 1)
+    verbosity = transformers.logging.get_verbosity()
+    transformers.logging.set_verbosity_error()
+    try:
+        config = transformers.AutoConfig.from_pretrained(str(gguf_path.parent), gguf_file=gguf_path.name)
+    finally:
+        transformers.logging.set_verbosity(verbosity)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    config.save_pretrained(str(out_dir))
+    vocab_field = reader.fields.get("tokenizer.ggml.tokens")
+    vocab: list[str] = field_value(vocab_field) if vocab_field is not None else []
+    if not vocab:
+        raise GGUFConversionError(f"{gguf_path.name} has no tokenizer metadata")
+    _write_json(out_dir / "generation_config.json", generation_config(meta, vocab))
+    write_tokenizer(gguf_path, out_dir, meta, vocab)
+    report(progress, description, 1, 1)
+    return out_dir
+
+
+def _check_architecture(gguf_path: Path) -> None:
+    """Refuse a family we do not run from the metadata alone (our fast reader skips the
+    vocabulary; gguf-py's reader, needed for the vocabulary, takes seconds on a big one)."""
+    from engine.models.gguf_file import GGUFFormatError, read_gguf
+
+    try:
+        meta = read_gguf(gguf_path).metadata
+    except GGUFFormatError:
+        return  # gguf-py's reader says what is wrong, in its own words
+    gguf_family(meta)
+
+
 def write_tokenizer(gguf_path: Path, out_dir: Path, meta: dict[str, Any], vocab: list[str]) -> None:
     """Rebuild the tokenizer with transformers, then make tokenizer_config.json self-contained.
 
+    A file without a chat template gets its family's (engine/models/chat_templates.py), if fixed.
     transformers >= 5 moves the chat template into chat_template.jinja and names its own backend
     class; we also keep the template (and bos/eos) in tokenizer_config.json and name the class
     ``PreTrainedTokenizerFast`` so that older transformers and other tools read the folder too.
@@ -337,7 +502,7 @@ def write_tokenizer(gguf_path: Path, out_dir: Path, meta: dict[str, Any], vocab:
         token_id = meta.get(f"tokenizer.ggml.{key}")
         if token_id is not None and 0 <= int(token_id) < len(vocab):
             cfg[ours] = vocab[int(token_id)]
-    template = meta.get("tokenizer.chat_template")
+    template = meta.get("tokenizer.chat_template") or BY_ARCHITECTURE.get(str(meta.get("general.architecture")))
     if template:
         cfg["chat_template"] = template
         (out_dir / "chat_template.jinja").write_text(template, encoding="utf-8")

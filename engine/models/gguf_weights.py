@@ -1,4 +1,4 @@
-"""Read a llama GGUF's tensors as stored (quant blocks kept), named like a Hugging Face state dict.
+"""Read a GGUF's tensors as stored (quant blocks kept), named like a Hugging Face state dict.
 
 Why: the fp32 conversion (gguf_convert) turns a 98 MB Q4_1 file into 538 MB of fp32 that every
 token then streams. Here each 2-D weight becomes a :class:`QuantRows` (integer codes + one fp32
@@ -7,7 +7,8 @@ scale/offset per block), no fp32 copy is made, and the kernels decode blocks in 
 Each format's unpacking is written from the GGML block layouts; the per-block scale and offset
 are computed in float32 exactly as gguf-py's reference ``dequantize`` computes them, so that
 ``QuantRows.dequantize()`` equals the reference bit for bit (the tests check every format).
-Formats without a stored kernel (Q5_*, Q2_K, IQ*, ...) are dequantized to fp32 with gguf-py:
+Q5_0 (which Q4_K_M files use where a row is no multiple of 256) is kept as 8-bit codes. Formats
+without a stored kernel (Q5_1, Q5_K, Q2_K, IQ*, ...) are dequantized to fp32 with gguf-py:
 they work, without the memory saving.
 """
 
@@ -22,13 +23,14 @@ import torch
 from engine.kernels.weights import QuantRows
 from engine.models.gguf_convert import (
     GGUFConversionError,
+    gguf_family,
     hf_config,
-    hf_tensor_name,
-    unpermute_rope_rows,
+    hf_names,
+    to_hf_values,
 )
 from engine.models.gguf_file import GGUFFormatError, read_gguf
 
-STORED_FORMATS = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q4_K", "Q6_K")
+STORED_FORMATS = ("F32", "F16", "BF16", "Q8_0", "Q5_0", "Q4_0", "Q4_1", "Q4_K", "Q6_K")
 
 
 def _f16(b: np.ndarray) -> np.ndarray:
@@ -53,6 +55,13 @@ def quant_rows(data: np.ndarray, qtype: str, n: int, k: int) -> QuantRows:
     if qtype == "Q8_0":
         b = raw.reshape(-1, 34)
         return _rows(b[:, 2:].view(np.int8), n, k, _f16(b[:, :2]), kind="q8", group=32)
+    if qtype == "Q5_0":  # 5-bit codes, kept as 8-bit ones: d * (q - 16), exact like d * int8
+        b = raw.reshape(-1, 22)
+        high = (b[:, 2:6].copy().view("<u4") >> np.arange(32, dtype=np.uint32)) & 1  # bit j: element j
+        qs = b[:, 6:]
+        low = np.concatenate([qs & 15, qs >> 4], axis=1)  # element j < 16: low nibble j; else high
+        codes = (low | (high.astype(np.uint8) << 4)).astype(np.int8) - np.int8(16)
+        return _rows(codes, n, k, _f16(b[:, :2]), kind="q8", group=32)
     if qtype in ("Q4_0", "Q4_1"):
         b = raw.reshape(-1, 18 if qtype == "Q4_0" else 20)
         qs = b[:, -16:]
@@ -89,37 +98,25 @@ def quant_rows(data: np.ndarray, qtype: str, n: int, k: int) -> QuantRows:
     return QuantRows("f32", 0, torch.from_numpy(np.array(dense, dtype=np.float32).reshape(n, k)))
 
 
-def _permuted(rows: QuantRows, n_heads: int) -> QuantRows:
-    """GGUF's RoPE row order back to Hugging Face's (a row permutation of the stored rows)."""
-    index = unpermute_rope_rows(np.arange(rows.shape[0]), n_heads)
-    return rows.rows(torch.from_numpy(np.ascontiguousarray(index)))
-
-
 def load_gguf_state(path: Path) -> tuple[dict[str, Any], dict[str, Any]]:
-    """(config dict, state dict) of a llama GGUF: 2-D weights as QuantRows, 1-D ones as fp32 tensors."""
+    """(config dict, state dict) of a GGUF of a family we run (``general.architecture``): 2-D
+    weights as QuantRows, 1-D ones as fp32 tensors, values as the HF checkpoint holds them."""
     try:
         gguf = read_gguf(Path(path))
+        family = gguf_family(gguf.metadata)  # before any tensor is read
+        names = hf_names([t.name for t in gguf.tensors], family)
     except GGUFFormatError as e:
         raise GGUFConversionError(str(e)) from e
-    names = {}
-    for t in gguf.tensors:
-        hf = hf_tensor_name(t.name)
-        if hf is None:
-            raise GGUFConversionError(f"{Path(path).name} has tensor {t.name}, which a Llama model does not use")
-        names[t.name] = hf
+    except GGUFConversionError as e:
+        raise GGUFConversionError(f"{Path(path).name}: {e}") from e
     shapes = {names[t.name]: tuple(reversed(t.shape)) for t in gguf.tensors}
     config = hf_config(gguf.metadata, shapes)
     state: dict[str, Any] = {}
     for t in gguf.tensors:
         shape = shapes[names[t.name]]
         if len(shape) == 1:
-            state[names[t.name]] = quant_rows(t.data, t.type_name, 1, shape[0]).dequantize().reshape(-1).clone()
+            vector = quant_rows(t.data, t.type_name, 1, shape[0]).dequantize().reshape(-1).clone()
+            state[names[t.name]] = torch.from_numpy(to_hf_values(vector.numpy(), t.name, family, config))
             continue
-        rows = quant_rows(t.data, t.type_name, *shape)
-        kind = t.name.split(".")[-2]
-        if kind == "attn_q":
-            rows = _permuted(rows, config["num_attention_heads"])
-        elif kind == "attn_k":
-            rows = _permuted(rows, config["num_key_value_heads"])
-        state[names[t.name]] = rows
+        state[names[t.name]] = to_hf_values(quant_rows(t.data, t.type_name, *shape), t.name, family, config)
     return config, state

@@ -68,11 +68,16 @@ class HFModel:
 
     @classmethod
     def from_pretrained(cls, path: str | Path, *, dtype: torch.dtype = torch.float32,
-                        device: torch.device | str = "cpu") -> HFModel:
+                        device: torch.device | str = "cpu", gguf: Path | None = None) -> HFModel:
+        """A model folder (safetensors), or with ``gguf`` that GGUF file read by transformers."""
         from transformers import AutoModelForCausalLM
 
-        model = AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype, use_safetensors=True,
-                                                     trust_remote_code=False)
+        if gguf is not None:
+            model = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, dtype=dtype,
+                                                         trust_remote_code=False)
+        else:
+            model = AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype, use_safetensors=True,
+                                                         trust_remote_code=False)
         return cls(model.to(device))
 
     def new_cache(self, capacity: int) -> HFCache:

@@ -26,7 +26,7 @@ from engine.kernels.weights import QuantRows
 from engine.models.kv_cache import KVCache
 from engine.models.layer import ForwardOutput, LayerWeights, as_weight, make_linear
 from engine.models.llama_config import LlamaConfig, UnsupportedModelError
-from engine.models.paths import NativeDecoderPath, Span, native_ops, pick_path
+from engine.models.paths import NativeDecoderPath, Span, TorchPath, native_ops, pick_path
 from engine.models.rope import RotaryTable
 
 WeightsMode = Literal["stored", "fp32"]
@@ -34,7 +34,14 @@ LogitsWanted = Literal["all", "last", "none"]
 
 
 class LlamaModel:
-    """A Llama-family causal LM for batch size 1, driven by the session with a KVCache."""
+    """A Llama-family causal LM for batch size 1, driven by the session with a KVCache.
+
+    Other families (engine/models/gemma3.py) subclass it: ``layer_type`` builds their layers,
+    :meth:`_make_path` picks their layer path, ``static_decoder`` says whether CUDA's static-shape
+    forward (Llama-shaped) may stand in front."""
+
+    layer_type: type[LayerWeights] = LayerWeights
+    static_decoder = True
 
     def __init__(self, config: LlamaConfig, state_dict: MutableMapping[str, Any], *,
                  dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu",
@@ -59,7 +66,7 @@ class LlamaModel:
         self.layers: list[LayerWeights] = []
         for i in range(config.num_layers):
             prefix = f"model.layers.{i}."
-            self.layers.append(LayerWeights(sd, prefix, config, dtype, self.device, stored))
+            self.layers.append(self.layer_type(sd, prefix, config, dtype, self.device, stored))
             if consume:
                 for key in [k for k in sd if k.startswith(prefix)]:
                     del sd[key]
@@ -69,10 +76,14 @@ class LlamaModel:
         self.scale = config.head_dim**-0.5
         # our CPU kernels where every shape suits them; the layer path is chosen once, here
         self.ops = native_ops(config, self.layers, self.lm_head)
-        self._path = pick_path(config, self.layers, self.ops, dtype, self.device)
+        self._path = self._make_path()
         self._precision = "exact"
         # CUDA: bucketed static-shape forwards replayed from CUDA graphs, in front of the layer path
-        self._static = StaticDecoder(self) if self.device.type == "cuda" else None
+        self._static = StaticDecoder(self) if self.device.type == "cuda" and self.static_decoder else None
+
+    def _make_path(self) -> TorchPath:
+        """The layer path (paths.py): the fastest that runs this model here."""
+        return pick_path(self.config, self.layers, self.ops, self.dtype, self.device)
 
     def _load_embedding(self, embed: Any, stored: bool) -> None:
         self.embed: torch.Tensor | None = None  # dense table (fp32 mode)
@@ -101,7 +112,7 @@ class LlamaModel:
         if value not in ("exact", "fast"):
             raise ValueError(f"precision is exact or fast, not {value!r}")
         if value == "fast" and not self.fast_available:
-            raise ValueError("the fast precision needs stored weights and a CPU with AVX-512 VNNI; use exact")
+            raise ValueError("the fast precision needs stored weights and our native kernel (AVX2); use exact")
         self._precision = value
         on = value == "fast"
         for lin in self._linears():
@@ -189,7 +200,7 @@ class LlamaModel:
         """Final norm and the LM head on the residual stream after the last layer."""
         hidden = self._path.rms_norm(x, self.norm)
         rows = {"all": hidden, "last": hidden[-1:], "none": None}[logits]
-        out_logits = self.lm_head(rows).float() if rows is not None else None
+        out_logits = self.logits_from_hidden(rows) if rows is not None else None
         return ForwardOutput(out_logits, hidden if return_hidden else None, aux)
 
     @property

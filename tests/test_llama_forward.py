@@ -11,7 +11,7 @@ from engine.kernels import native
 from engine.models.llama import LlamaConfig, UnsupportedModelError
 from engine.models.paths import NativeDecoderPath, NativeOpsPath, TorchPath
 from engine.tree import DraftTree
-from tests.tiny import FAMILIES, family_config, our_model
+from tests.tiny import FAMILIES, check_incremental_decoding, family_config, our_model
 
 
 @pytest.fixture(autouse=True, params=["native", "torch"])
@@ -44,16 +44,7 @@ def test_prefill_logits_match_transformers(family: str) -> None:
 @pytest.mark.parametrize("family", FAMILIES)
 def test_incremental_decoding_matches_one_shot(family: str) -> None:
     ours, _ = our_model(family)
-    ids = torch.randint(0, 97, (30,), generator=torch.Generator().manual_seed(2))
-    full = ours.forward(ids, ours.new_cache(64)).logits
-    cache = ours.new_cache(64)
-    ours.forward(ids[:20], cache, logits="none")
-    cache.commit(20)
-    rows = []
-    for t in range(20, 30):
-        rows.append(ours.forward(ids[t : t + 1], cache).logits[0])
-        cache.commit(1)
-    torch.testing.assert_close(torch.stack(rows), full[20:], atol=1e-4, rtol=1e-4)
+    check_incremental_decoding(ours)
 
 
 def _random_tree(n: int, seed: int) -> DraftTree:

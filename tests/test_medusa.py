@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import functools
 import tempfile
-from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -345,7 +344,7 @@ def test_coupled_sampling_gives_the_baselines_sample(variant, tree_kind, topk, d
 ])
 def test_medusa_sampling_keeps_the_target_distribution(sampling, topk, tokens, tree_kind, temperature,
                                                        top_k) -> None:
-    from test_tree_sampling import NEW, PROMPT, SAMPLES, V, chi_square_p, exact
+    from test_tree_sampling import NEW, SAMPLES, V, chi_square_p, exact, sample_answers
     from test_tree_sampling import target as small_target
 
     m = small_target()
@@ -362,17 +361,7 @@ def test_medusa_sampling_keeps_the_target_distribution(sampling, topk, tokens, t
     s = Session(m, TinyTokenizer(vocab_size=V, stop_ids=frozenset()), config,
                 drafters={"none": NoDrafter, "medusa": lambda: MedusaDrafter(heads)},
                 features=FeatureSpec(final_hidden=True))
-    counts: Counter = Counter()
-    accepted = 0
-    for run in range(SAMPLES):
-        seq = []
-        override = config.replace(seed=run) if sampling == "coupled" else None
-        for event in s.generate_ids(PROMPT, override):
-            if isinstance(event, Step):
-                seq += [c.id for c in event.committed]
-                accepted += len(event.accepted)
-        counts[tuple(seq)] += 1
-    assert accepted > SAMPLES // 4, "drafts were hardly ever accepted: the test would not exercise the tree"
+    counts = sample_answers(s, config)
     assert chi_square_p(counts, exact(temperature, 1.0, top_k), SAMPLES) > 1e-3
 
 

@@ -106,19 +106,26 @@ def test_speculative_sampling_keeps_the_target_distribution(sampling, method, to
                         adaptive_draft=False, sampling=sampling)
     s = Session(target(), TinyTokenizer(vocab_size=V, stop_ids=frozenset()), config,
                 drafters={"none": NoDrafter, method: factory}, features=features)
+    counts = sample_answers(s, config)
+    assert chi_square_p(counts, exact(temperature, top_p, top_k), SAMPLES) > 1e-3
+
+
+def sample_answers(session: Session, config: SpecConfig) -> Counter:
+    """How often each answer to PROMPT came out in SAMPLES runs (coupled sampling is a function of
+    the seed: one seed per sample); fails when drafts were hardly ever accepted, since the test
+    would then not exercise the tree."""
     counts: Counter = Counter()
     accepted = 0
     for run in range(SAMPLES):
         seq = []
-        # coupled sampling is a function of the seed: one seed per sample
-        override = config.replace(seed=run) if sampling == "coupled" else None
-        for event in s.generate_ids(PROMPT, override):
+        override = config.replace(seed=run) if config.sampling == "coupled" else None
+        for event in session.generate_ids(PROMPT, override):
             if isinstance(event, Step):
                 seq += [c.id for c in event.committed]
                 accepted += len(event.accepted)
         counts[tuple(seq)] += 1
     assert accepted > SAMPLES // 4, "drafts were hardly ever accepted: the test would not exercise the tree"
-    assert chi_square_p(counts, exact(temperature, top_p, top_k), SAMPLES) > 1e-3
+    return counts
 
 
 def test_the_chi_square_check_detects_a_wrong_distribution() -> None:

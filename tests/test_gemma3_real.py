@@ -108,7 +108,7 @@ def reference(gguf_path: Path) -> Any:
 def precision(request: pytest.FixtureRequest, loaded: Any) -> Any:
     """Run a test in each precision this machine has (fast: 8-bit activations on the stored blocks)."""
     if request.param == "fast" and not loaded.model.fast_available:
-        pytest.skip("the fast precision needs stored weights and AVX-512 VNNI")
+        pytest.skip("the fast precision needs stored weights and our native kernel (AVX2)")
     loaded.model.precision = request.param
     yield request.param
     loaded.model.precision = "exact"

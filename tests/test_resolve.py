@@ -287,7 +287,8 @@ def test_unknown_name_lists_what_is_accepted(name: str) -> None:
 COMMIT = "0123456789abcdef0123456789abcdef01234567"
 
 
-def fake_hub_cache(root: Path, repo: str = "org/name", *, sharded: bool = False, weights: bool = True) -> Path:
+def fake_hub_cache(root: Path, repo: str = "org/name", *, sharded: bool = False, weights: bool = True,
+                   weight_file: str = "model.safetensors") -> Path:
     """The layout huggingface_hub writes: blobs + snapshots/<commit>/ links + refs/main."""
     repo_dir = root / ("models--" + repo.replace("/", "--"))
     snapshot = repo_dir / "snapshots" / COMMIT
@@ -307,7 +308,7 @@ def fake_hub_cache(root: Path, repo: str = "org/name", *, sharded: bool = False,
         index = {"weight_map": {"a": "model-00001-of-00002.safetensors", "b": "model-00002-of-00002.safetensors"}}
         (staged / "model.safetensors.index.json").write_text(json.dumps(index))
     elif weights:
-        save_file({"a": torch.zeros(1)}, str(staged / "model.safetensors"))
+        save_file({"a": torch.zeros(1)}, str(staged / weight_file))
     for i, f in enumerate(sorted(staged.iterdir())):
         blob = blobs / f"blob{i}"
         f.rename(blob)
@@ -345,6 +346,14 @@ def test_hub_offline_not_cached(tmp_path: Path, monkeypatch: pytest.MonkeyPatch)
     assert "model 'org/other' is not in the local Hugging Face cache" in message
     assert "HF_HUB_OFFLINE is set" in message and "hf download org/other" in message
     assert "\n" not in message
+
+
+def test_hub_medusa_heads_in_fasterdecodings_layout(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """FasterDecoding's Medusa repositories hold medusa_lm_head.safetensors, not model.safetensors."""
+    snapshot = fake_hub_cache(tmp_path / "hub", "org/medusa", weight_file="medusa_lm_head.safetensors")
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    assert resolve_model("org/medusa").path.resolve() == snapshot.resolve()
 
 
 def test_hub_cached_without_weights(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

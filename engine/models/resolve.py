@@ -59,7 +59,9 @@ _STALE_TMP_S = 3600  # leftovers of a killed conversion older than this are remo
 _HUB_META_PATTERNS = ["*.json", "*.jinja", "tokenizer.model", "merges.txt", "vocab.txt"]
 _HUB_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*")
 _WEIGHT_GLOBS = ("*.safetensors", "model.safetensors.index.json", "*.bin", "*.pt", "*.pth")
-_PICKLE_GLOBS = ("pytorch_model.bin", "pytorch_model.bin.index.json", "pytorch_model-*.bin")
+_PICKLE_GLOBS = ("pytorch_model.bin", "pytorch_model.bin.index.json", "pytorch_model-*.bin", "medusa_lm_head.pt")
+# FasterDecoding's Medusa heads ship their weights under this name instead of model.safetensors
+_MEDUSA_WEIGHTS = "medusa_lm_head.safetensors"
 
 _ACCEPTED = (
     f"use {EMBEDDED_NAME} (the embedded default), a folder with config.json and model.safetensors, "
@@ -394,7 +396,7 @@ def _resolve_hub(repo_id: str, revision: str | None, progress: ProgressCallback 
         )
     has_pickle = allow_pickle and any(any(folder.glob(g)) for g in _PICKLE_GLOBS)
     if not ((folder / "model.safetensors").is_file() or (folder / "model.safetensors.index.json").is_file()
-            or has_pickle):
+            or (folder / _MEDUSA_WEIGHTS).is_file() or has_pickle):
         raise ModelResolutionError(
             f"'{display}' has no safetensors weights (model.safetensors) on the hub or in the cache; "
             f"pick a repository that has them, or run {fetch} to finish an interrupted download"
@@ -412,7 +414,7 @@ def _hub_weight_patterns(folder: Path, allow_pickle: bool = False) -> list[str]:
             return sorted(set(weight_map.values()))
         except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
             raise ModelResolutionError(f"{index} is not a valid weight index ({e}); delete it and retry") from None
-    return ["model.safetensors", *(_PICKLE_GLOBS if allow_pickle else ())]
+    return ["model.safetensors", _MEDUSA_WEIGHTS, *(_PICKLE_GLOBS if allow_pickle else ())]
 
 
 def _first_line(e: BaseException) -> str:

@@ -50,7 +50,7 @@ def test_activation_quantization_is_within_half_a_step() -> None:
 
 
 @needs_fast
-@pytest.mark.parametrize("m", [1, 2, 5, 12, 13, 30])
+@pytest.mark.parametrize("m", [1, 2, 5, 12, 13, 16, 17, 30])
 def test_kernel_equals_the_torch_definition_and_is_row_invariant(weight, m: int, kernel_variant: str) -> None:
     gen = torch.Generator().manual_seed(m)
     x = torch.randn(m, weight.shape[1], generator=gen) * 0.5

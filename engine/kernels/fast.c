@@ -166,6 +166,97 @@ tile(const int MR, const int q4, const int8_t *xq, long K, const float *xd, cons
     for (int r = 0; r < MR; r++) _mm512_storeu_ps(out + r * PANEL, acc[r]);
 }
 
+/*
+ * The tile for scale groups of 32 k (Q4_0, Q4_1, Q4_K, Q8_0, Q5_0 as 8-bit, and every head we
+ * quantize): the group's codes are unpacked once into eight registers, then each row runs its
+ * eight products as one chain into a single integer register and scales it at once.
+ *
+ * Why: tile() keeps an integer accumulator per row live across the group's words, and gcc then
+ * copies all of them between registers on every word (three vector moves per product, measured
+ * in its assembly); here a row needs one accumulator and one temporary, so 16 rows fit in the 32
+ * registers and a 16-node tree is one tile. Same integers (exact sums), same float steps in the
+ * same order as tile(): the same bits.
+ *
+ * With two rows or more a tile also prefetches the next panel's codes and scales while it
+ * computes: a small tree's products then overlap the stream of weights from DRAM instead of
+ * following it (one-token steps are left to the hardware prefetcher, which keeps up there).
+ * Measured in one process, interleaved (135M model, fast, 2 threads, 300 cached tokens): a
+ * 16-node verify 17.9 -> 15.9 ms, 8 nodes 11.8 -> 10.7 ms, 1-4 nodes unchanged.
+ */
+#define G32_ROWS 16
+static inline __attribute__((always_inline)) VNNI void
+tile_g32(const int MR, const int q4, const int8_t *xq, long K, const float *xd, const int32_t *xs, const float *xc,
+         const void *codes, const float *sc, const float *of, float *out) {
+    const long ng = K / 32;
+    const __m512i m4 = _mm512_set1_epi32(0x0F0F0F0F);
+    const __m512i flip = _mm512_set1_epi8((char)0x80);
+    const __m512i tr = _mm512_set_epi8(63, 47, 31, 15, 62, 46, 30, 14, 61, 45, 29, 13, 60, 44, 28, 12, 59, 43, 27, 11,
+                                       58, 42, 26, 10, 57, 41, 25, 9, 56, 40, 24, 8, 55, 39, 23, 7, 54, 38, 22, 6, 53,
+                                       37, 21, 5, 52, 36, 20, 4, 51, 35, 19, 3, 50, 34, 18, 2, 49, 33, 17, 1, 48, 32,
+                                       16, 0);
+    __m512 acc[G32_ROWS];
+#pragma GCC unroll 16
+    for (int r = 0; r < MR; r++) acc[r] = _mm512_setzero_ps();
+    for (long g = 0; g < ng; g++) {
+        __m512i wv[8]; /* wv[j] pairs with the activation bytes 4j..4j+3 of the group */
+        if (q4) {
+            const uint32_t *cw = (const uint32_t *)codes + g * 4 * PANEL;
+#pragma GCC unroll 4
+            for (int w = 0; w < 4; w++) {
+                const __m512i word = _mm512_loadu_si512(cw + w * PANEL);
+                wv[2 * w] = _mm512_and_si512(word, m4);
+                wv[2 * w + 1] = _mm512_and_si512(_mm512_srli_epi32(word, 4), m4);
+            }
+        } else {
+            const int8_t *cb = (const int8_t *)codes + g * 32 * PANEL;
+#pragma GCC unroll 8
+            for (int j = 0; j < 8; j++)
+                wv[j] = _mm512_xor_si512(_mm512_permutexvar_epi8(tr, _mm512_loadu_si512(cb + j * 4 * PANEL)), flip);
+        }
+        const __m512 s = _mm512_loadu_ps(sc + g * PANEL);
+        const __m512 o = of ? _mm512_loadu_ps(of + g * PANEL) : _mm512_setzero_ps();
+        if (MR > 1) { /* the next panel's codes and scales, a group's worth per group (see above) */
+            const char *nc = (const char *)codes + (q4 ? K * PANEL / 2 : K * PANEL) + g * (q4 ? 256 : 512);
+            for (int l = 0; l < (q4 ? 4 : 8); l++) _mm_prefetch(nc + 64 * l, _MM_HINT_T0);
+            _mm_prefetch((const char *)(sc + (ng + g) * PANEL), _MM_HINT_T0);
+            if (of) _mm_prefetch((const char *)(of + (ng + g) * PANEL), _MM_HINT_T0);
+        }
+#pragma GCC unroll 16
+        for (int r = 0; r < MR; r++) {
+            const int32_t *xr = (const int32_t *)(xq + r * K + g * 32);
+            __m512i isum = _mm512_dpbusd_epi32(_mm512_setzero_si512(), wv[0], _mm512_set1_epi32(xr[0]));
+#pragma GCC unroll 8
+            for (int j = 1; j < 8; j++) isum = _mm512_dpbusd_epi32(isum, wv[j], _mm512_set1_epi32(xr[j]));
+            if (!q4) isum = _mm512_sub_epi32(isum, _mm512_set1_epi32(128 * xs[r * ng + g]));
+            acc[r] = _mm512_add_ps(acc[r], _mm512_mul_ps(_mm512_cvtepi32_ps(isum),
+                                                         _mm512_mul_ps(s, _mm512_set1_ps(xd[r * ng + g]))));
+            if (of) acc[r] = _mm512_add_ps(acc[r], _mm512_mul_ps(o, _mm512_set1_ps(xc[r * ng + g])));
+        }
+    }
+#pragma GCC unroll 16
+    for (int r = 0; r < MR; r++) _mm512_storeu_ps(out + r * PANEL, acc[r]);
+}
+
+typedef void (*fast_g32_fn)(const int8_t *, long, const float *, const int32_t *, const float *, const void *,
+                            const float *, const float *, float *);
+#define GTILE(n)                                                                                                    \
+    static VNNI void g32_q4_##n(const int8_t *xq, long K, const float *xd, const int32_t *xs, const float *xc,    \
+                                const void *c, const float *s, const float *o, float *out) {                      \
+        tile_g32(n, 1, xq, K, xd, xs, xc, c, s, o, out);                                                           \
+    }                                                                                                               \
+    static VNNI void g32_q8_##n(const int8_t *xq, long K, const float *xd, const int32_t *xs, const float *xc,    \
+                                const void *c, const float *s, const float *o, float *out) {                      \
+        tile_g32(n, 0, xq, K, xd, xs, xc, c, s, o, out);                                                           \
+    }
+GTILE(1) GTILE(2) GTILE(3) GTILE(4) GTILE(5) GTILE(6) GTILE(7) GTILE(8) GTILE(9) GTILE(10) GTILE(11) GTILE(12)
+GTILE(13) GTILE(14) GTILE(15) GTILE(16)
+static const fast_g32_fn G32_Q4[G32_ROWS + 1] = {0, g32_q4_1, g32_q4_2, g32_q4_3, g32_q4_4, g32_q4_5,
+                                                 g32_q4_6, g32_q4_7, g32_q4_8, g32_q4_9, g32_q4_10, g32_q4_11,
+                                                 g32_q4_12, g32_q4_13, g32_q4_14, g32_q4_15, g32_q4_16};
+static const fast_g32_fn G32_Q8[G32_ROWS + 1] = {0, g32_q8_1, g32_q8_2, g32_q8_3, g32_q8_4, g32_q8_5,
+                                                 g32_q8_6, g32_q8_7, g32_q8_8, g32_q8_9, g32_q8_10, g32_q8_11,
+                                                 g32_q8_12, g32_q8_13, g32_q8_14, g32_q8_15, g32_q8_16};
+
 typedef void (*fast_tile_fn)(const int8_t *, long, const float *, const int32_t *, long, const void *, const float *,
                              const float *, float *);
 #define FTILE(n)                                                                                                    \
@@ -195,11 +286,12 @@ int stored_linear_fast(const float *x, long M, long K, int kind, long group, con
     const int q4 = kind == KIND_Q4;
     if ((kind != KIND_Q4 && kind != KIND_Q8) || group <= 0 || K % group || group % (q4 ? 8 : 4) || !fast_supported())
         return -1;
-    const int vnni = variant == 512, rows_max = vnni ? FAST_ROWS : FAST_AVX2_ROWS;
+    const int vnni = variant == 512, g32 = vnni && group == 32;
+    const int rows_max = g32 ? G32_ROWS : vnni ? FAST_ROWS : FAST_AVX2_ROWS;
     const long ng = K / group;
     if (M <= 0 || N <= 0) return 0;
     int8_t *xq = aligned_alloc(64, (size_t)((M * K + 63) / 64 * 64));
-    float *xd = malloc(sizeof(float) * (size_t)(M * ng));
+    float *xd = malloc(sizeof(float) * (size_t)(M * ng) * 2);
     int32_t *xs = malloc(sizeof(int32_t) * (size_t)(M * ng));
     if (!xq || !xd || !xs) {
         free(xq);
@@ -207,14 +299,19 @@ int stored_linear_fast(const float *x, long M, long K, int kind, long group, con
         free(xs);
         return -2;
     }
+    float *xc = xd + M * ng; /* d * (float)sum per row and block: the offset term's factor */
 #pragma omp parallel for num_threads(nthreads) schedule(static) if (M > 1)
-    for (long r = 0; r < M; r++) quantize_row(x + r * K, K, group, q4, xq + r * K, xd + r * ng, xs + r * ng);
+    for (long r = 0; r < M; r++) {
+        quantize_row(x + r * K, K, group, q4, xq + r * K, xd + r * ng, xs + r * ng);
+        for (long b = 0; b < ng; b++) xc[r * ng + b] = xd[r * ng + b] * (float)xs[r * ng + b];
+    }
     const long npanels = (N + PANEL - 1) / PANEL;
     const long panel_bytes = q4 ? K * PANEL / 2 : K * PANEL;
     const fast_tile_fn *tiles = vnni ? (q4 ? FT_Q4 : FT_Q8) : (q4 ? FAST_AVX2_Q4 : FAST_AVX2_Q8);
+    const fast_g32_fn *gtiles = q4 ? G32_Q4 : G32_Q8;
 #pragma omp parallel for num_threads(nthreads) schedule(static)
     for (long p = 0; p < npanels; p++) {
-        float out[FAST_ROWS * PANEL] __attribute__((aligned(64)));
+        float out[G32_ROWS * PANEL] __attribute__((aligned(64)));
         const char *pc = (const char *)codes + p * panel_bytes;
         const float *ps = scales + p * ng * PANEL;
         const float *po = offsets ? offsets + p * ng * PANEL : 0;
@@ -222,7 +319,10 @@ int stored_linear_fast(const float *x, long M, long K, int kind, long group, con
         const int ncols = (int)(N - col0 < PANEL ? N - col0 : PANEL);
         for (long m0 = 0; m0 < M; m0 += rows_max) {
             const int mr = (int)(M - m0 < rows_max ? M - m0 : rows_max);
-            tiles[mr](xq + m0 * K, K, xd + m0 * ng, xs + m0 * ng, group, pc, ps, po, out);
+            if (g32)
+                gtiles[mr](xq + m0 * K, K, xd + m0 * ng, xs + m0 * ng, xc + m0 * ng, pc, ps, po, out);
+            else
+                tiles[mr](xq + m0 * K, K, xd + m0 * ng, xs + m0 * ng, group, pc, ps, po, out);
             for (int r = 0; r < mr; r++) {
                 float *yr = y + (m0 + r) * ldy + col0;
                 for (int j = 0; j < ncols; j++) {

@@ -91,3 +91,20 @@ def test_it_is_softmax_attention(nh: int, nkv: int, hd: int) -> None:
     scores = scores.masked_fill(~visible[None], float("-inf"))
     want = torch.einsum("hts,hsd->thd", scores.softmax(-1), values).reshape(T, nh * hd)
     torch.testing.assert_close(_attend(q, k, v, L, tree, pos), want, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("nh,nkv,hd", [(9, 3, 64), (4, 1, 128), (6, 2, 72)])
+@pytest.mark.parametrize("L,T", [(0, 2), (5, 3), (64, 2), (300, 17), (131, 40)])
+def test_tree_tokens_sharing_the_cached_keys_get_the_bits_of_one_token_calls(nh: int, nkv: int, hd: int, L: int,
+                                                                             T: int) -> None:
+    """tree_attention reads the cached K/V once for a run of tree tokens (hd a multiple of 64; 72
+    takes the per-token path); every row must equal the call that lists that token's keys alone."""
+    q, k, v, tree, pos = _inputs(nh, nkv, hd, L, T, seed=L * 7 + T)
+    together = _attend(q, k, v, L, tree, pos)
+    for t in range(T):
+        keys = [L + i for i in range(T) if tree[t, i]]
+        table = torch.tensor([keys], dtype=torch.int32)
+        alone = KERNEL.keyed_attention(q[t:t + 1].contiguous(), k, v, torch.zeros(1, dtype=torch.int64),
+                                       torch.tensor([L - 1]), table, torch.tensor([len(keys)], dtype=torch.int32),
+                                       0.125)
+        assert torch.equal(together[t], alone[0]), f"row {t}"

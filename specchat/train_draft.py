@@ -1,4 +1,4 @@
-"""``specchat train-draft MODEL --out DIR``: train an EAGLE-3 head for MODEL on its own answers.
+"""``specchat train-draft MODEL --out DIR``: train an EAGLE-3 head (or Medusa heads) for MODEL on its own answers.
 
 The heavy lifting is in ``engine.train``; this module turns the command line into settings,
 prints where things are kept, and times the run.
@@ -19,26 +19,38 @@ from specchat.options import UsageError
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("train-draft", help="train an EAGLE-3 draft head for a model on its own answers")
+    p = sub.add_parser("train-draft", help="train an EAGLE-3 draft head (or Medusa heads) for a model on its own "
+                                           "answers")
     p.add_argument("model", nargs="?", default=None, help="target model (default: the embedded smollm2-135m)")
     p.add_argument("--out", default=None,
                    help="output folder: config.json + model.safetensors (EAGLE-3 layout); required unless --data-only")
+    p.add_argument("--method", default="eagle3", choices=["eagle3", "medusa"],
+                   help="eagle3: one EAGLE-3 head; medusa: Medusa-1 heads on the target's last hidden state")
+    p.add_argument("--medusa-heads", type=int, default=4, help="medusa: number of heads (head k guesses k+2 ahead)")
+    p.add_argument("--medusa-train-lm-head", action="store_true",
+                   help="medusa: also train the shared lm_head (default: frozen, the target's rows)")
+    p.add_argument("--export-layout", default=None, choices=["vllm", "medusa"],
+                   help="medusa: vllm (default; one shared lm_head over --draft-vocab-size tokens + token_map, a few "
+                        "MB) or medusa (FasterDecoding; a full lm_head copy per head)")
     p.add_argument("--resume", action="store_true", help="continue the run whose checkpoint is in --out")
     p.add_argument("--init-from", default=None,
                    help="start from an exported head's weights and vocabulary (e.g. the shipped one)")
     p.add_argument("--prompts", default=None,
                    help="extra user prompts, JSON lines (messages | turns | prompt); mixed with self-written ones")
     p.add_argument("--no-builtin-prompts", action="store_true", help="do not mix in specchat's own prompt list")
-    p.add_argument("--tokens", type=int, default=300_000, help="answer tokens of self-distilled data to generate")
-    p.add_argument("--draft-vocab-size", type=int, default=8192, help="draft vocabulary (most frequent answer tokens)")
+    p.add_argument("--tokens", type=int, default=300_000,
+                   help="answer tokens of self-distilled data to generate (medusa: and to train on)")
+    p.add_argument("--draft-vocab-size", type=int, default=8192,
+                   help="draft vocabulary (most frequent answer tokens; medusa: rows of the shared lm_head)")
     p.add_argument("--ttt-steps", type=int, default=5, help="training-time-test steps unrolled per position")
     p.add_argument("--intermediate-size", type=int, default=None, help="head MLP width (default: the target's)")
     p.add_argument("--epochs", type=float, default=2.0)
     p.add_argument("--max-steps", type=int, default=None, help="stop after this many optimizer steps in all")
     p.add_argument("--hours", type=float, default=None,
                    help="stop this invocation after N hours (checkpointed; continue with --resume)")
-    p.add_argument("--batch-tokens", type=int, default=1024, help="padded tokens per optimizer step")
-    p.add_argument("--lr", type=float, default=5e-4)
+    p.add_argument("--batch-tokens", type=int, default=1024,
+                   help="padded tokens per optimizer step (medusa: answer positions per step)")
+    p.add_argument("--lr", type=float, default=None, help="peak learning rate (default 5e-4; medusa 1e-3)")
     p.add_argument("--eval-every", type=int, default=200, help="measure held-out tau and export every N steps")
     p.add_argument("--checkpoint-every", type=int, default=20)
     p.add_argument("--seed", type=int, default=0)
@@ -81,7 +93,8 @@ def run_train_draft(args: argparse.Namespace) -> int:
     print(f"target: {target.name}  device: {device}  threads: {threads}")
     samples, cache = prepare_data(target, GenSettings(seed=args.seed, batch_size=gen_batch), args.tokens, args.prompts,
                                   use_builtin_prompts=not args.no_builtin_prompts, rows=args.rows,
-                                  precision=args.data_precision, import_from=args.import_data)
+                                  precision=args.data_precision, import_from=args.import_data,
+                                  hidden_only=args.method == "medusa")
     if args.data_only:
         print(f"data: {len(samples)} conversations, {answer_tokens(samples)} answer tokens in {cache.folder}")
         return 0
@@ -91,6 +104,11 @@ def run_train_draft(args: argparse.Namespace) -> int:
           f"out; cache {cache.folder}")
     if not trains:
         raise UsageError("no training data was generated; raise --tokens")
+    if args.method == "medusa":
+        from specchat.train_medusa import train_medusa_heads
+
+        return train_medusa_heads(args, out, target, cache, trains, held, _run_card(args, target, cache, trains, held,
+                                                                                     device, threads), deadline)
     return _train(args, out, target, cache, trains, held, device, threads, deadline)
 
 
@@ -103,6 +121,10 @@ def check_args(args: argparse.Namespace) -> Path:
             or args.rows < 1 or (args.gen_batch is not None and args.gen_batch < 1):
         raise UsageError("--tokens, --draft-vocab-size, --ttt-steps, --rows, --gen-batch and --batch-tokens "
                          "must be positive (batch-tokens at least 16)")
+    if args.method != "medusa" and (args.export_layout or args.medusa_train_lm_head):
+        raise UsageError("--export-layout and --medusa-train-lm-head go with --method medusa")
+    if args.method == "medusa" and (args.medusa_heads < 1 or args.init_from is not None):
+        raise UsageError("--method medusa needs --medusa-heads of at least 1 and takes no --init-from (use --resume)")
     if args.import_data is not None and not Path(args.import_data).is_dir():
         raise MissingFileError(f"--import-data {args.import_data}: no such folder")
     if args.prompts is not None:
@@ -130,24 +152,17 @@ def check_args(args: argparse.Namespace) -> Path:
 def _train(args: argparse.Namespace, out: Path, target: Any, cache: Any, trains: list, held: list, device: Any,
            threads: int, deadline: float | None) -> int:
     """Train on the generated data and export the head to ``out``; print where it is."""
-    import torch
 
-    from engine.train.data import answer_tokens
     from engine.train.targets import StoredTarget
     from engine.train.trainer import TrainSettings, train
 
     settings = TrainSettings(
         draft_vocab_size=min(args.draft_vocab_size, int(target.hf.config.vocab_size)), ttt_steps=args.ttt_steps,
-        intermediate_size=args.intermediate_size, batch_tokens=args.batch_tokens, lr=args.lr, epochs=args.epochs,
+        intermediate_size=args.intermediate_size, batch_tokens=args.batch_tokens, epochs=args.epochs,
         max_steps=args.max_steps, checkpoint_every=args.checkpoint_every, eval_every=args.eval_every,
-        seed=args.seed, export_dtype=args.export_dtype, bf16=args.bf16,
+        seed=args.seed, export_dtype=args.export_dtype, bf16=args.bf16, **({"lr": args.lr} if args.lr else {}),
     )
-    gpu = f" ({torch.cuda.get_device_name(device)})" if device.type == "cuda" else ""
-    card = {"target": target.name, "command": _command_line(),
-            "data_cache": f"<cache>/train-data/{cache.folder.name}",
-            "data": {"conversations": len(trains), "answer_tokens": answer_tokens(trains), "held_out": len(held)},
-            "machine": f"{cpu_name_and_flags()[0]}, {os.cpu_count()} cores, {device}{gpu}, torch threads={threads}",
-            "settings": dict(vars(settings))}
+    card = {**_run_card(args, target, cache, trains, held, device, threads), "settings": dict(vars(settings))}
     json.dumps(card)  # the card must stay serialisable
     source = StoredTarget(cache, target.hf) if cache.has_features(trains + held) else None
     print("training reads the stored target features" if source else "training runs the target on every batch")
@@ -158,6 +173,20 @@ def _train(args: argparse.Namespace, out: Path, target: Any, cache: Any, trains:
           else f"done: {result.steps} steps")
     print(f"head: {out}/config.json + model.safetensors; use it with --method eagle3 --draft {out}")
     return 0
+
+
+def _run_card(args: argparse.Namespace, target: Any, cache: Any, trains: list, held: list, device: Any,
+              threads: int) -> dict[str, Any]:
+    """What the exported head's config records about its run: command, data, machine."""
+    import torch
+
+    from engine.train.data import answer_tokens
+
+    gpu = f" ({torch.cuda.get_device_name(device)})" if device.type == "cuda" else ""
+    return {"target": target.name, "command": _command_line(),
+            "data_cache": f"<cache>/train-data/{cache.folder.name}",
+            "data": {"conversations": len(trains), "answer_tokens": answer_tokens(trains), "held_out": len(held)},
+            "machine": f"{cpu_name_and_flags()[0]}, {os.cpu_count()} cores, {device}{gpu}, torch threads={threads}"}
 
 
 def _check_writable(out: Path) -> None:

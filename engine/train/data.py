@@ -214,6 +214,7 @@ def _generate_native(model: Any, prompt: list[int], *, max_new_tokens: int, temp
 
 # the on-disk cache -----------------------------------------------------------------------------
 FEATURE_FILES = ("features", "hidden", "argmax")  # per-token arrays a shard may carry beside its ids
+HIDDEN_FILES = ("hidden", "argmax")  # what a Medusa head trains from (no EAGLE-3 features)
 
 
 class DataCache:
@@ -279,11 +280,11 @@ class DataCache:
     def samples(self) -> list[Sample]:
         return [s for i in self.shard_indices() for s in self.read(i)]
 
-    def has_features(self, samples: Sequence[Sample]) -> bool:
-        """Whether every sample's shard carries the per-token arrays training reads."""
+    def has_features(self, samples: Sequence[Sample], names: Sequence[str] = FEATURE_FILES) -> bool:
+        """Whether every sample's shard carries the per-token arrays ``names`` training reads."""
         shards = {s.ref[0] for s in samples if s.ref is not None}
         return all(s.ref is not None for s in samples) and all(
-            (self.folder / f"{name}-{i:06d}.npy").is_file() for i in shards for name in FEATURE_FILES)
+            (self.folder / f"{name}-{i:06d}.npy").is_file() for i in shards for name in names)
 
 
 def answer_tokens(samples: Sequence[Sample]) -> int:
@@ -396,3 +397,11 @@ def iter_batches(samples: Sequence[Sample], max_tokens: int, rng: random.Random)
         batches.append(cur)
     rng.shuffle(batches)
     yield from batches
+
+
+def answer_token_counts(samples: Sequence[Sample], vocab: int) -> torch.Tensor:
+    """How often each token id appears in the answers (what a draft vocabulary keeps)."""
+    counts = torch.zeros(vocab, dtype=torch.int64)
+    for s in samples:
+        counts += torch.bincount(torch.tensor(s.ids[s.answer_start:]), minlength=vocab)[:vocab]
+    return counts

@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from engine.train.data import ChatFormat, DataCache, GenSettings, Sample, answer_tokens
+from engine.train.data import FEATURE_FILES, HIDDEN_FILES, ChatFormat, DataCache, GenSettings, Sample, answer_tokens
 from engine.train.rows import Finished, Request, RowEngine
 
 
@@ -188,8 +188,12 @@ def fill_features(model: Any, cache: DataCache, *, capture_layers: Sequence[int]
                   row_capacity: int = 1024, progress: Callable[[int, int], None] | None = None) -> int:
     """Compute and store the features of every shard that has ids but no features (data carried
     from another machine, or written by the one-row path): each conversation is scored in one
-    prefill on the rows engine. Returns the number of shards filled."""
-    todo = [i for i in cache.shard_indices() if not cache.has_features(cache.read(i))]
+    prefill on the rows engine. Returns the number of shards filled.
+
+    ``capture_layers`` empty captures only the last hidden state and the argmax (all a Medusa head
+    reads): the same forward, no EAGLE-3 features stored."""
+    names = FEATURE_FILES if capture_layers else HIDDEN_FILES
+    todo = [i for i in cache.shard_indices() if not cache.has_features(cache.read(i), names)]
     engine = RowEngine(model, rows=rows, row_capacity=row_capacity, stop_ids=(), capture_layers=capture_layers)
     for n, index in enumerate(todo):
         samples = cache.read(index)

@@ -17,7 +17,15 @@ from typing import Any
 import torch
 
 from engine.errors import MissingFileError
-from engine.train.data import DataCache, GenSettings, builtin_prompt_file, generate_data, load_prompt_list
+from engine.train.data import (
+    FEATURE_FILES,
+    HIDDEN_FILES,
+    DataCache,
+    GenSettings,
+    builtin_prompt_file,
+    generate_data,
+    load_prompt_list,
+)
 
 
 @dataclass
@@ -78,8 +86,8 @@ def prompt_list_and_digest(prompts: str | None, use_builtin: bool = True) -> tup
 
 def prepare_data(target: Target, settings: GenSettings, token_budget: int, prompts: str | None = None,
                  *, use_builtin_prompts: bool = True, aux_layer_ids: list[int] | None = None, rows: int = 48,
-                 precision: str = "auto", import_from: str | Path | None = None, log=print
-                 ) -> tuple[list, DataCache]:
+                 precision: str = "auto", import_from: str | Path | None = None, hidden_only: bool = False,
+                 log=print) -> tuple[list, DataCache]:
     """Generate (resuming) until the cache holds ``token_budget`` answer tokens.
 
     On our native CPU engine the rows engine generates many conversations per forward and
@@ -87,6 +95,8 @@ def prepare_data(target: Target, settings: GenSettings, token_budget: int, promp
     this CPU has it (``precision="auto"``; its answers differ from exact ones only where two tokens
     are nearly tied, which does not matter to a draft head); elsewhere the one-at-a-time
     (or transformers-batched) path writes ids only and training runs the target itself.
+    ``hidden_only`` (Medusa) captures only the last hidden state and argmax in new shards; the
+    cache folder is the same, so an EAGLE-3 run later fills in the features it lacks.
     """
     from tqdm.auto import tqdm
 
@@ -120,11 +130,11 @@ def prepare_data(target: Target, settings: GenSettings, token_budget: int, promp
 
     if use_rows:
         log(f"data engine: {rows} conversations per forward, {precision} precision")
+        capture = [] if hidden_only else [i + 1 for i in aux]
         samples = generate_data_rows(engine, target.tokenizer, cache, token_budget=token_budget, settings=settings,
-                                     capture_layers=[i + 1 for i in aux], prompt_list=prompt_rows, rows=rows,
-                                     progress=progress)
-        if not cache.has_features(samples):  # imported or one-row shards: score them once
-            filled = fill_features(engine, cache, capture_layers=[i + 1 for i in aux], rows=rows)
+                                     capture_layers=capture, prompt_list=prompt_rows, rows=rows, progress=progress)
+        if not cache.has_features(samples, HIDDEN_FILES if hidden_only else FEATURE_FILES):
+            filled = fill_features(engine, cache, capture_layers=capture, rows=rows)  # imported or one-row shards
             log(f"stored the target's features for {filled} shards")
             samples = cache.samples()
     else:

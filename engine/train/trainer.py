@@ -29,7 +29,7 @@ import torch.nn.functional as F
 from safetensors import SafetensorError
 
 from engine.errors import UserError
-from engine.train.data import Sample, iter_batches
+from engine.train.data import Sample, answer_token_counts, iter_batches
 from engine.train.head import Eagle3Head, HeadConfig, draft_vocab, export_head, load_exported
 from engine.train.targets import LiveTarget, TargetSource, decoder_of
 
@@ -286,10 +286,7 @@ class TrainResult:
 def build_head(hf: torch.nn.Module, train: Sequence[Sample], settings: TrainSettings, stop_ids: Sequence[int]
                ) -> Eagle3Head:
     """A fresh head: draft vocabulary from the answers' token counts, LM head warm-started."""
-    vocab = int(hf.config.vocab_size)
-    counts = torch.zeros(vocab, dtype=torch.int64)
-    for s in train:
-        counts += torch.bincount(torch.tensor(s.ids[s.answer_start:]), minlength=vocab)[:vocab]
+    counts = answer_token_counts(train, int(hf.config.vocab_size))
     used = draft_vocab(counts, settings.draft_vocab_size, keep=set(stop_ids))
     cfg = HeadConfig.for_target(hf.config, len(used), settings.intermediate_size, settings.aux_layer_ids)
     torch.manual_seed(settings.seed)
@@ -306,12 +303,13 @@ def total_steps(train_samples: Sequence[Sample], settings: TrainSettings) -> int
     return total if settings.max_steps is None else min(total, settings.max_steps)
 
 
-def lr_at(step: int, settings: TrainSettings, total: int) -> float:
-    """Linear warm-up, then a cosine down to a tenth of the peak rate at ``total``."""
-    if step < settings.warmup_steps:
-        return settings.lr * (step + 1) / settings.warmup_steps
-    frac = (step - settings.warmup_steps) / max(1, total - settings.warmup_steps)
-    return settings.lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(frac, 1.0))))
+def lr_at(step: int, lr: float, warmup_steps: int, total: int) -> float:
+    """Linear warm-up, then a cosine down to a tenth of the peak rate at ``total`` (EAGLE and
+    Medusa heads alike)."""
+    if step < warmup_steps:
+        return lr * (step + 1) / warmup_steps
+    frac = (step - warmup_steps) / max(1, total - warmup_steps)
+    return lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(frac, 1.0))))
 
 
 def _resumed(ckpt: Path, settings: TrainSettings) -> tuple[Eagle3Head, dict[str, dict[str, torch.Tensor]], dict]:
@@ -379,7 +377,7 @@ class _Run:
         """One optimizer step on ``batch``; the progress bar shows smoothed loss and acceptance."""
         st = self.settings
         for g in self.opt.param_groups:
-            g["lr"] = lr_at(self.state["step"], st, self.total)
+            g["lr"] = lr_at(self.state["step"], st.lr, st.warmup_steps, self.total)
         loss, stats, *_ = batch_loss(self.head, self.source, batch, st.ttt_steps, st.step_weight, bf16=self.bf16)
         self.opt.zero_grad(set_to_none=True)
         if loss.requires_grad:

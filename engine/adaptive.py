@@ -31,6 +31,7 @@ outputs, and keeps the target distribution under sampling: this is a speed choic
 
 from __future__ import annotations
 
+import bisect
 import math
 from dataclasses import dataclass, field
 
@@ -51,10 +52,16 @@ _MIN_PAUSE, _MAX_PAUSE = 4, 128  # steps without drafting after a losing drafted
 @dataclass
 class CostModel:
     """Milliseconds as a function of a size n: a verify's tree size (root included), or the
-    number of levels a drafter grew."""
+    number of levels a drafter grew.
+
+    ``shape``: the relative cost by size measured for this session (engine/calibrate.py), or
+    None. With it, a size not seen lately is estimated from the nearest size seen, scaled along
+    the measured curve: the live steps give the level, the calibration the shape. Without it,
+    a least-squares line through the sizes seen."""
 
     ms: dict[int, float] = field(default_factory=dict)
     lone_slope: float = 0.05  # with one size seen: relative cost per extra unit (verify: CPU-typical)
+    shape: dict[int, float] | None = None
 
     def observe(self, n: int, ms: float) -> None:
         old = self.ms.get(n)
@@ -65,6 +72,9 @@ class CostModel:
             return max(1e-3, self.ms[n])
         if not self.ms:
             return None
+        if self.shape:
+            seen = min(self.ms, key=lambda m: (abs(m - n), m))
+            return max(1e-3, self.ms[seen] * self.relative(n) / self.relative(seen))
         # least-squares line through the sizes seen; with one size, assume the CPU-typical slope
         xs, ys = zip(*sorted(self.ms.items()), strict=True)
         if len(xs) == 1:
@@ -74,6 +84,17 @@ class CostModel:
         sxx = sum((x - mx) ** 2 for x in xs)
         slope = max(0.0, sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True)) / sxx)
         return max(1e-3, my + slope * (n - mx))
+
+    def relative(self, n: int) -> float:
+        """The measured shape at n: linear between measured sizes, and beyond the largest along
+        the line through the last two (the curve is close to linear there: arithmetic-bound)."""
+        assert self.shape
+        sizes = sorted(self.shape)
+        if n in self.shape or len(sizes) == 1 or n < sizes[0]:
+            return self.shape.get(n, self.shape[sizes[0]] if n < sizes[0] else self.shape[sizes[-1]])
+        i = min(bisect.bisect(sizes, n), len(sizes) - 1)  # sizes[i - 1] < n < sizes[i], or beyond the last
+        lo, hi = sizes[i - 1], sizes[i]
+        return self.shape[lo] + (n - lo) / (hi - lo) * (self.shape[hi] - self.shape[lo])
 
 
 @dataclass
@@ -201,8 +222,8 @@ class DraftGate:
 class DraftBudget:
     """Chooses whether to draft (:class:`DraftGate`) and how much of each proposed tree to verify."""
 
-    def __init__(self) -> None:
-        self.cost = CostModel()  # verify ms by tree size
+    def __init__(self, cost_shape: dict[int, float] | None = None) -> None:
+        self.cost = CostModel(shape=cost_shape)  # verify ms by tree size
         self.draft_cost = CostModel(lone_slope=1.0)  # ms by levels drafted: one head forward per level
         self.acceptance = AcceptanceModel()
         self.confidence = ConfidenceModel()

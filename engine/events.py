@@ -64,6 +64,10 @@ class Started:
     drafter: str = ""
     context_limit: int = 0  # the model's context length (0: unknown); prompt + answer must fit
     dropped_turns: int = 0  # oldest messages left out so the prompt fits (context_overflow=drop_oldest)
+    # the relative verify cost by tree size the adaptive budget was calibrated with, (size, relative)
+    # pairs (engine/calibrate.py); () when it learns costs from its steps alone. The TUI's charts
+    # redraw the budget's cost curve from it and the steps' timings.
+    cost_shape: tuple[tuple[int, float], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -145,6 +149,7 @@ def event_from_dict(data: dict[str, Any]) -> Event:
     kind = data.get("kind")
     payload = {k: v for k, v in data.items() if k != "kind"}
     if kind == "started":
+        payload["cost_shape"] = tuple((int(n), float(r)) for n, r in payload.get("cost_shape", ()))
         return Started(**payload)
     if kind == "config":
         return ConfigApplied(**payload)

@@ -94,3 +94,29 @@ class FeatureCapture:
     def rows(self) -> torch.Tensor | None:
         """One row per cached token while capturing (what a drafter's reset reads); None when off."""
         return self.store.rows() if self.on else None
+
+
+class FeatureCaptures:
+    """One :class:`FeatureCapture` per distinct :class:`FeatureSpec` the session's drafters read.
+
+    Why several: two feature-reading drafters in one session (an EAGLE-3 head and Medusa heads,
+    compared on one prompt) read different target states (layers' residuals vs the last hidden
+    state). Each spec keeps its own rows, captured only while a method that reads it drafts;
+    drafters that read the same states (EAGLE-1/2 and Medusa) share one store. Every store is cut
+    wherever the cached prefix is cut, so the rows any of them holds always belong to the cache.
+    """
+
+    def __init__(self) -> None:
+        self.off = FeatureCapture(None)  # the capture of methods that read nothing
+        self._by_spec: dict[FeatureSpec, FeatureCapture] = {}
+
+    def get(self, spec: FeatureSpec | None) -> FeatureCapture:
+        if spec is None:
+            return self.off
+        if spec not in self._by_spec:
+            self._by_spec[spec] = FeatureCapture(spec)
+        return self._by_spec[spec]
+
+    def truncate(self, length: int) -> None:
+        for capture in self._by_spec.values():
+            capture.store.truncate(length)

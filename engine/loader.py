@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -198,6 +198,7 @@ def load_session(
     method_from_draft: bool = False,
     weights: str = "stored",
     precision: str = "exact",
+    also: Sequence[str] = (),
 ):
     """Load everything a chat needs; raises LoadError / ModelResolutionError / ConfigError /
     DraftLoadError.
@@ -207,8 +208,10 @@ def load_session(
     so the method can be chosen mid-chat (loaded, not run: the session captures the head's target
     features only while eagle3 drafts, so the baseline and n-gram forwards stay plain).
     ``method_from_draft``: run the method the draft implies (the user gave --draft without --method).
+    ``also``: other methods the caller will run (``--compare A,B``, bench's ``--methods``): the heads
+    shipped for them are installed beside the draft, so two heads can be compared in one session.
     """
-    from engine.drafters.loading import DRAFT_METHODS, load_draft, shipped_head
+    from engine.drafters.loading import DRAFT_METHODS, load_draft, shipped_heads
     from engine.session import Session, default_drafters
 
     loaded = load_model(model, dtype=dtype, device=device, backend=backend, allow_pickle=allow_pickle,
@@ -218,10 +221,10 @@ def load_session(
     features = None
     description = ""
     source = draft
-    if source is None and loaded.backend == "specchat":
-        shipped = shipped_head(loaded.key)
-        if shipped is not None and config.method in ("none", "ngram", "eagle3"):
-            source = str(shipped)
+    shipped = shipped_heads(loaded.key) if loaded.backend == "specchat" else {}
+    if source is None:
+        head = config.method if config.method in shipped else "eagle3" if config.method in ("none", "ngram") else ""
+        source = str(shipped[head]) if head in shipped else None
     if source is None and config.method in DRAFT_METHODS:
         raise LoadError(f"--method {config.method} needs --draft (an EAGLE or Medusa head folder or hub id, or a "
                         "small model with the same tokenizer for standalone)")
@@ -238,6 +241,16 @@ def load_session(
         if progress:
             progress("loading the draft", 1, 1)
     session = Session(loaded.model, loaded.tokenizer, config, model_name=loaded.name, model_path=loaded.path,
-                      drafters=drafters, system_prompt=system_prompt, features=features)
+                      drafters=drafters, system_prompt=system_prompt, features=features, calibrate_costs=True)
+    for method in dict.fromkeys(also):
+        if method in shipped and method not in session.methods:
+            extra = load_draft(str(shipped[method]), loaded.model, loaded.tokenizer, method=method)
+            session.set_draft(extra.method, extra.factory, extra.features)
     session.draft_description = description
+    if config.method != "none" and config.adaptive_draft:
+        if progress:
+            progress("measuring verify costs", 0, 1)
+        session.cost_shape()  # now, behind the loading screen, not before the first answer
+        if progress:
+            progress("measuring verify costs", 1, 1)
     return session

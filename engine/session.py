@@ -38,7 +38,7 @@ from engine.events import (
     Step,
     StepTiming,
 )
-from engine.features import FeatureCapture, FeatureSpec
+from engine.features import FeatureCaptures, FeatureSpec
 from engine.prefill import ChunkedPrefill
 from engine.prefix import common_prefix
 from engine.sampling import GumbelNoise, coupled_predictions, perturbed_scores, target_probs
@@ -97,6 +97,7 @@ class Session:
         drafters: dict[str, DrafterFactory] | None = None,
         system_prompt: str | None = None,
         features: FeatureSpec | None = None,
+        calibrate_costs: bool = False,
     ) -> None:
         self.model = model
         self.tokenizer = tokenizer
@@ -120,11 +121,19 @@ class Session:
         # adaptive budgets, one per method: acceptance is the drafter's own, and so is the verify
         # cost (an EAGLE-3 target forward also captures features)
         self._budgets: dict[str, DraftBudget] = {}
+        # the verify-cost curve's shape, measured once on a scratch cache (engine/calibrate.py)
+        # when asked for: loaders of real models ask, tests of the budget's learning do not
+        self._calibrate = calibrate_costs
+        self._cost_shape: dict[int, float] | None = None
         self._noise_stream: GumbelNoise | None = None
         self._answer_seed = 0
-        # target states the drafters read (EAGLE heads), one row per cached token, captured only
-        # while the method in force reads them (engine/features.py says why)
-        self._capture = FeatureCapture(features)
+        # target states the drafters read (EAGLE and Medusa heads), one row per cached token,
+        # captured only while a method that reads them drafts (engine/features.py says why): one
+        # store per kind of state, so an EAGLE-3 head and Medusa heads can share one session
+        self._default_features = features  # what a feature-reading drafter reads unless set_draft says
+        self._features: dict[str, FeatureSpec | None] = {}
+        self._captures = FeatureCaptures()
+        self._capture = self._captures.off  # the capture of the method drafting now
         self._prefiller = ChunkedPrefill(model)
 
     # -- the SessionAPI -----------------------------------------------------------------------
@@ -160,7 +169,7 @@ class Session:
             raise RuntimeError("cannot rewind the cache while generating")
         length = max(0, min(length, len(self._cached)))
         del self._cached[length:]
-        self._capture.store.truncate(length)
+        self._captures.truncate(length)
         if self._cache is not None:
             self._cache.truncate(length)
 
@@ -179,24 +188,20 @@ class Session:
         """Install a draft loaded with engine.drafters.loading.load_draft (which validates it first,
         so a bad head never gets here and the old drafter stays). Not while an answer streams.
 
-        A head that reads other target features than the cached ones makes the next turn prefill
-        the conversation again, so every cached token has the features it needs.
+        The drafters already installed keep theirs: a head that reads other target features than
+        the cached ones gets its own store, filled by a catch-up when its method first drafts.
         """
         with self._lock:
             if self._busy:
                 raise RuntimeError("stop the answer before loading another draft")
             self._factories = {**self._factories, method: factory}
+            self._features[method] = features
             self._drafters.pop(method, None)
-            if features != self._capture.spec:
-                self._capture = FeatureCapture(features)  # off: the next answer decides, for its method
-                self._cached.clear()
-                if self._cache is not None:
-                    self._cache.truncate(0)
 
     def reset(self) -> None:
         self._messages.clear()
         self._cached.clear()
-        self._capture.store.truncate(0)
+        self._captures.truncate(0)
         if self._cache is not None:
             self._cache.truncate(0)
         self._drafters.clear()
@@ -291,8 +296,17 @@ class Session:
 
     def _budget(self, method: str) -> DraftBudget:
         if method not in self._budgets:
-            self._budgets[method] = DraftBudget()
+            self._budgets[method] = DraftBudget(self.cost_shape())
         return self._budgets[method]
+
+    def cost_shape(self) -> dict[int, float] | None:
+        """The relative verify cost by tree size (measured on first use, about a second on the
+        embedded model), or None for a session that learns costs from its steps alone."""
+        if self._calibrate and self._cost_shape is None:
+            from engine.calibrate import verify_cost_shape
+
+            self._cost_shape = verify_cost_shape(self.model)
+        return self._cost_shape
 
     def _drafter(self, method: str) -> Drafter:
         if method not in self._drafters:
@@ -336,9 +350,11 @@ class Session:
             yield Finished(reason="cancelled", text="", tokens=0, stats=RunningTally(started=t0).snapshot())
             return
         answer = self._begin(prompt, logits, config, fixed=override is not None, t0=t0)
+        # the cost shape if measured (a baseline answer never pays for measuring it)
         yield Started(prompt_tokens=len(prompt), reused_tokens=reused, prefill_ms=answer.timing.verify_ms,
                       config=config.to_dict(), model=self.model_name, drafter=config.method,
-                      context_limit=self._cache_limit(), dropped_turns=dropped_turns)
+                      context_limit=self._cache_limit(), dropped_turns=dropped_turns,
+                      cost_shape=tuple(sorted((self._cost_shape or {}).items())))
         while True:
             yield self._emit(answer)
             if answer.finished is None and self._cancel.is_set():
@@ -364,13 +380,13 @@ class Session:
         At least one prompt token is run, for its logits. A method that reads target features
         also re-runs the cached tokens that have none (committed while a method that captured
         nothing ran)."""
-        self._capture.set(self._needs_features(config.method))
+        self._use_capture(config.method)
         limit = len(prompt) - 1
         if self._capture.on:
             limit = min(limit, self._capture.store.length)
         reuse = common_prefix(self._cached, prompt, limit=limit)
         self._cached = self._cached[:reuse]
-        self._capture.store.truncate(reuse)
+        self._captures.truncate(reuse)
         self._ensure_capacity(len(prompt) + config.max_new_tokens + config.max_tree_tokens)
         self._cache.truncate(reuse)
         logits = yield from self._prefiller.run(prompt[reuse:], self._cache, self._capture, self._cancel)
@@ -433,7 +449,7 @@ class Session:
         if answer.method == method:
             return
         answer.method, answer.drafter, answer.budget = method, self._drafter(method), self._budget(method)
-        self._capture.set(self._needs_features(method))
+        self._use_capture(method)
         if self._capture.on:
             self._prefiller.catch_up(self._cached, self._cache, self._capture)
         answer.drafter.reset(self._cached, self._capture.rows())
@@ -508,9 +524,15 @@ class Session:
             answer.finished = "context"
 
     # -- target features ---------------------------------------------------------------------------
-    def _needs_features(self, method: str) -> bool:
-        """Whether forwards must capture target features while ``method`` drafts."""
-        return self._capture.spec is not None and self._drafter(method).needs_features
+    def _use_capture(self, method: str) -> None:
+        """Forwards capture the target features ``method``'s drafter reads from now on (nothing for
+        a drafter that reads none); the other stores keep their rows for the prefix they cover."""
+        spec = self._features.get(method, self._default_features) if self._drafter(method).needs_features else None
+        capture = self._captures.get(spec)
+        if capture is not self._capture:
+            self._capture.set(False)
+            self._capture = capture
+        capture.set(spec is not None)
 
     def _cache_limit(self) -> int:
         return getattr(self.model.config, "max_position_embeddings", 1 << 30)

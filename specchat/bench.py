@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from engine.prompts import Prompt, load_prompts
+from specchat.bench_plot import check_plot_path, write_bench_svg
 from specchat.bench_report import (
     Row,
     Run,
@@ -69,6 +70,7 @@ class Runner:
 
 def run_bench(args: argparse.Namespace) -> int:
     """Route to the other benchmarks, or: plan, load, warm up, time every prompt, report."""
+    check_plot_path(args)  # --plot: refused before any work, like --json
     if getattr(args, "random_weights", None):
         from specchat.gpu_bench import run_random_bench
 
@@ -99,6 +101,8 @@ def run_bench(args: argparse.Namespace) -> int:
     print_bandwidth(report.get("bandwidth"))
     if args.json_out:
         Path(args.json_out).write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
+    if getattr(args, "plot", None):
+        print(f"bench: wrote {write_bench_svg(args.plot, report)}")
     return 0
 
 

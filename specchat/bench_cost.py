@@ -9,53 +9,19 @@ from __future__ import annotations
 
 import argparse
 import json
-import time
 from pathlib import Path
 from typing import Any
 
 
-def sync(model: Any) -> None:
-    """Wait for the GPU, so a timing covers the work and not only its launch."""
-    import torch
-
-    device = getattr(model, "device", None)
-    if device is not None and torch.device(device).type == "cuda":
-        torch.cuda.synchronize(device)
-
-
 def measure_cost_curve(model: Any, context: int, sizes: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64)
                        ) -> list[dict[str, float]]:
-    """Milliseconds of one forward over n tree tokens on top of ``context`` cached tokens."""
-    import torch
+    """Milliseconds of one forward over n tree tokens on top of ``context`` cached tokens (the
+    measurement the adaptive budget calibrates with: engine/calibrate.py)."""
+    from engine.calibrate import measure_verify_costs
 
-    from engine.tree import DraftTree
-
-    cache = model.new_cache(context + max(sizes) + 8)
-    gen = torch.Generator().manual_seed(0)
-    model.forward(torch.randint(0, model.vocab_size, (context,), generator=gen), cache, logits="last")
-    cache.commit(context)
-    results: list[dict[str, float]] = []
-    base_ms = None
-    for n in sizes:
-        # a binary-ish tree: node i's parent is (i-1)//2, the shape a top-2 drafter makes
-        tree = DraftTree(tuple(range(n)), tuple([-1] + [(i - 1) // 2 for i in range(1, n)]), (1.0,) * n)
-        tokens = torch.randint(0, model.vocab_size, (n,), generator=gen)
-        positions = torch.tensor(tree.depths) + context
-        mask = tree.ancestor_mask() if n > 1 else None
-        for _ in range(2):
-            model.forward(tokens, cache, positions=positions, tree_mask=mask)
-        reps = max(3, int(24 / n))
-        times = []
-        for _ in range(reps):
-            sync(model)
-            t0 = time.perf_counter()
-            model.forward(tokens, cache, positions=positions, tree_mask=mask)
-            sync(model)
-            times.append((time.perf_counter() - t0) * 1e3)
-        ms = sorted(times)[len(times) // 2]  # the median resists a stray slow call
-        base_ms = base_ms or ms
-        results.append({"n": n, "ms": round(ms, 2), "relative": round(ms / base_ms, 3)})
-    return results
+    costs = measure_verify_costs(model, context, sizes, reps=None)
+    base = costs[sizes[0]]
+    return [{"n": n, "ms": round(ms, 2), "relative": round(ms / base, 3)} for n, ms in costs.items()]
 
 
 def run_cost_curve(sessions: dict[str, Any], args: argparse.Namespace) -> int:
@@ -87,6 +53,10 @@ def run_cost_curve(sessions: dict[str, Any], args: argparse.Namespace) -> int:
             cells += [f"{curve[i]['ms']:.1f}", f"{curve[i]['relative']:.2f}"]
         table.add_row(*cells)
     Console().print(table)
+    if getattr(args, "plot", None):
+        from specchat.bench_plot import write_cost_svg
+
+        print(f"bench: wrote {write_cost_svg(args.plot, table, curves, first.model_name)}")
     if args.json_out:
         Path(args.json_out).write_text(json.dumps({"machine": machine, "model": first.model_name,
                                                    "context": args.context, "cost_curve": curves}, indent=2) + "\n")

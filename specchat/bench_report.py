@@ -67,20 +67,34 @@ def machine_info(model: object | None = None) -> dict[str, Any]:
 @dataclass
 class StepSplit:
     """Where our steps' time went: drafting vs verifying, levels drafted (drafters that pay per
-    level), steps with drafting paused by the adaptive budget."""
+    level), steps with drafting paused by the adaptive budget; and acceptance per depth over all
+    the prompts (counted as the engine's running stats count it), where Medusa's independent heads
+    and EAGLE's autoregressive one differ most."""
 
     steps: int = 0
     draft_ms: float = 0.0
     verify_ms: float = 0.0
     levels: int = 0
     paused: int = 0
+    depths: Any = None  # engine.stats.RunningTally: attempts and accepts per depth
 
     def add(self, step: Any) -> None:
+        from engine.stats import RunningTally
+
         self.steps += 1
         self.draft_ms += step.timing.draft_ms
         self.verify_ms += step.timing.verify_ms
         self.levels += step.draft_levels
         self.paused += int(step.draft_paused)
+        if self.depths is None:
+            self.depths = RunningTally()
+        self.depths.add_step(step.tree, step.accepted, 0, 0, step.timing)
+
+    def accept_by_depth(self) -> list[float]:
+        """Of the steps whose tree reached depth d (d = 1, 2, ...), the share that accepted a draft there."""
+        if self.depths is None:
+            return []
+        return [round(a / t, 3) for a, t in zip(self.depths.accepts, self.depths.attempts, strict=True) if t]
 
     def fields(self) -> dict[str, float | None]:
         n = self.steps
@@ -89,6 +103,7 @@ class StepSplit:
             "verify_ms_per_step": round(self.verify_ms / n, 3) if n else None,
             "mean_draft_levels": round(self.levels / n, 3) if n else None,
             "paused_share": round(self.paused / n, 3) if n else None,
+            "accept_by_depth": self.accept_by_depth(),
         }
 
 
@@ -163,6 +178,10 @@ class Row:
             "prompts": self.prompts,
             "tokens": self.tokens,
             "seconds": round(self.seconds, 3),
+            # the prompts' prefill (and first token), per prompt: what --precision changes most on
+            # long prompts, and what decode tok/s leaves out
+            "prefill_ms_per_prompt": (round(1e3 * self.prefill_seconds / self.prompts, 2)
+                                      if self.prefill_seconds is not None and self.prompts else None),
             **(self.split.fields() if self.ours else {}),
         }
 
@@ -193,6 +212,15 @@ def baseline_bandwidth(model: Any, decode_tokens_per_s: float | None, peak_gbps:
 def print_table(report: dict[str, Any]) -> None:
     """The results as a rich table (wide when printed to a pipe or a file)."""
     from rich.console import Console
+
+    console = Console()
+    if not console.is_terminal:  # a pipe or file: do not squeeze the table into 80 columns
+        console = Console(width=160)
+    console.print(results_table(report))
+
+
+def results_table(report: dict[str, Any]) -> Any:
+    """The results as a rich Table (printed by :func:`print_table`, drawn by ``bench --plot``)."""
     from rich.table import Table
 
     machine = report["machine"]
@@ -204,7 +232,7 @@ def print_table(report: dict[str, Any]) -> None:
         kernels += f", weights {'/'.join(weights)}"
     table = Table(title=f"{report['model']} on {machine['cpu']} ({machine['threads']} threads{kernels})")
     for col in ("method", "tokens/s", "tau", "speedup", "decode tok/s", "decode speedup", "draft|verify ms",
-                "paused", "identical", "tokens", "seconds"):
+                "paused", "accept by depth", "identical", "tokens", "seconds"):
         table.add_column(col, justify="left" if col == "method" else "right", no_wrap=col == "method")
     multi = len(report.get("weights") or ()) > 1
     for r in report["results"]:
@@ -217,12 +245,17 @@ def print_table(report: dict[str, Any]) -> None:
             f"{r['draft_ms_per_step']:.2f}|{r['verify_ms_per_step']:.2f}" if r.get("draft_ms_per_step") is not None
             else "-",
             f"{r['paused_share']:.0%}" if r.get("paused_share") is not None else "-",
+            depth_cells(r.get("accept_by_depth")),
             f"{r['identical_prompts']}/{r['prompts']}", str(r["tokens"]), f"{r['seconds']:.1f}",
         )
-    console = Console()
-    if not console.is_terminal:  # a pipe or file: do not squeeze the table into 80 columns
-        console = Console(width=160)
-    console.print(table)
+    return table
+
+
+def depth_cells(shares: list[float] | None, deepest: int = 6) -> str:
+    """Acceptance per depth for the table: "71% 42% 20% 8%" (depth 1, 2, ...), "-" for none."""
+    if not shares:
+        return "-"
+    return " ".join(f"{s:.0%}" for s in shares[:deepest]) + ("…" if len(shares) > deepest else "")
 
 
 def print_bandwidth(bandwidth: dict[str, Any] | None) -> None:

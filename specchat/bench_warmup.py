@@ -11,8 +11,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
+from engine.calibrate import sync
 from engine.prompts import Prompt
-from specchat.bench_cost import sync
 
 
 def size_cache_for(session: Any, prompts: list[Prompt], configs: Iterable[Any]) -> None:

@@ -1,4 +1,4 @@
-"""The ``specchat`` command line: the parser and the dispatch (run, generate, bench, tune, export, replay, train-draft).
+"""The ``specchat`` command line: the parser and the dispatch (run, serve, generate, bench, tune, export, ...).
 
 Start-up stays light: torch, transformers and textual are imported inside the command that
 needs them, so ``specchat --help`` and argument errors answer at once.
@@ -24,6 +24,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "export": ("specchat.export", "run_export"),
     "run": ("specchat.tui.launch", "run_tui"),
     "replay": ("specchat.tui.launch", "replay_tui"),
+    "serve": ("specchat.serve", "run_serve"),
     "train-draft": ("specchat.train_draft", "run_train_draft"),
 }
 
@@ -74,19 +75,39 @@ def _add_spec_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-new-tokens", dest="max_new_tokens", type=int, default=None)
 
 
+def add_run_args(p: argparse.ArgumentParser) -> None:
+    """The flags of ``specchat run`` (``serve`` takes the same ones and hands them to each session)."""
+    _add_model_args(p)
+    _add_spec_args(p)
+    p.add_argument("--theme", default=None, help="dark, light or colourblind (specchat-* names work too)")
+    p.add_argument("--fake", action="store_true", help=argparse.SUPPRESS)  # scripted demo session, no model
+    p.add_argument("--compare", nargs="?", const="", default=None, metavar="A,B",
+                   help="open in the compare view: the baseline | the method in force, or method A | method B "
+                        "(e.g. --compare medusa,eagle3; each also timed against the baseline)")
+    p.add_argument("--teach", action="store_true", help="open in step-through teaching mode")
+    p.add_argument("--record", default=None, help="write every step to this JSON-lines trace")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="specchat", description=__doc__.splitlines()[0])
     parser.add_argument("--version", action="version", version=_version())
     sub = parser.add_subparsers(dest="command", required=True)
 
     run = sub.add_parser("run", help="open the chat TUI")
-    _add_model_args(run)
-    _add_spec_args(run)
-    run.add_argument("--theme", default=None, help="dark, light or colourblind (specchat-* names work too)")
-    run.add_argument("--fake", action="store_true", help=argparse.SUPPRESS)  # scripted demo session, no model
-    run.add_argument("--compare", action="store_true", help="open in side-by-side baseline | speculative mode")
-    run.add_argument("--teach", action="store_true", help="open in step-through teaching mode")
-    run.add_argument("--record", default=None, help="write every step to this JSON-lines trace")
+    add_run_args(run)
+
+    serve = sub.add_parser("serve", help="the chat TUI in a browser (textual-serve), one engine per browser tab")
+    add_run_args(serve)  # a served session takes every flag of `run`: specchat.serve reads them back from `run`
+    serve.set_defaults(run_parser=run)
+    serve.add_argument("--host", default="127.0.0.1",
+                       help="address to listen on (default 127.0.0.1: this machine only; anything else lets "
+                            "others in: there is no authentication)")
+    serve.add_argument("--port", type=int, default=8000, help="TCP port (default 8000)")
+    serve.add_argument("--max-sessions", dest="max_sessions", type=int, default=None, metavar="N",
+                       help="browser sessions (engines) at once (default: what this machine's memory and cores "
+                            "hold for the model); one more gets a page saying so")
+    serve.add_argument("--public-url", dest="public_url", default=None, metavar="URL",
+                       help="the address browsers use, when it is not http://HOST:PORT (a proxy, 0.0.0.0)")
 
     gen = sub.add_parser("generate", help="answer one prompt in the terminal, tokens coloured by origin")
     _add_model_args(gen)
@@ -107,6 +128,8 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--peers", default="", help="comma list of reference implementations: hf, llamacpp")
     bench.add_argument("--limit", type=int, default=None, help="use only the first N prompts")
     bench.add_argument("--json", dest="json_out", default=None, help="write results to this JSON file")
+    bench.add_argument("--plot", default=None, metavar="FILE.svg",
+                       help="also write the table (and the --cost-curve chart) as an SVG image, e.g. for a README")
     bench.add_argument("--cost-curve", action="store_true",
                        help="time one target forward over n new tokens relative to n = 1")
     bench.add_argument("--context", type=int, default=300, help="cost curve: cached tokens before the tree")

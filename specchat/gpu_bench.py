@@ -30,7 +30,8 @@ from typing import Any
 
 import torch
 
-from specchat.bench_cost import measure_cost_curve, sync
+from engine.calibrate import sync
+from specchat.bench_cost import measure_cost_curve
 
 # Public EAGLE-3 heads for large-vocabulary targets (Llama-3.1-8B: 128256) draft over 32000 ids;
 # a random head takes the same size (or the whole vocabulary of a smaller target).

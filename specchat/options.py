@@ -103,11 +103,23 @@ def draft_options(args: argparse.Namespace) -> dict[str, Any]:
     explicit = getattr(args, "method", None) is not None or "method" in settings_from(args)
     draft = getattr(args, "draft", None)
     return {
+        "also": also_runs(args),
         "draft": draft,
         "draft_revision": getattr(args, "draft_revision", None),
         "token_map": getattr(args, "token_map", None),
         "method_from_draft": bool(draft) and not explicit and getattr(args, "command", None) not in ("bench", "tune"),
     }
+
+
+def also_runs(args: argparse.Namespace) -> tuple[str, ...]:
+    """Methods a command runs besides the one in force (``--compare A,B``; bench's ``--methods``):
+    the loader installs the heads shipped for them beside the draft."""
+    import re
+
+    text = getattr(args, "compare", None)
+    if not isinstance(text, str):
+        text = getattr(args, "methods", None) if getattr(args, "command", None) == "bench" else None
+    return tuple(m for m in re.split(r"[\s,]+", text.lower()) if m) if isinstance(text, str) else ()
 
 
 def settings_from(args: argparse.Namespace) -> dict[str, Any]:
@@ -166,22 +178,22 @@ def _same_kind(value: Any, default: Any) -> bool:
     return isinstance(value, type(default))
 
 
-def prepare_json_out(path: str | None) -> None:
+def prepare_json_out(path: str | None, flag: str = "--json") -> None:
     """Make sure ``--json PATH`` can be written, before any model loads: create its parent folder
     (``--json bench-out/x.json`` on a fresh machine) or refuse in one line, rather than ending a
-    run of minutes in a FileNotFoundError with the results lost."""
+    run of minutes in a FileNotFoundError with the results lost. ``flag``: the option named in errors."""
     if not path:
         return
     target = Path(path)
     if target.is_dir():
-        raise UsageError(f"--json {path} is a folder; name a file in it")
+        raise UsageError(f"{flag} {path} is a folder; name a file in it")
     parent = target.parent
     blocker = next((p for p in (parent, *parent.parents) if p.exists()), None)
     if blocker is not None and not blocker.is_dir():
-        raise UsageError(f"--json {path}: {blocker} is a file, not a folder")
+        raise UsageError(f"{flag} {path}: {blocker} is a file, not a folder")
     try:
         parent.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
-        raise UsageError(f"--json {path}: cannot create the folder {parent} ({exc.strerror or exc})") from None
+        raise UsageError(f"{flag} {path}: cannot create the folder {parent} ({exc.strerror or exc})") from None
     if not os.access(parent, os.W_OK):
-        raise UsageError(f"--json {path}: the folder {parent} is not writable")
+        raise UsageError(f"{flag} {path}: the folder {parent} is not writable")

@@ -169,17 +169,17 @@ class DepthSplit(StepSplit):
 
     def __init__(self) -> None:
         super().__init__()
-        self.depths: list[int] = []
+        self.at_least: list[int] = []  # steps that accepted at least d drafts, d = 1, 2, ...
 
     def add(self, step: Any) -> None:
         super().add(step)
         n = len(step.accepted)
-        self.depths += [0] * (n - len(self.depths))
+        self.at_least += [0] * (n - len(self.at_least))
         for d in range(n):
-            self.depths[d] += 1
+            self.at_least[d] += 1
 
     def by_depth(self) -> list[float]:
-        return [round(c / self.steps, 3) for c in self.depths] if self.steps else []
+        return [round(c / self.steps, 3) for c in self.at_least] if self.steps else []
 
 
 @dataclass

@@ -127,6 +127,7 @@ def test_bench_and_generate_take_a_precision(tiny, tmp_path: Path, capsys) -> No
     assert {(r["method"], r["precision"]) for r in rows} == {(m, p) for m in ("none", "ngram")
                                                              for p in ("exact", "fast")}
     assert all(r["identical_to_baseline"] for r in rows)
+    assert all(0 < r["prefill_ms_per_prompt"] < 1e3 * r["seconds"] for r in rows)  # the precisions' prefill apart
     _one_line_error(capsys, ["bench", str(model), "--precision", "fast", "--weights", "fp32", "--prompts",
                              str(prompts)], "stored weights only")
 

@@ -33,9 +33,19 @@ class DraftBundle:
     description: str  # one line for the UI: what was loaded
 
 
+# The Medusa heads trained for the embedded model (issue 21), once they are in assets/.
+SHIPPED_MEDUSA = {"smollm2-135m": Path(__file__).resolve().parents[2] / "assets" / "medusa-smollm2-135m"}
+
+
 def shipped_head(model_key: str) -> Path | None:
     path = SHIPPED_HEADS.get(model_key)
     return path if path is not None and (path / "config.json").is_file() else None
+
+
+def shipped_heads(model_key: str) -> dict[str, Path]:
+    """Method -> the head shipped for this model (only those present)."""
+    found = {"eagle3": SHIPPED_HEADS.get(model_key), "medusa": SHIPPED_MEDUSA.get(model_key)}
+    return {m: p for m, p in found.items() if p is not None and (p / "config.json").is_file()}
 
 
 def load_draft(source: str, target: Any, tokenizer: Any, *, method: str | None = None, allow_pickle: bool = False,

@@ -6,7 +6,7 @@ Structure:
   the app's lifetime. The app submits jobs to it and never touches the session's generators.
 * Items come back through the host's mailbox; an :class:`EngineWake` message tells the app to drain
   it (at the frame pace, pacing.py). ``_process`` routes records by lane: "chat" to the chat screen,
-  "baseline"/"spec" to the compare screen (the speculative side also feeds the tree history).
+  "baseline"/"alt"/"spec" to the compare screen (compare_host.py; the speculative sides feed the tree history).
 * Settings: :class:`SettingsControl` (settings_control.py) holds what is in force and pending and
   the rules for changing them; the app and the command palette both go through it.
 * Screens and the palette talk to the app by message (messages.py), never by calling it; the app
@@ -35,11 +35,13 @@ from engine.events import ConfigApplied, Finished, PrefillProgress, Started, Ste
 from specchat.themes import THEMES, VARIABLE_DEFAULTS, pick_theme, resolve_theme_name, theme_colours
 from specchat.tui.chrome import Chrome, precision_line, replay_line, status_line
 from specchat.tui.commands import SYSTEM_COMMANDS, SettingsCommands, copy_launch_line
+from specchat.tui.compare_host import CompareHost
 from specchat.tui.host import Delivery, GateWaiting, Item, JobDone, Loaded, LoadFailed, LoadProgress, SessionFactory
 from specchat.tui.host_api import Host, make_host
 from specchat.tui.keys import APP_KEYS
 from specchat.tui.messages import ChangeSetting, ChromeStale, EngineWake, OpenSettings
 from specchat.tui.pacing import FrameClock, FramePacer
+from specchat.tui.screens.charts import ChartsHost
 from specchat.tui.screens.chat import ChatScreen
 from specchat.tui.screens.compare import CompareScreen
 from specchat.tui.screens.dialogs import ConfirmScreen, SessionsScreen
@@ -56,9 +58,8 @@ from specchat.tui.sessions import (
 from specchat.tui.settings_control import SettingsControl
 from specchat.tui.settings_schema import applies, format_value, parse_value
 from specchat.tui.terminal import terminal_gone
-from specchat.tui.trace import Record, ReplaySource, TraceError, UserTurn
+from specchat.tui.trace import Record, ReplaySource, TraceError
 from specchat.tui.userconfig import UISettings
-from specchat.tui.widgets.draft_tree import HistoryEntry
 from specchat.tui.widgets.prompt import PromptInput
 
 # The UI drains the engine's mailbox at most this often, and less often when frames are expensive
@@ -70,7 +71,7 @@ UI_NICE = int(os.environ.get("SPECCHAT_UI_NICE", "10"))
 NARROW = 100  # columns below which the side panels collapse (F6 shows them, stacked)
 
 
-class SpecChatApp(App[int]):
+class SpecChatApp(ChartsHost, CompareHost, App[int]):
     CSS_PATH = "specchat.tcss"
     TITLE = "specchat"
     COMMANDS = App.COMMANDS | {SettingsCommands}
@@ -240,25 +241,11 @@ class SpecChatApp(App[int]):
         if lane == "chat":
             self.chat_screen.show_records(records)
             return
-        if self.replay is not None and self.screen is self.chat_screen and \
-                any(isinstance(r, UserTurn) for r in records):
-            self.switch_screen("compare")
-        self.compare_screen.show_records(lane, records)
-        if lane == "spec":
-            method = self.applied_config.method
-            entries = [HistoryEntry("compare", method, r) for r in records if isinstance(r, Step)]
-            if entries and self.chat_screen.ready:
-                self.chat_screen.add_spec_steps(entries)
-        if lane == "baseline":
-            fin = next((r for r in records if isinstance(r, Finished)), None)
-            if fin is not None and fin.reason == "stop" and fin.stats.tokens_per_s and \
-                    not self.compare_screen.stepped:
-                self.baseline_tps = fin.stats.tokens_per_s
-                if self.chat_screen.ready:
-                    self.chat_screen.set_baseline_tps(self.baseline_tps)
+        self.show_compare(lane, records)  # compare_host.py
 
     def _track(self, lane: str, record: Record) -> None:
         """Follow the settings in force (and the prefill) from what the engine reports."""
+        self.charts.add(lane, record)
         if isinstance(record, Step):
             self.gate_waiting = False
             return
@@ -267,7 +254,8 @@ class SpecChatApp(App[int]):
             return
         if isinstance(record, (Started, Finished)):
             self.prefill = None
-        if isinstance(record, Started) and lane != "baseline" and record.config:
+        in_force = lane == "chat" or (lane == "spec" and not self.ui.compare)  # not a compare's chosen method
+        if isinstance(record, Started) and in_force and record.config:
             self.settings_control.reported(record.config)
         elif isinstance(record, ConfigApplied) and self.settings_control.reported(record.config):
             self.notify(f"settings applied at the step boundary (v{record.version})", timeout=3)
@@ -278,6 +266,7 @@ class SpecChatApp(App[int]):
         self.settings_control.loaded_with(item.config, item.methods)
         if item.methods and self.chat_screen.ready:
             self.chat_screen.settings.set_methods(item.methods)
+        self.check_compare()
         if self.teaching and self.replay is None:
             self.settings_control.teaching(True, busy=self.busy_job is not None)
         typed, send_it = self.loading_screen.typed()
@@ -354,13 +343,13 @@ class SpecChatApp(App[int]):
             return False
         if mode == "compare":
             self.compare_screen.stepped = self.host.gate.stepping
-        self.busy_job = self.host.submit(mode, text)
+        self.busy_job = self.host.submit(mode, text, methods=self.compare_methods() if mode == "compare" else ())
         self.refresh_chrome()
         return True
 
     # settings ---------------------------------------------------------------------------------------
     def ui_values(self) -> dict[str, Any]:
-        return {"show_rejected": self.ui.show_rejected, "theme": self.theme}
+        return {"show_rejected": self.ui.show_rejected, "theme": self.theme, "compare": self.ui.compare or "default"}
 
     def on_change_setting(self, event: ChangeSetting) -> None:
         self.apply_setting(event.name, event.value)
@@ -405,6 +394,8 @@ class SpecChatApp(App[int]):
             self.ui = self.ui.replace(theme=theme)
         elif name == "show_rejected":
             self.set_show_rejected(bool(value))
+        elif name == "compare":
+            self.set_compare(value)
 
     def set_show_rejected(self, on: bool) -> None:
         self.ui = self.ui.replace(show_rejected=on)

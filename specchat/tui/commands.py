@@ -22,7 +22,7 @@ if TYPE_CHECKING:
 # The app's own palette entries: (title, help, action run by ``App.run_action``).
 SYSTEM_COMMANDS: tuple[tuple[str, str, str], ...] = (
     ("Settings", "Open the settings panel (hot-swap tree knobs)", "toggle_settings"),
-    ("Compare mode", "Baseline and speculative side by side", "toggle_compare"),
+    ("Compare mode", "Two methods side by side (type 'compare medusa,eagle3' to choose them)", "toggle_compare"),
     ("Teaching mode", "Pause after every step and explain it", "toggle_teach"),
     ("Show/hide rejected drafts", "Struck-through refused drafts in the stream", "toggle_rejected"),
     ("Help: how speculative decoding works", "Draft, verify, accept, bonus, tau, knobs", "help"),
@@ -30,6 +30,7 @@ SYSTEM_COMMANDS: tuple[tuple[str, str, str], ...] = (
      "copy_launch('sglang')"),
     ("Copy vLLM launch line", "The settings in force as a vLLM launch line, to the clipboard", "copy_launch('vllm')"),
     ("Side panels", "Show / hide the draft tree and stats (F6)", "toggle_panels"),
+    ("Charts", "Acceptance by depth, tokens per step, the learned verify cost (F9)", "toggle_charts"),
     ("Reopen a saved conversation", "Conversations are saved as you go (Ctrl+O)", "open_sessions"),
     ("Export conversation", "Markdown, plus HTML and SVG with the token colours (Ctrl+E)",
      "export('conversation')"),

@@ -140,8 +140,9 @@ class ProcessHost:
         self._replay_speed = speed
         self._send("replay_speed", speed)
 
-    def submit(self, kind: JobKind, text: str = "", records: Sequence[Record] = ()) -> int:
-        job = Job(kind=kind, text=text, records=tuple(records), id=next(self._ids))
+    def submit(self, kind: JobKind, text: str = "", records: Sequence[Record] = (),
+               methods: tuple[str, ...] = ()) -> int:
+        job = Job(kind=kind, text=text, records=tuple(records), id=next(self._ids), methods=tuple(methods))
         with self._lock:
             self._open_jobs[job.id] = kind
         self._send("submit", job)

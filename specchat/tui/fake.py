@@ -102,7 +102,9 @@ def synthetic_answer(
     version = 0
     events: list[Event] = [
         Started(prompt_tokens=prompt_tokens, prefill_ms=round(verify_ms * 1.6, 3), config=config.to_dict(),
-                model=model, drafter=config.method)
+                model=model, drafter=config.method,
+                # the shape of the verify timings below (1 + 1% per node), as the engine calibrates one
+                cost_shape=tuple((n, round((1 + 0.01 * n) / 1.01, 4)) for n in (1, 2, 4, 8, 16, 32, 64)))
     ]
     stats = RunningTally(wall_clock=False)
     root, root_text = token_id("\n"), "\n"
@@ -398,6 +400,10 @@ class ScriptedSession:
         answer = self._answers[self._turn % len(self._answers)]
         if config is not None and config.method == "none":
             answer = baseline_answer(answer)
+        elif config is not None and isinstance(answer[0], Started) and config.method != answer[0].drafter:
+            # another method (compare A vs B): the same text, drafted with that method's own trees
+            seed = sum(map(ord, config.method))
+            answer = synthetic_answer(getattr(answer[-1], "text", ""), seed=seed, config=config)
         yield from self._play(answer, config, [])
 
     # the step loop ---------------------------------------------------------------------------

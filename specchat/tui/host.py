@@ -33,7 +33,9 @@ from engine.config import SpecConfig
 from engine.events import Event, Finished, Started, Step
 from specchat.tui.trace import Record, TraceWriter, UserTurn
 
-Lane = Literal["chat", "baseline", "spec"]
+# "baseline": plain decoding; "spec": method B of a compare (the method in force by default);
+# "alt": method A when it is speculative too (compare any two methods, issue 21)
+Lane = Literal["chat", "baseline", "spec", "alt"]
 ProgressFn = Callable[[str, int, int], None]
 SessionFactory = Callable[[ProgressFn], Any]  # returns a SessionAPI
 
@@ -133,6 +135,7 @@ class Job:
     text: str = ""
     records: Sequence[Record] = ()
     id: int = field(default=0)
+    methods: tuple[str, ...] = ()  # compare: (A, B); empty: the baseline against the method in force
 
 
 class Mailbox:
@@ -270,8 +273,10 @@ class EngineHost:
                 writer.write(record)
 
     # called from the UI thread -------------------------------------------------------------
-    def submit(self, kind: JobKind, text: str = "", records: Sequence[Record] = ()) -> int:
-        return self.enqueue(Job(kind=kind, text=text, records=tuple(records), id=next(self._ids)))
+    def submit(self, kind: JobKind, text: str = "", records: Sequence[Record] = (),
+               methods: tuple[str, ...] = ()) -> int:
+        return self.enqueue(Job(kind=kind, text=text, records=tuple(records), id=next(self._ids),
+                                methods=tuple(methods)))
 
     def enqueue(self, job: Job) -> int:
         """Queue a numbered job (a process host numbers its jobs in the UI process and sends them here)."""
@@ -385,20 +390,21 @@ class EngineHost:
         self._pump(job, "chat", self.session.chat(job.text))
 
     def _job_compare(self, job: Job) -> None:
-        """Baseline and speculative one after the other, each timed alone on this thread, fairly:
+        """Method A and method B (by default the baseline and the method in force) one after the
+        other, each timed alone on this thread, fairly; when A is speculative too, the baseline runs
+        as well, so each has its speed-up against plain decoding:
 
-        * both start from the same cache state: after the first run the cache is cut back to the
-          prefix it reused (``Started.reused_tokens``), so the second pays the same prefill
-          (both cold on a first turn, both warm after), instead of reusing the first run's prompt;
-        * the order alternates from one compare to the next (odd: baseline first).
+        * all start from the same cache state: after the first run the cache is cut back to the
+          prefix it reused (``Started.reused_tokens``), so the others pay the same prefill
+          (all cold on a first turn, all warm after), instead of reusing the first run's prompt;
+        * the order rotates from one compare to the next (the first compare: the baseline first).
         """
-        self._deliver(job, "spec", UserTurn(text=job.text, mode="compare"))
+        self._deliver(job, "spec", UserTurn(text=job.text, mode="compare", methods=job.methods))
         messages = [*self.session.messages, {"role": "user", "content": job.text}]
-        baseline = self.session.config.replace(method="none")
+        runs = compare_runs(self.session.config, job.methods)
         self.compares += 1
-        runs: list[tuple[Lane, SpecConfig | None]] = [("baseline", baseline), ("spec", None)]
-        if self.compares % 2 == 0:
-            runs.reverse()
+        shift = (self.compares - 1) % len(runs)
+        runs = runs[shift:] + runs[:shift]
         rewind = getattr(self.session, "rewind_cache", None)
         mark: int | None = None
         for lane, config in runs:
@@ -429,21 +435,18 @@ class EngineHost:
     def _job_replay(self, job: Job) -> None:
         """Play recorded records with their original pacing (scaled by ``replay_speed``)."""
         lane: Lane = "chat"
-        answers_in_turn = 0
-        compare = False
+        turn: UserTurn | None = None
         for record in job.records:
             if self._cancelled.is_set() or self._stop.is_set():
                 return
             if isinstance(record, UserTurn):
-                compare = record.mode == "compare"
-                answers_in_turn = 0
-                lane = "spec" if compare else "chat"
+                turn = record if record.mode == "compare" else None
+                lane = "spec" if turn is not None else "chat"
                 self.mailbox.put(Delivery(job.id, lane, record))
                 continue
             if isinstance(record, Started):
-                if compare:
-                    lane = "baseline" if answers_in_turn == 0 else "spec"
-                answers_in_turn += 1
+                if turn is not None:
+                    lane = replay_lane(turn.methods, record.drafter)
                 self._sleep(record.prefill_ms)
             elif isinstance(record, Step):
                 self._sleep(record.timing.total_ms)
@@ -456,6 +459,24 @@ class EngineHost:
         if speed <= 0 or ms <= 0 or self.gate.stepping:
             return
         self._cancelled.wait(ms / 1000 / speed)
+
+
+def compare_runs(config: SpecConfig, methods: tuple[str, ...]) -> list[tuple[Lane, SpecConfig | None]]:
+    """The runs of one compare, in the first compare's order: the baseline, then A (when it is
+    speculative), then B. ``None``: the settings in force (hot-swaps apply, as in a chat)."""
+    a, b = methods if len(methods) == 2 else ("none", config.method)
+    runs: list[tuple[Lane, SpecConfig | None]] = [("baseline", config.replace(method="none"))]
+    if a != "none":
+        runs.append(("alt", config.replace(method=a)))
+    runs.append(("spec", None if b == config.method else config.replace(method=b)))
+    return runs
+
+
+def replay_lane(methods: tuple[str, ...], drafter: str) -> Lane:
+    """The pane a recorded compare answer belongs to, from the method that answered it."""
+    if drafter == "none":
+        return "baseline"
+    return "alt" if len(methods) == 2 and drafter == methods[0] else "spec"
 
 
 def applied_at_once(in_force: SpecConfig | None, pending: SpecConfig | None, asked: SpecConfig) -> bool:

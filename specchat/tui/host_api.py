@@ -43,7 +43,9 @@ class Host(Protocol):
     def run(self) -> None:
         """The host's loop; the app runs it on a thread worker for its whole life."""
 
-    def submit(self, kind: JobKind, text: str = "", records: Sequence[Record] = ()) -> int: ...
+    def submit(self, kind: JobKind, text: str = "", records: Sequence[Record] = (),
+               methods: tuple[str, ...] = ()) -> int:
+        """Queue a job; ``methods``: a compare's method A and method B."""
 
     def cancel(self) -> None: ...
 

@@ -43,6 +43,8 @@ APP_KEYS: tuple[KeySpec, ...] = (
     KeySpec("replay-slower", "minus", "replay_speed(0.5)", "Slower", "replay: half speed", priority=False),
     KeySpec("replay-faster", "plus,equals_sign", "replay_speed(2.0)", "Faster", "replay: double speed",
             priority=False),
+    KeySpec("charts", "f9", "toggle_charts", "Charts",
+            "charts: acceptance by depth, tokens per step, the budget's verify-cost curve"),
     KeySpec("quit", "ctrl+q", "quit", "Quit", "leave specchat", show=False),
 )
 

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from engine.config import ConfigError, SpecConfig
+from engine.errors import UserError
 
 # the method used when the user names none (the loader may know better; see the report to issue 3)
 DEFAULT_METHOD = "ngram"
@@ -34,12 +35,21 @@ def config_from_args(args: argparse.Namespace, default_method: str | None = DEFA
 
 
 def _ui_settings(args: argparse.Namespace):
+    from specchat.tui.compare_pair import parse_pair
     from specchat.tui.userconfig import load_ui_settings
 
     ui, warnings = load_ui_settings()
     theme = getattr(args, "theme", None)
     if theme:
         ui = ui.replace(theme=theme)
+    try:
+        ui = ui.replace(compare=parse_pair(ui.compare))
+    except ConfigError as exc:
+        warnings.append(f"config file: {exc}; comparing the baseline with the method in force")
+        ui = ui.replace(compare="")
+    compare = getattr(args, "compare", None)
+    if isinstance(compare, str) and compare:  # --compare A,B (preflight checked it; the session's methods later)
+        ui = ui.replace(compare=parse_pair(compare))
     return ui, warnings
 
 
@@ -80,27 +90,40 @@ def _fake_factory(config: SpecConfig):
     return ScriptedLoader(config, step_delay=None, time_scale=1.0)
 
 
+def preflight(args: argparse.Namespace) -> tuple[SpecConfig, str]:
+    """The config and the precision ``specchat run`` will use, checked before any app starts.
+
+    Why a function: ``specchat serve`` refuses the same bad flags once, in one line, before its
+    server starts, instead of each browser session failing on its own. Raises a UserError
+    (ConfigError, LoadError) whose message is that line.
+    """
+    config = config_from_args(args)
+    if isinstance(getattr(args, "compare", None), str):  # --compare A,B: known methods, two different ones
+        from specchat.tui.compare_pair import parse_pair
+
+        parse_pair(args.compare)
+    if getattr(args, "fake", False):
+        return config, "exact"
+    from engine.loader import pick_device, pick_dtype, resolve_precision
+
+    # a precision this machine cannot run is a one-line refusal
+    device = pick_device(getattr(args, "device", None) or "auto")
+    precision = resolve_precision(getattr(args, "precision", None) or "auto", device=device,
+                                  dtype=pick_dtype(getattr(args, "dtype", None) or "auto", device),
+                                  weights=getattr(args, "weights", None) or "stored",
+                                  backend=getattr(args, "backend", None) or "auto")
+    return config, precision
+
+
 def run_tui(args: argparse.Namespace) -> int:
     try:
-        config = config_from_args(args)
-    except ConfigError as exc:
+        config, precision = preflight(args)
+    except UserError as exc:
         print(f"specchat run: {exc}", file=sys.stderr)
         return 2
     ui, warnings = _ui_settings(args)
     fake = bool(getattr(args, "fake", False))
-    precision = "exact"
     if not fake:
-        from engine.loader import LoadError, pick_device, pick_dtype, resolve_precision
-
-        try:  # before the app starts: a precision this machine cannot run is a one-line refusal
-            device = pick_device(getattr(args, "device", None) or "auto")
-            precision = resolve_precision(getattr(args, "precision", None) or "auto", device=device,
-                                          dtype=pick_dtype(getattr(args, "dtype", None) or "auto", device),
-                                          weights=getattr(args, "weights", None) or "stored",
-                                          backend=getattr(args, "backend", None) or "auto")
-        except LoadError as exc:
-            print(f"specchat run: {exc}", file=sys.stderr)
-            return 2
         args.precision = precision
     factory = _fake_factory(config) if fake else _real_factory(args, config)
 
@@ -112,7 +135,7 @@ def run_tui(args: argparse.Namespace) -> int:
         config=config,
         ui=ui,
         warnings=warnings,
-        start_in="compare" if getattr(args, "compare", False) else "chat",
+        start_in="compare" if getattr(args, "compare", None) not in (None, False) else "chat",
         teach=bool(getattr(args, "teach", False)),
         record=getattr(args, "record", None),
         model_label="fake-model" if fake else (model or "embedded model"),

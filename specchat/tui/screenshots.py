@@ -1,4 +1,4 @@
-"""Write the README screenshots (SVG) of the chat, compare, teaching and settings screens from a trace:
+"""Write the README screenshots (SVG) of the chat, compare, teaching, settings and charts screens from a trace:
 
     .venv/bin/python -m specchat.tui.screenshots TRACE.jsonl assets/
 
@@ -21,6 +21,7 @@ async def _write_all(trace: Path, out: Path) -> list[Path]:
         "screenshot-compare.svg": testing.scenario_compare(trace),
         "screenshot-teaching.svg": testing.scenario_teaching(trace),
         "screenshot-settings.svg": testing.scenario_settings(),
+        "screenshot-charts.svg": testing.scenario_charts(),
     }
     written = []
     for name, scenario in shots.items():

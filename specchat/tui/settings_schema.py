@@ -8,7 +8,7 @@ from typing import Any, Literal
 
 from engine.config import CONTEXT_OVERFLOW, DRAFT_KNOBS, MEDUSA_TREES, METHODS, ConfigError, knobs_for
 
-FieldKind = Literal["int", "float", "choice", "bool"]
+FieldKind = Literal["int", "float", "choice", "bool", "text"]
 
 
 @dataclass(frozen=True)
@@ -46,7 +46,12 @@ UI_FIELDS: tuple[SettingField, ...] = (
     SettingField("theme", "theme", "choice", scope="ui", help="colours (every state also has a glyph/style)"),
 )
 
-FIELDS: dict[str, SettingField] = {f.name: f for f in (*ENGINE_FIELDS, *UI_FIELDS)}
+# set from the command palette ("compare medusa,eagle3") and --compare A,B; not a row of the panel
+COMPARE_FIELD = SettingField("compare", "compare", "text", scope="ui",
+                             help="the compare view's two methods, A,B (e.g. medusa,eagle3; 'default': the "
+                                  "baseline vs the method in force)")
+
+FIELDS: dict[str, SettingField] = {f.name: f for f in (*ENGINE_FIELDS, *UI_FIELDS, COMPARE_FIELD)}
 
 # short names accepted in the command palette ("topk 2", "steps=3")
 ALIASES: dict[str, str] = {
@@ -61,6 +66,7 @@ ALIASES: dict[str, str] = {
     "rejected": "show_rejected",
     "adaptive": "adaptive_draft",
     "overflow": "context_overflow",
+    "vs": "compare",
 }
 
 
@@ -84,6 +90,8 @@ def example_value(field: SettingField, current: Any = None) -> str:
         return options[0] if options else "dark"
     if field.kind == "bool":
         return "off" if current else "on"
+    if field.kind == "text":
+        return "medusa,eagle3"
     if field.kind == "float":
         return "0.7"
     return "3"

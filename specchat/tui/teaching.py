@@ -24,10 +24,21 @@ DRAFT_SOURCES: dict[str, str] = {
               "its probabilities.",
     "standalone": "Standalone drafts come from a small language model running on its own; the numbers are its "
                   "probabilities.",
-    "medusa": "Medusa drafts come from a few extra heads on the target's last hidden state: head i guesses the "
-              "token i+1 places ahead, all at once and without seeing the guesses before it, so the deeper heads "
-              "miss more; the numbers are the heads' probabilities.",
+    "medusa": "Medusa drafts come from independent heads on the target's last hidden state, one per future "
+              "position: head i guesses the token i+1 places ahead, all heads at once, and the tree is the "
+              "product of their top-k candidates. No head sees the tokens before the position it guesses (unlike "
+              "EAGLE's head, which runs on its own guesses), so the deeper heads miss more; the numbers are the "
+              "heads' probabilities.",
 }
+
+# The compare view, when method A and method B are both speculative: what the depth table shows.
+COMPARE_DEPTHS = (
+    "The table gives each method's accepted share at depth 1, 2, 3...: of the steps whose tree reached that "
+    "depth, how many kept a drafted token there. Medusa's heads guess every position at once from one hidden "
+    "state, each blind to the tokens before its position, so its share falls quickly with depth; EAGLE's head "
+    "drafts level by level on its own guesses and keeps the deep levels useful for longer. Each method's "
+    "speed-up is against the baseline, run on the same prompt from the same cache state."
+)
 
 PROBABILITIES = ("A number beside a draft is the drafter's probability for it given its parent: how sure the "
                  "drafter was. The target keeps a draft only if it would have produced it itself.")
@@ -127,9 +138,18 @@ out of the same forward pass), so every step adds at least one token. Where the 
 drafts at that position its token is a **correction**; where every draft on the path was accepted
 and the drafts ran out it is a **bonus**. Both are marked ★ in the tree.
 
-**Probabilities** — EAGLE and standalone drafters give each draft a probability (how sure the
-drafter was), shown beside it in the tree. N-gram drafts are copied from earlier text where the
+**Probabilities** — EAGLE, Medusa and standalone drafters give each draft a probability (how sure
+the drafter was), shown beside it in the tree. N-gram drafts are copied from earlier text where the
 last few tokens matched, so they have none and the tree shows no numbers for them.
+
+**Medusa vs EAGLE** — Medusa puts independent heads on the target's last hidden state, one per
+future position (head 1 guesses the next token, head 2 the one after, ...); all run at once, and
+the draft tree is the product of their top-k candidates, best first. That is cheap, but no head
+sees the tokens before the position it guesses, so the deeper heads miss more often. EAGLE's head
+runs autoregressively, feeding each guess back in, so its deep guesses know the path above them.
+Compare them on your own prompt: `compare medusa,eagle3` in the palette (or
+`specchat run --compare medusa,eagle3`), then F3; the table under the panes shows the accepted
+share at each depth for both.
 
 **Prefill** — before the first step the target reads the whole prompt in one pass (in chunks for a
 long prompt; Esc stops it). That one-off cost produces the first token and is shown as its own step.

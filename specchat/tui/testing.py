@@ -159,3 +159,27 @@ async def scenario_settings(size: tuple[int, int] = SIZE, theme: str = "light") 
         app.apply_setting("eagle_topk", "2")
         await pilot.pause()
         return app.export_screenshot(title="specchat · settings")
+
+
+def cut_answers(config: SpecConfig = CONFIG) -> list[list]:
+    """The demo answers as an engine with the adaptive budget reports them: the drafter proposed a
+    full tree of ``num_draft_tokens`` and the budget verified the scripted (smaller) tree."""
+    import dataclasses
+
+    from engine.events import Step
+
+    return [[dataclasses.replace(ev, proposed=max(len(ev.tree), config.num_draft_tokens))
+             if isinstance(ev, Step) and ev.index > 0 else ev for ev in answer] for answer in demo_answers(config)]
+
+
+async def scenario_charts(size: tuple[int, int] = SIZE, theme: str = "dark") -> str:
+    """Two scripted answers, then the charts view (F9) drawn from them."""
+    app = make_app(ScriptedSession(cut_answers(), config=CONFIG), ui=ui_settings(theme=theme, save_sessions=False))
+    async with app.run_test(size=size) as pilot:
+        await wait_loaded(pilot)
+        for prompt in ("What is speculative decoding?", "And a draft tree?"):
+            app.submit_prompt(prompt)
+            await wait_idle(pilot)
+        await pilot.press("f9")
+        await wait_until(pilot, lambda: getattr(app.screen, "drawn", -1) == app.charts.version, what="charts")
+        return app.export_screenshot(title="specchat · charts")

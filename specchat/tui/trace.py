@@ -46,6 +46,7 @@ class UserTurn:
     kind: Literal["user"] = field(default="user", init=False)
     text: str = ""
     mode: TurnMode = "chat"
+    methods: tuple[str, ...] = ()  # compare: method A and method B (empty: the baseline vs the method in force)
 
 
 Record = Event | UserTurn
@@ -85,13 +86,20 @@ def make_header(model: str = "", drafter: str = "", config: dict[str, Any] | Non
 
 def record_to_dict(record: Record) -> dict[str, Any]:
     if isinstance(record, UserTurn):
-        return asdict(record)
+        data = asdict(record)
+        if record.methods:
+            data["methods"] = list(record.methods)
+        else:
+            del data["methods"]  # chat turns and the default compare read as before
+        return data
     return event_to_dict(record)
 
 
 def record_from_dict(data: dict[str, Any]) -> Record:
     if data.get("kind") == "user":
-        return UserTurn(text=str(data.get("text", "")), mode=data.get("mode", "chat"))
+        methods = data.get("methods") or ()
+        return UserTurn(text=str(data.get("text", "")), mode=data.get("mode", "chat"),
+                        methods=tuple(str(m) for m in methods) if isinstance(methods, list) else ())
     return event_from_dict(data)
 
 

@@ -37,6 +37,7 @@ class UISettings:
     cursor_blink: bool = True
     tree_history: int = 64
     save_sessions: bool = True  # record every conversation under the user data dir (Ctrl+O reopens)
+    compare: str = ""  # the compare view's "A,B" (compare_pair.py); "": the baseline vs the method in force
     keymap: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
 
     def replace(self, **changes: Any) -> UISettings:
@@ -75,7 +76,8 @@ def load_ui_settings(path: Path | None = None) -> tuple[UISettings, list[str]]:
 
     warnings: list[str] = []
     values: dict[str, Any] = {}
-    types = {"theme": str, "show_rejected": bool, "cursor_blink": bool, "tree_history": int, "save_sessions": bool}
+    types = {"theme": str, "show_rejected": bool, "cursor_blink": bool, "tree_history": int, "save_sessions": bool,
+             "compare": str}
     for key, value in data.items():
         if key == "keys":
             continue

@@ -1,8 +1,11 @@
-"""Compare: the same prompt answered by the baseline (no drafter) and by speculative decoding.
+"""Compare: the same prompt answered by the baseline (no drafter) and by speculative decoding, or
+by any two methods (``compare medusa,eagle3``: method A on the left, method B on the right).
 
 The engine thread runs them one after the other, so each is timed alone; both panes stream at
-their real speed. Under greedy decoding the two texts must be identical; the badge says so, or
-shows where they first differ.
+their real speed. Under greedy decoding the texts must be identical; the badge says so, or
+shows where they first differ. With two speculative methods the baseline runs too (no pane of its
+own): each side's speed-up is against it, and a table puts their acceptance per depth side by
+side, where Medusa's independent heads fall behind EAGLE's autoregressive one (teaching.py).
 
 The badge reports a speed-up only when the runs can show one: a speculative run that accepted no
 draft token did the baseline's work (one target forward per token), and a short answer is timed
@@ -24,6 +27,7 @@ from textual.widgets import Footer, Static
 from engine.events import Finished, Started, Step
 from specchat.tui.chrome import Chrome
 from specchat.tui.messages import ChromeStale
+from specchat.tui.teaching import COMPARE_DEPTHS
 from specchat.tui.textutil import first_difference, visible
 from specchat.tui.trace import Record, UserTurn
 from specchat.tui.widgets.prompt import PromptInput
@@ -44,6 +48,26 @@ class LaneResult:
     finished: Finished | None = None
     last_tps: float = 0.0
     drafts_accepted: int = 0  # committed tokens that came from the drafter
+    depths: tuple[float, ...] = ()  # accepted share at depth 1, 2, ... (of the steps whose tree reached it)
+
+    def add(self, rec: Record) -> LaneResult:
+        """This lane's result with one more record (a Started begins a new one)."""
+        if isinstance(rec, Started):
+            return LaneResult(started=rec)
+        if isinstance(rec, Step):
+            self.token_ids.extend(c.id for c in rec.committed)
+            self.token_texts.extend(c.text for c in rec.committed)
+            self.drafts_accepted += sum(c.origin == "draft" for c in rec.committed)
+            self.last_tps = rec.stats.tokens_per_s
+            self.depths = rec.stats.accept_per_depth
+        elif isinstance(rec, Finished):
+            self.finished = rec
+            self.depths = rec.stats.accept_per_depth or self.depths
+        return self
+
+    @property
+    def method(self) -> str:
+        return str(self.started.config.get("method") or self.started.drafter) if self.started else ""
 
     def tps(self, engine_time: bool) -> float:
         """Tokens per second: wall clock, or (teaching pauses in between) draft + verify time only."""
@@ -88,24 +112,18 @@ class ComparePane(Vertical):
     def show(self, records: Sequence[Record]) -> None:
         steps = 0
         for rec in records:
+            self.result = self.result.add(rec)
             if isinstance(rec, Started):
                 self.stream.clear()
-                self.result = LaneResult(started=rec)
-                method = rec.config.get("method") or rec.drafter
                 self.query_one(".pane-title", Static).update(
-                    Content.assemble((self.title, "bold"), f" · {method}"))
+                    Content.assemble((self.title, "bold"), f" · {self.result.method}"))
                 self._stats("running…")
             elif isinstance(rec, Step):
                 self.stream.add_step(rec, refresh=False)
-                self.result.token_ids.extend(c.id for c in rec.committed)
-                self.result.token_texts.extend(c.text for c in rec.committed)
-                self.result.drafts_accepted += sum(c.origin == "draft" for c in rec.committed)
-                self.result.last_tps = rec.stats.tokens_per_s
                 steps += 1
                 s = rec.stats
                 self._stats(f"{s.tokens} tokens · {s.tokens_per_s:.1f} tok/s · tau {s.tau:.2f} · running…")
             elif isinstance(rec, Finished):
-                self.result.finished = rec
                 s = rec.stats
                 outcome = "" if rec.reason == "stop" else f" · {rec.reason.upper()}"
                 self._stats(f"{rec.tokens} tokens · {s.tokens_per_s:.1f} tok/s · tau {s.tau:.2f}{outcome}")
@@ -120,6 +138,9 @@ class CompareScreen(Screen):
         self._blink = blink
         self._replay = replay
         self.badge_text = ""
+        self.depth_text = ""
+        self.methods: tuple[str, ...] = ()  # (A, B) of the current compare; (): the baseline vs the method in force
+        self.plain = LaneResult()  # the baseline's answer when both sides are speculative (no pane)
         self.first = ""  # the lane that ran first in the current compare
         self.stepped = False  # teaching paused the runs: compare engine time, not wall clock
         self.ready = False  # composed and mounted: records can be shown
@@ -127,12 +148,15 @@ class CompareScreen(Screen):
 
     def compose(self) -> ComposeResult:
         yield TitleBar(id="title")
-        yield Static(Content("Compare: type a prompt; baseline and speculative run one after the other "
-                             "(alternating which goes first), each from the same cache state."),
-                     id="compare-question")
+        yield Static(Content(intro(self.methods)), id="compare-question")
         with Horizontal(id="panes"):
             yield ComparePane("baseline", "Baseline (no drafter)", show_rejected=self._show_rejected)
             yield ComparePane("spec", "Speculative", show_rejected=self._show_rejected)
+        depths = Static("", id="depths")
+        depths.display = False  # shown when both sides are speculative
+        depths.styles.padding = (0, 1)
+        depths.tooltip = COMPARE_DEPTHS
+        yield depths
         yield Static("", id="badge")
         placeholder = (
             "replay: no model loaded" if self._replay else "Compare prompt · Enter runs both · F3 back to chat"
@@ -144,6 +168,7 @@ class CompareScreen(Screen):
         prompt = self.query_one(PromptInput)
         if self._replay:
             prompt.disabled = True
+        self._titles()
         self.ready = True
         if self._held:
             self.call_after_refresh(self._show_held)
@@ -169,6 +194,27 @@ class CompareScreen(Screen):
     def pane(self, lane: str) -> ComparePane:
         return self.query_one(f"#{lane}-pane", ComparePane)
 
+    @property
+    def two_methods(self) -> bool:
+        """Method A is speculative too: the left pane shows it, the baseline runs without a pane."""
+        return len(self.methods) == 2 and self.methods[0] != "none"
+
+    def expect(self, methods: tuple[str, ...]) -> None:
+        """The methods the next compare will run (chosen in the palette): said before the first run."""
+        self.methods = methods
+        if self.ready and self.pane("baseline").result.started is None:
+            self.query_one("#compare-question", Static).update(Content(intro(methods)))
+            self._titles()
+
+    def lane_method(self, lane: str) -> str:
+        """The method whose answer a lane shows now ("" before it started, or before the screen is)."""
+        return self._result(lane).method if self.ready and not self._held else ""
+
+    def _result(self, lane: str) -> LaneResult:
+        if lane == "alt" or (lane == "baseline" and not self.two_methods):
+            return self.pane("baseline").result
+        return self.pane("spec").result if lane == "spec" else self.plain
+
     def show_records(self, lane: str, records: Sequence[Record]) -> None:
         """Show one lane's records; until the screen is composed they wait, in order."""
         if not self.ready or self._held:
@@ -176,29 +222,61 @@ class CompareScreen(Screen):
             return
         self._show_records(lane, records)
 
+    def _start(self, turn: UserTurn) -> None:
+        """A new compare: its question, its two methods (the panes' titles), everything reset."""
+        self.query_one("#compare-question", Static).update(Content.assemble(("you ", "bold"), turn.text))
+        self.methods = turn.methods
+        for pane in (self.pane("baseline"), self.pane("spec")):
+            pane.reset()
+        self._titles()
+        self.plain = LaneResult()
+        self.first = ""
+        self.query_one("#depths", Static).display = self.two_methods
+        self._show_depths()
+        self._badge("starting…", "")
+
+    def _titles(self) -> None:
+        """The panes' titles: method A and method B, or the baseline and the speculative side."""
+        left = ("Method A", "Method B") if self.two_methods else ("Baseline (no drafter)", "Speculative")
+        for pane, title in zip((self.pane("baseline"), self.pane("spec")), left, strict=True):
+            pane.title = title
+            pane.query_one(".pane-title", Static).update(Content.styled(title, "bold"))
+
     def _show_records(self, lane: str, records: Sequence[Record]) -> None:
         rest: list[Record] = []
         for rec in records:
             if isinstance(rec, UserTurn):
-                self.query_one("#compare-question", Static).update(
-                    Content.assemble(("you ", "bold"), rec.text))
-                self.pane("baseline").reset()
-                self.pane("spec").reset()
-                self.first = ""
-                self._badge("starting…", "")
+                self._start(rec)
             else:
                 if isinstance(rec, Started) and not self.first:
                     self.first = lane
                 rest.append(rec)
-        if rest:
-            self.pane(lane).show(rest)
-        base, spec = self.pane("baseline").result, self.pane("spec").result
-        running = lane if self.pane(lane).result.started is not None and self.pane(lane).result.finished is None \
-            else ""
-        if running:
-            self._badge(f"{'baseline' if running == 'baseline' else 'speculative'} running…", "")
-        if base.finished is not None and spec.finished is not None:
-            self._verdict(base, spec)
+        if rest and lane == "baseline" and self.two_methods:
+            for rec in rest:
+                self.plain = self.plain.add(rec)
+        elif rest:
+            self.pane("baseline" if lane == "alt" else lane).show(rest)
+        result = self._result(lane)
+        if result.started is not None and result.finished is None:
+            if self.two_methods:
+                what = "baseline" if lane == "baseline" else result.method
+            else:
+                what = "baseline" if lane == "baseline" else "speculative"
+            self._badge(f"{what} running…", "")
+        if self.two_methods:
+            self._show_depths()
+        sides = [self.pane("baseline").result, self.pane("spec").result]
+        if all(r.finished is not None for r in sides):
+            if not self.two_methods:
+                self._verdict(*sides)
+            elif self.plain.finished is not None:
+                self._verdict_two(self.plain, *sides)
+
+    def _show_depths(self) -> None:
+        """Method A's and method B's accepted share at each depth, side by side (and their tau)."""
+        rows = [r for r in (self.pane("baseline").result, self.pane("spec").result) if r.started is not None]
+        self.depth_text = depth_table(rows)
+        self.query_one("#depths", Static).update(Content(self.depth_text))
 
     def _badge(self, text: str, kind: str) -> None:
         badge = self.query_one("#badge", Static)
@@ -207,14 +285,17 @@ class CompareScreen(Screen):
         for k in ("-identical", "-different", "-info"):
             badge.set_class(k == f"-{kind}", k)
 
-    def fairness(self, base: LaneResult, spec: LaneResult) -> str:
-        """How the two runs were timed: who went first, and the cache state both started from."""
-        first = "baseline first" if self.first != "spec" else "speculative first"
-        reused = {r.started.reused_tokens for r in (base, spec) if r.started is not None}
+    def fairness(self, *results: LaneResult) -> str:
+        """How the runs were timed: who went first, and the cache state they all started from."""
+        if self.two_methods:
+            first = f"{'baseline' if self.first == 'baseline' else self._result(self.first).method} first"
+        else:
+            first = "baseline first" if self.first != "spec" else "speculative first"
+        reused = {r.started.reused_tokens for r in results if r.started is not None}
         if reused == {0}:
-            cache = "both cold"
+            cache = "both cold" if len(results) == 2 else "all cold"
         elif len(reused) == 1:
-            cache = f"both warm ({reused.pop():,} cached tokens)"
+            cache = f"{'both' if len(results) == 2 else 'all'} warm ({reused.pop():,} cached tokens)"
         else:
             cache = "unequal cache state"
         return f"{cache}, {first}"
@@ -232,6 +313,40 @@ class CompareScreen(Screen):
             return f" · within noise at {tokens} tokens ({speeds})"
         clock = "engine time, teaching pauses excluded; " if self.stepped else ""
         return f" · speed-up {p / b:.2f}× ({speeds}; {clock}{self.fairness(base, spec)})"
+
+    def speedup(self, base: LaneResult, side: LaneResult) -> str:
+        """One side's speed-up against the baseline, or why it is not one (as :meth:`speed`)."""
+        b, p = base.tps(self.stepped), side.tps(self.stepped)
+        if not (b and p):
+            return f"{side.method} -"
+        if side.drafts_accepted == 0:
+            return f"{side.method} no drafts accepted"
+        if min(len(base.token_ids), len(side.token_ids)) < MIN_TIMED_TOKENS:
+            return f"{side.method} within noise"
+        return f"{side.method} {p / b:.2f}×"
+
+    def _verdict_two(self, base: LaneResult, a: LaneResult, b: LaneResult) -> None:
+        """Method A and method B against the baseline: identical text, and each one's speed-up."""
+        assert base.finished is not None and a.finished is not None and b.finished is not None
+        clock = "engine time; " if self.stepped else ""
+        speed = (f" · vs baseline {base.tps(self.stepped):.1f} tok/s: {self.speedup(base, a)}, "
+                 f"{self.speedup(base, b)} ({clock}{self.fairness(base, a, b)})")
+        if "cancelled" in (base.finished.reason, a.finished.reason, b.finished.reason):
+            self._badge("cancelled: nothing to compare" + speed, "info")
+            return
+        if not (base.greedy and a.greedy and b.greedy):
+            self._badge("sampling (temperature > 0): the texts are not expected to match" + speed, "info")
+            return
+        for side in (a, b):
+            diff = first_difference(base.token_ids, side.token_ids)
+            if diff is not None:
+                got = visible(side.token_texts[diff]) if diff < len(side.token_texts) else "end"
+                want = visible(base.token_texts[diff]) if diff < len(base.token_texts) else "end"
+                self._badge(f"≠ {side.method} differs from the baseline at token {diff}: ‹{got}› vs ‹{want}›"
+                            + speed, "different")
+                return
+        self._badge(f"✓ both identical to the baseline under greedy decoding ({len(base.token_ids)} tokens)"
+                    + speed, "identical")
 
     def _verdict(self, base: LaneResult, spec: LaneResult) -> None:
         assert base.finished is not None and spec.finished is not None
@@ -256,3 +371,33 @@ class CompareScreen(Screen):
     def set_show_rejected(self, on: bool) -> None:
         for pane in self.query(ComparePane):
             pane.stream.show_rejected = on
+
+
+def intro(methods: tuple[str, ...]) -> str:
+    """The line above the panes before the first compare: what Enter will run."""
+    if len(methods) == 2 and methods[0] != "none":
+        return (f"Compare: type a prompt; {methods[0]}, {methods[1]} and the baseline run one after the other "
+                "(rotating which goes first), each from the same cache state.")
+    return ("Compare: type a prompt; baseline and speculative run one after the other "
+            "(alternating which goes first), each from the same cache state.")
+
+
+def depth_table(results: Sequence[LaneResult], columns: int = 8) -> str:
+    """Rows of accepted share per depth (d1 = the first drafted token), one per method, and tau::
+
+        accepted at depth   d1   d2   d3   d4   tau
+        medusa             71%  42%  20%   8%  1.9
+        eagle3             80%  66%  55%  43%  2.6
+    """
+    rows = [r for r in results if r.method and r.method != "none"]
+    if not rows:
+        return ""
+    deepest = min(columns, max((len(r.depths) for r in rows), default=0))
+    name = max(17, *(len(r.method) for r in rows))
+    lines = [f"{'accepted at depth':<{name}}" + "".join(f"{f'd{d}':>5}" for d in range(1, deepest + 1)) + "  tau"]
+    for r in rows:
+        cells = "".join(f"{f'{r.depths[d]:.0%}' if d < len(r.depths) else '-':>5}" for d in range(deepest))
+        stats = r.finished.stats if r.finished is not None else None
+        tau = f"{stats.tau:5.2f}" if stats is not None else "    …"
+        lines.append(f"{r.method:<{name}}{cells}{tau}")
+    return "\n".join(lines)

@@ -111,6 +111,8 @@ class SettingsPanel(VerticalScroll):
                 editor.value = value
 
     def show_error(self, name: str, message: str, value: Any) -> None:
+        if not self.query(f"#status-{name}"):  # a palette-only setting (compare): the toast says it
+            return
         status = self.query_one(f"#status-{name}", Static)
         status.update(Content.assemble(("✗ refused: ", "bold"), message))
         status.set_class(True, "-error")
@@ -128,6 +130,8 @@ class SettingsPanel(VerticalScroll):
             self._shown[name] = value
 
     def clear_error(self, name: str) -> None:
+        if not self.query(f"#status-{name}"):
+            return
         status = self.query_one(f"#status-{name}", Static)
         if status.has_class("-error"):
             status.update("")

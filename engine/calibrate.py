@@ -1,0 +1,84 @@
+"""What a verify costs by tree size on this machine: the curve the adaptive budget plans with.
+
+Why measure instead of learning it all from the answer's own steps: a budget that knows only the
+sizes it happened to verify must guess the rest, and a straight line through a few points misses
+the real curve on a CPU (flat while the weights' stream from memory dominates, then steep once the
+arithmetic does: 16 tokens cost ~3x one, 64 cost ~10x). Every new size it tried then cost a lost
+step, and which sizes it tried depended on timing noise, so the same code pruned differently from
+run to run. The shape of the curve is a property of the kernels and the model, stable where the
+machine's absolute speed drifts, so it is measured once per session on a scratch cache and the
+budget only learns its scale from live steps (:class:`engine.adaptive.CostModel`).
+
+``bench --cost-curve`` reports the same measurement.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import torch
+
+from engine.tree import DraftTree
+
+CALIBRATION_SIZES = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)
+
+
+def sync(model: Any) -> None:
+    """Wait for the GPU, so a timing covers the work and not only its launch."""
+    device = getattr(model, "device", None)
+    if device is not None and torch.device(device).type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def binary_tree(n: int) -> DraftTree:
+    """n nodes, node i's parent (i - 1) // 2: the shape a top-2 drafter makes."""
+    return DraftTree(tuple(range(n)), tuple([-1] + [(i - 1) // 2 for i in range(1, n)]), (1.0,) * n)
+
+
+@torch.inference_mode()
+def measure_verify_costs(model: Any, context: int, sizes: tuple[int, ...], reps: int | None = None,
+                         seed: int = 0) -> dict[int, float]:
+    """Median milliseconds of one target forward over an n-node tree on top of ``context`` cached
+    tokens, for each n in ``sizes``. ``reps``: timed forwards per size (default: more for small
+    trees, whose timings are the noisiest relative to their size)."""
+    cache = model.new_cache(context + max(sizes) + 8)
+    gen = torch.Generator().manual_seed(seed)
+    if context:
+        model.forward(torch.randint(0, model.vocab_size, (context,), generator=gen), cache, logits="last")
+        cache.commit(context)
+    costs: dict[int, float] = {}
+    for n in sizes:
+        tree = binary_tree(n)
+        tokens = torch.randint(0, model.vocab_size, (n,), generator=gen)
+        positions = torch.tensor(tree.depths) + context
+        mask = tree.ancestor_mask() if n > 1 else None
+        model.forward(tokens, cache, positions=positions, tree_mask=mask)  # warm: buffers, code paths
+        times = []
+        for _ in range(reps or max(2, 24 // n)):
+            sync(model)
+            t0 = time.perf_counter()
+            model.forward(tokens, cache, positions=positions, tree_mask=mask)
+            sync(model)
+            times.append((time.perf_counter() - t0) * 1e3)
+        costs[n] = sorted(times)[len(times) // 2]  # the median resists a stray slow call
+    return costs
+
+
+def relative_shape(costs: dict[int, float]) -> dict[int, float]:
+    """Costs relative to the smallest size, made non-decreasing: a bigger tree never costs less,
+    and a noisy dip would make the budget prefer an arbitrary size."""
+    sizes = sorted(costs)
+    base = costs[sizes[0]]
+    shape: dict[int, float] = {}
+    top = 0.0
+    for n in sizes:
+        top = max(top, costs[n] / base)
+        shape[n] = top
+    return shape
+
+
+def verify_cost_shape(model: Any, context: int = 256) -> dict[int, float]:
+    """The relative verify-cost curve the adaptive budget extrapolates with (about a second on the
+    embedded model on a 2-core CPU: 12 sizes, ~90 forwards, most of them small)."""
+    return relative_shape(measure_verify_costs(model, context, CALIBRATION_SIZES))

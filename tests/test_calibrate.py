@@ -1,0 +1,78 @@
+"""The measured verify-cost curve (engine/calibrate.py) and how the budget plans with it."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from engine.adaptive import CostModel, DraftBudget
+from engine.calibrate import CALIBRATION_SIZES, measure_verify_costs, relative_shape
+from engine.config import SpecConfig
+from engine.events import Started, Step
+from engine.session import Session
+from engine.tree import DraftTree
+from tests.tiny import TinyTokenizer, our_model
+
+CPU_SHAPE = {1: 1.0, 2: 1.1, 4: 1.3, 8: 2.0, 16: 3.4, 32: 6.2, 64: 11.0}  # measured, fast precision, 2 cores
+
+
+@given(st.dictionaries(st.integers(1, 64), st.floats(0.1, 100.0), min_size=1, max_size=12))
+def test_a_shape_starts_at_one_and_never_falls(costs) -> None:
+    shape = relative_shape(costs)
+    sizes = sorted(shape)
+    assert shape[sizes[0]] == 1.0
+    assert all(shape[a] <= shape[b] for a, b in itertools.pairwise(sizes))
+    assert all(shape[n] >= costs[n] / costs[sizes[0]] - 1e-12 for n in sizes)
+
+
+def test_unseen_sizes_follow_the_measured_curve_from_the_nearest_seen_size() -> None:
+    cost = CostModel(shape=CPU_SHAPE)
+    assert cost.estimate(4) is None  # nothing timed yet: no level to scale
+    cost.observe(1, 5.0)
+    assert cost.estimate(16) == pytest.approx(5.0 * 3.4)
+    assert cost.estimate(12) == pytest.approx(5.0 * (2.0 + 0.5 * 1.4))  # between 8 and 16
+    assert cost.estimate(96) == pytest.approx(5.0 * (11.0 + 32 / 32 * 4.8))  # along the last segment
+    cost.observe(8, 12.0)  # this machine runs trees a bit dearer than the calibration said
+    assert cost.estimate(16) == pytest.approx(12.0 * 3.4 / 2.0)  # scaled from 8, the nearest seen
+    assert cost.estimate(2) == pytest.approx(5.0 * 1.1)
+    assert cost.estimate(8) == 12.0  # a size seen keeps its own average
+
+
+def test_a_line_through_cheap_small_trees_keeps_trees_the_measured_curve_prunes() -> None:
+    """The case calibration is for: only small trees have been verified, where a CPU's curve is
+    flat; a line through them calls a 16-node tree cheap, the measured curve knows it is not."""
+    tree = DraftTree.chain(7, list(range(10, 25)))  # 16 nodes
+    kept = {}
+    for name, shape in (("line", None), ("measured", CPU_SHAPE)):
+        budget = DraftBudget(shape)
+        budget.cost.observe(1, 5.0)
+        budget.cost.observe(2, 5.5)
+        budget.acceptance.rate = {(d, True, False): 0.95 for d in range(1, 20)}
+        kept[name] = len(budget.prune(tree))
+    assert kept["line"] == 16
+    assert 2 < kept["measured"] < 16
+
+
+def test_measured_costs_cover_every_size_and_the_session_calibrates_once() -> None:
+    model, tok = our_model("llama", 0)[0], TinyTokenizer(stop_ids=frozenset())
+    costs = measure_verify_costs(model, 16, (1, 3, 8), reps=2)
+    assert sorted(costs) == [1, 3, 8] and all(ms > 0 for ms in costs.values())
+    plain = Session(model, tok, SpecConfig(method="ngram"))
+    assert plain.cost_shape() is None  # a session not asked to calibrate learns from its steps alone
+    session = Session(model, tok, SpecConfig(method="ngram", max_new_tokens=12), calibrate_costs=True)
+    shape = session.cost_shape()
+    assert shape is not None and sorted(shape) == list(CALIBRATION_SIZES) and shape[1] == 1.0
+    assert session.cost_shape() is shape  # measured once
+    baseline = Session(model, tok, SpecConfig(method="none", max_new_tokens=12))
+    prompt = [5, 6, 7, 5, 6, 7, 5, 6]
+
+    def answer(s: Session) -> list[int]:
+        return [c.id for e in s.generate_ids(prompt) if isinstance(e, Step) for c in e.committed]
+
+    assert answer(session) == answer(baseline)
+    started = next(e for e in session.generate_ids(prompt) if isinstance(e, Started))
+    assert started.cost_shape == tuple(sorted(shape.items()))  # what the charts draw the budget's curve with
+    assert next(e for e in baseline.generate_ids(prompt) if isinstance(e, Started)).cost_shape == ()

@@ -1,0 +1,321 @@
+"""``specchat serve``: its flags, the command each browser tab runs, the one-line refusals, the session limit.
+
+The server itself is not started here (tests/test_serve_browser.py drives a real one with a
+headless browser): ``SpecchatServer.serve`` is replaced, so these check everything up to it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shlex
+import socket
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from specchat import serve, serve_session
+from specchat.cli import add_run_args, build_parser, main
+from specchat.serve import ServeError, SessionBudget, check_address, run_argv, session_command
+from specchat.serve_session import RefusalApp, acquire_slot, record_for_slot, refusal_text, wait_for_slot
+
+
+def _run_dests() -> list[str]:
+    parser = argparse.ArgumentParser(add_help=False)
+    add_run_args(parser)
+    return [a.dest for a in parser._actions]
+
+
+def _as_run(argv: list[str]) -> argparse.Namespace:
+    return build_parser().parse_args(["run", *argv])
+
+
+def _round_trip(argv: list[str]) -> None:
+    """``serve ARGV`` hands each tab the run arguments that ``run ARGV`` would have parsed."""
+    served = build_parser().parse_args(["serve", *argv])
+    forwarded = run_argv(served)  # `run` itself parses it: a serve-only flag left in would be refused
+    again, direct = vars(_as_run(forwarded)), vars(_as_run(argv))
+    assert {k: again[k] for k in _run_dests()} == {k: direct[k] for k in _run_dests()}
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+# the command line -------------------------------------------------------------------------------
+def test_serve_parses_its_flags_and_every_run_flag():
+    args = build_parser().parse_args(["serve", "some/model", "--host", "0.0.0.0", "--port", "9001",
+                                      "--max-sessions", "3", "--speculative-num-steps", "4",
+                                      "--no-adaptive-draft", "--temperature", "0.7", "--theme", "light"])
+    assert (args.command, args.model, args.host, args.port, args.max_sessions) == ("serve", "some/model",
+                                                                                    "0.0.0.0", 9001, 3)
+    assert (args.num_steps, args.adaptive_draft, args.temperature, args.theme) == (4, False, 0.7, "light")
+    defaults = build_parser().parse_args(["serve"])
+    assert (defaults.host, defaults.port, defaults.max_sessions) == ("127.0.0.1", 8000, None)
+    assert set(_run_dests()) <= set(vars(defaults))
+
+
+@pytest.mark.parametrize("argv", [
+    [],
+    ["--fake"],
+    ["./my model", "--method", "eagle3", "--draft", "heads/x", "--speculative-eagle-topk", "1"],
+    ["--adaptive-draft", "--temperature", "0.5", "--top-p", "0.9", "--seed", "7", "--sampling", "rejection"],
+    ["--no-adaptive-draft", "--compare", "--teach", "--record", "out/trace.jsonl", "--backend", "hf"],
+    ["--speculative-ngram-match-type", "prob", "--allow-pickle", "--threads", "1", "--", "-odd-name"],
+])
+def test_the_tab_command_carries_the_run_options(argv):
+    _round_trip(argv)
+
+
+def test_every_run_flag_is_forwarded():
+    """Each flag of ``run``, set to a value other than its default, reaches the tab: a flag added to
+    ``run`` later is served without a change here."""
+    parser = argparse.ArgumentParser(add_help=False)
+    add_run_args(parser)
+    argv: list[str] = []
+    for action in parser._actions:
+        if not action.option_strings:
+            continue  # the model, given last
+        if isinstance(action, argparse.BooleanOptionalAction):
+            argv.append(action.option_strings[1])
+        elif action.nargs == 0:
+            argv.append(action.option_strings[0])
+        elif action.choices:
+            argv += [action.option_strings[0], next(c for c in action.choices if c != action.default)]
+        else:
+            argv += [action.option_strings[0], {int: "3", float: "0.5"}.get(action.type, "x")]
+    argv += ["--", "a-model"]
+    forwarded = run_argv(build_parser().parse_args(["serve", *argv]))
+    changed = {a.dest for a in parser._actions}
+    again, direct = vars(_as_run(forwarded)), vars(_as_run(argv))
+    assert all(again[d] == direct[d] != parser.get_default(d) for d in changed), forwarded
+
+
+def test_session_command_runs_the_session_wrapper_with_the_run_args(tmp_path):
+    run_args = ["--fake", "--record", "a trace.jsonl", "--", "my model"]
+    words = shlex.split(session_command(run_args, tmp_path, 2, "at most 2; 1 GB free"))
+    assert words[:3] == [sys.executable, "-m", "specchat.serve_session"]
+    cut = words.index("--")
+    assert words[cut + 1:] == run_args
+    wrapper = argparse.Namespace(**dict(zip(words[3:cut:2], words[4:cut:2], strict=True)))
+    assert vars(wrapper) == {"--slots": str(tmp_path), "--limit": "2", "--note": "at most 2; 1 GB free"}
+
+
+# one-line refusals, before anything starts ------------------------------------------------------
+def test_a_port_in_use_is_refused_in_one_line():
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        with pytest.raises(ServeError, match=rf"port {port} .* in use.*--port"):
+            check_address("127.0.0.1", port)
+    check_address("127.0.0.1", port)  # free again: accepted
+
+
+@pytest.mark.parametrize(("host", "port", "says"), [
+    ("127.0.0.1", 0, "from 1 to 65535"),
+    ("127.0.0.1", 70000, "from 1 to 65535"),
+    ("no-such-host.invalid", 8000, "no such address"),
+    ("192.0.2.1", 8000, "not an address of this machine"),  # TEST-NET-1: never this machine's
+])
+def test_bad_addresses_are_refused(host, port, says):
+    with pytest.raises(ServeError, match=says):
+        check_address(host, port)
+
+
+@pytest.fixture
+def no_server(monkeypatch):
+    """Replace the server's loop: the tests see the server that would have run."""
+    started: list[serve.SpecchatServer] = []
+    monkeypatch.setattr(serve.SpecchatServer, "serve", lambda self, debug=False: started.append(self))
+    return started
+
+
+@pytest.mark.parametrize(("argv", "says"), [
+    (["./no/such/model"], "no such file or folder"),
+    (["--fake", "--method", "bogus"], "unknown method 'bogus'"),
+    (["--fake", "--max-sessions", "0"], "at least 1 session"),
+    (["--fake", "--port", "0"], "from 1 to 65535"),
+])
+def test_main_refuses_bad_input_in_one_line_before_serving(argv, says, no_server, capsys):
+    port = [] if "--port" in argv else ["--port", str(_free_port())]  # 8000 may be taken on this machine
+    assert main(["serve", *argv, *port]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and says in err and "Traceback" not in err
+    assert not no_server
+
+
+def test_main_serves_the_run_flags_and_prints_the_url(no_server, capsys):
+    port = _free_port()
+    assert main(["serve", "--fake", "--port", str(port), "--max-sessions", "1", "--speculative-num-steps", "4"]) == 0
+    [server] = no_server
+    assert (server.host, server.port, server.public_url) == ("127.0.0.1", port, f"http://127.0.0.1:{port}")
+    words = shlex.split(server.command)
+    assert sorted(words[words.index("--") + 1:]) == ["--fake", "--speculative-num-steps", "4"]
+    assert words[words.index("--limit") + 1] == "1"
+    assert f"open http://127.0.0.1:{port}" in server.banner
+    assert "no authentication" not in capsys.readouterr().err
+
+
+def test_a_non_local_host_is_served_with_a_warning(no_server, capsys):
+    assert main(["serve", "--fake", "--host", "0.0.0.0", "--port", str(_free_port())]) == 0
+    err = capsys.readouterr().err
+    assert "warning: listening on 0.0.0.0" in err and "no authentication" in err
+    assert not no_server[0].public_url.startswith("http://0.0.0.0")  # a browser elsewhere cannot open that
+
+
+def test_more_sessions_than_fit_are_allowed_with_a_warning(no_server, capsys, monkeypatch):
+    monkeypatch.setattr(serve, "available_memory", lambda: 2 * serve.APP_BYTES + 2 * serve.ENGINE_BYTES)
+    assert main(["serve", "--fake", "--port", str(_free_port()), "--max-sessions", "5"]) == 0
+    assert "--max-sessions 5 is more than this machine holds (1:" in capsys.readouterr().err
+    assert "--limit 5" in no_server[0].command
+
+
+def test_local_hosts_and_urls():
+    assert serve.is_local("127.0.0.1") and serve.is_local("::1") and serve.is_local("localhost")
+    assert not serve.is_local("0.0.0.0") and not serve.is_local("::") and not serve.is_local("192.0.2.1")
+    assert serve.public_url("::1", 80, None) == "http://[::1]:80"
+    assert serve.public_url("0.0.0.0", 8000, None) == f"http://{socket.getfqdn()}:8000"
+    assert serve.public_url("0.0.0.0", 8000, "https://chat.example/") == "https://chat.example"
+
+
+# the session limit ---------------------------------------------------------------------------------
+GB = 2**30
+
+
+@pytest.mark.parametrize(("per", "free", "cores", "fits"), [
+    (1 * GB, 16 * GB, 2, 2),  # memory for 12: the cores bound it
+    (1 * GB, 16 * GB, None, 12),  # on a GPU device the cores do not
+    (2 * GB, 3 * GB, 8, 1),  # a small machine: one engine
+    (4 * GB, 1 * GB, 8, 1),  # not even one fits: one all the same (as `run` would try)
+    (1 * GB, None, None, 1),  # nothing known: one
+    (1 * GB, None, 4, 4),
+])
+def test_session_budget(per, free, cores, fits):
+    budget = SessionBudget(per, free, cores)
+    assert budget.fits == fits
+    assert "each session needs about" in budget.describe()
+
+
+def test_the_budget_counts_the_model_weights(monkeypatch, tmp_path):
+    (tmp_path / "model.safetensors").write_bytes(b"\0" * 4096)
+    monkeypatch.setattr(serve, "available_memory", lambda: 64 * GB)
+    fake = build_parser().parse_args(["serve", "--fake"])
+    assert serve.session_budget(fake).per_session == serve.APP_BYTES + serve.ENGINE_BYTES
+    monkeypatch.setattr("engine.models.resolve.resolve_model",
+                        lambda *a, **k: argparse.Namespace(path=str(tmp_path), gguf=None))
+    real = build_parser().parse_args(["serve", str(tmp_path), "--device", "cpu"])
+    assert serve.weight_bytes(real) == 4096
+
+
+@pytest.mark.parametrize(("gpu_free", "host_free", "fits", "bound"), [
+    (3 * GB, 100 * GB, 1, 3 * GB),  # the GPU holds one engine (2 GB each)
+    (80 * GB, 8 * GB, 2, 8 * GB),  # the host holds two apps (3 GB each with the app process)
+])
+def test_on_a_gpu_the_smaller_memory_bounds_the_sessions_not_the_cores(monkeypatch, gpu_free, host_free, fits, bound):
+    import torch
+
+    monkeypatch.setattr("engine.loader.pick_device", lambda device: torch.device("cuda"))
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (gpu_free, 80 * GB))
+    monkeypatch.setattr(serve, "weight_bytes", lambda args: GB)
+    monkeypatch.setattr(serve, "ENGINE_BYTES", GB // 2)
+    monkeypatch.setattr(serve, "APP_BYTES", GB)
+    monkeypatch.setattr(serve, "available_memory", lambda: host_free)
+    budget = serve.session_budget(build_parser().parse_args(["serve", "a-model", "--device", "cuda"]))
+    assert (budget.fits, budget.available, budget.cores) == (fits, bound, None)
+
+
+def test_slots_are_held_until_released(tmp_path):
+    first, second = acquire_slot(tmp_path, 2), acquire_slot(tmp_path, 2)
+    assert first is not None and second is not None and {first.index, second.index} == {0, 1}
+    assert acquire_slot(tmp_path, 2) is None
+    assert wait_for_slot(tmp_path, 2, grace_s=0) is None
+    first.release()
+    again = acquire_slot(tmp_path, 2)
+    assert again is not None and again.index == first.index
+    again.release()
+    second.release()
+
+
+def test_a_slot_is_held_across_exec_and_freed_when_the_session_dies(tmp_path):
+    """A tab's process takes a slot and becomes ``specchat run`` (exec): the lock stays with the app; when
+    that process dies, however, the kernel drops it, so a crashed or killed tab never keeps its slot."""
+    holder = subprocess.Popen([sys.executable, "-c", textwrap.dedent(f"""
+        import os, sys
+        from pathlib import Path
+        from specchat.serve_session import acquire_slot
+        slot = acquire_slot(Path({str(tmp_path)!r}), 1)
+        os.set_inheritable(slot.fd, True)
+        os.execv(sys.executable, [sys.executable, "-c", "import time; print('held', flush=True); time.sleep(60)"])
+    """)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        assert acquire_slot(tmp_path, 1) is None
+    finally:
+        holder.kill()
+        holder.wait()
+    slot = acquire_slot(tmp_path, 1)
+    assert slot is not None
+    slot.release()
+
+
+def test_a_tab_beyond_the_limit_gets_the_refusal_app(tmp_path, monkeypatch):
+    held = acquire_slot(tmp_path, 1)
+    shown: list[str] = []
+    monkeypatch.setattr(serve_session, "GRACE_S", 0.0)
+    monkeypatch.setattr(RefusalApp, "run", lambda self: shown.append(self.text))
+    monkeypatch.setattr(serve_session.os, "execv", lambda path, argv: pytest.fail(f"an engine started: {argv}"))
+    assert serve_session.main(["--slots", str(tmp_path), "--limit", "1", "--note", "why", "--", "--fake"]) == 0
+    assert shown == [refusal_text(1, "why")]
+    held.release()
+
+
+def test_a_tab_with_a_free_slot_becomes_specchat_run_holding_it(tmp_path, monkeypatch):
+    taken: list[serve_session.Slot] = []
+    real_wait = serve_session.wait_for_slot
+    monkeypatch.setattr(serve_session, "wait_for_slot", lambda *a, **k: taken.append(real_wait(*a, **k)) or taken[-1])
+    became: list[list[str]] = []
+
+    def exec_(path: str, argv: list[str]) -> None:
+        became.append(argv)
+        assert acquire_slot(tmp_path, 1) is None and os.get_inheritable(taken[0].fd)  # kept across the exec
+
+    monkeypatch.setattr(serve_session.os, "execv", exec_)
+    assert serve_session.main(["--slots", str(tmp_path), "--limit", "1", "--", "--fake", "--", "m"]) == 0
+    assert became == [[sys.executable, "-m", "specchat", "run", "--fake", "--", "m"]]
+    taken[0].release()
+
+
+def test_refusal_text_names_the_limit_and_what_to_do():
+    text = refusal_text(2, "each session needs about 1.2 GB")
+    assert "2 browser tabs have an engine already" in text and "1.2 GB" in text
+    assert "--max-sessions" in text and "reload" in text
+    assert "one browser tab has" in refusal_text(1, "")
+
+
+def test_two_tabs_never_record_into_one_trace():
+    args = ["--fake", "--record", "out/t.jsonl", "--", "m"]
+    assert record_for_slot(args, 0) == args
+    assert record_for_slot(args, 2) == ["--fake", "--record", "out/t.session2.jsonl", "--", "m"]
+    assert record_for_slot(["--fake"], 3) == ["--fake"]
+
+
+async def test_the_refusal_app_shows_why_and_closes_on_q():
+    app = RefusalApp(refusal_text(1, "each session needs about 800 MB"))
+    async with app.run_test(size=(80, 24)) as pilot:
+        shown = str(app.query_one("#refusal").render())
+        assert "no engine free" in shown and "800 MB" in shown
+        await pilot.press("q")
+    assert app.return_code == 0
+
+
+def test_the_slots_folder_is_the_servers_own(no_server):
+    assert main(["serve", "--fake", "--port", str(_free_port())]) == 0
+    words = shlex.split(no_server[0].command)
+    slots = Path(words[words.index("--slots") + 1])
+    assert slots.name.startswith("specchat-serve-") and not slots.exists()  # removed when the server stops

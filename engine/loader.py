@@ -241,13 +241,14 @@ def load_session(
         if progress:
             progress("loading the draft", 1, 1)
     session = Session(loaded.model, loaded.tokenizer, config, model_name=loaded.name, model_path=loaded.path,
-                      drafters=drafters, system_prompt=system_prompt, features=features, calibrate_costs=True)
+                      drafters=drafters, system_prompt=system_prompt, features=features,
+                      calibrate_costs=os.environ.get("SPECCHAT_CALIBRATE", "1") != "0")
     for method in dict.fromkeys(also):
         if method in shipped and method not in session.methods:
             extra = load_draft(str(shipped[method]), loaded.model, loaded.tokenizer, method=method)
             session.set_draft(extra.method, extra.factory, extra.features)
     session.draft_description = description
-    if config.method != "none" and config.adaptive_draft:
+    if config.method != "none" and config.adaptive_draft and session.calibrates:
         if progress:
             progress("measuring verify costs", 0, 1)
         session.cost_shape()  # now, behind the loading screen, not before the first answer

@@ -299,6 +299,11 @@ class Session:
             self._budgets[method] = DraftBudget(self.cost_shape())
         return self._budgets[method]
 
+    @property
+    def calibrates(self) -> bool:
+        """Whether this session measures its verify-cost curve (``SPECCHAT_CALIBRATE=0``: not)."""
+        return self._calibrate
+
     def cost_shape(self) -> dict[int, float] | None:
         """The relative verify cost by tree size (measured on first use, about a second on the
         embedded model), or None for a session that learns costs from its steps alone."""

@@ -100,6 +100,14 @@ static AVX2F void quantize_row(const float *x, long K, long group, int q4_order,
     }
 }
 
+/* The byte shuffle that turns four k of a q8 panel (16 bytes per k) into four k per column lane:
+ * byte 4j + i of the result = byte 16i + j of the source. */
+static inline __attribute__((always_inline)) VNNI __m512i q8_transpose(void) {
+    return _mm512_set_epi8(63, 47, 31, 15, 62, 46, 30, 14, 61, 45, 29, 13, 60, 44, 28, 12, 59, 43, 27, 11, 58, 42, 26,
+                           10, 57, 41, 25, 9, 56, 40, 24, 8, 55, 39, 23, 7, 54, 38, 22, 6, 53, 37, 21, 5, 52, 36, 20, 4,
+                           51, 35, 19, 3, 50, 34, 18, 2, 49, 33, 17, 1, 48, 32, 16, 0);
+}
+
 /* One tile of MR rows by one 16-column panel; results to out[MR][16]. */
 static inline __attribute__((always_inline)) VNNI void
 tile(const int MR, const int q4, const int8_t *xq, long K, const float *xd, const int32_t *xs, long group,
@@ -107,11 +115,7 @@ tile(const int MR, const int q4, const int8_t *xq, long K, const float *xd, cons
     const long ng = K / group;
     const __m512i m4 = _mm512_set1_epi32(0x0F0F0F0F);
     const __m512i flip = _mm512_set1_epi8((char)0x80);
-    /* byte 4j + i of the result = byte 16i + j of the source: four k of column j in lane j */
-    const __m512i tr = _mm512_set_epi8(63, 47, 31, 15, 62, 46, 30, 14, 61, 45, 29, 13, 60, 44, 28, 12, 59, 43, 27, 11,
-                                       58, 42, 26, 10, 57, 41, 25, 9, 56, 40, 24, 8, 55, 39, 23, 7, 54, 38, 22, 6, 53,
-                                       37, 21, 5, 52, 36, 20, 4, 51, 35, 19, 3, 50, 34, 18, 2, 49, 33, 17, 1, 48, 32,
-                                       16, 0);
+    const __m512i tr = q8_transpose();
     __m512 acc[FAST_ROWS];
 #pragma GCC unroll 12
     for (int r = 0; r < MR; r++) acc[r] = _mm512_setzero_ps();
@@ -190,10 +194,7 @@ tile_g32(const int MR, const int q4, const int8_t *xq, long K, const float *xd, 
     const long ng = K / 32;
     const __m512i m4 = _mm512_set1_epi32(0x0F0F0F0F);
     const __m512i flip = _mm512_set1_epi8((char)0x80);
-    const __m512i tr = _mm512_set_epi8(63, 47, 31, 15, 62, 46, 30, 14, 61, 45, 29, 13, 60, 44, 28, 12, 59, 43, 27, 11,
-                                       58, 42, 26, 10, 57, 41, 25, 9, 56, 40, 24, 8, 55, 39, 23, 7, 54, 38, 22, 6, 53,
-                                       37, 21, 5, 52, 36, 20, 4, 51, 35, 19, 3, 50, 34, 18, 2, 49, 33, 17, 1, 48, 32,
-                                       16, 0);
+    const __m512i tr = q8_transpose();
     __m512 acc[G32_ROWS];
 #pragma GCC unroll 16
     for (int r = 0; r < MR; r++) acc[r] = _mm512_setzero_ps();

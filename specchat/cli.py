@@ -11,6 +11,7 @@ import importlib
 import sys
 from collections.abc import Callable, Sequence
 
+from engine.config import METHODS
 from engine.errors import UserError
 from specchat.options import SPEC_FLAGS, UsageError
 
@@ -53,7 +54,7 @@ def _add_model_args(p: argparse.ArgumentParser) -> None:
 
 def _add_spec_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--method", "--speculative-algorithm", dest="method", default=None,
-                   help="none | ngram | eagle | eagle3 | standalone")
+                   help=" | ".join(METHODS))
     p.add_argument("--draft", "--speculative-draft-model-path", dest="draft", default=None,
                    help="EAGLE head or small draft model (folder or hub id); the method is inferred from it")
     p.add_argument("--draft-revision", default=None, help="hub draft: branch, tag or commit")

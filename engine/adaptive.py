@@ -17,13 +17,14 @@ Both estimates are learned online, per session:
 
 Pruning bounds the verify cost, but the drafting itself is paid before anything is known: a
 drafter that rarely lands (a weak EAGLE head on free text) makes every step slower than a plain
-one. :class:`DraftGate` compares the measured rate of drafted steps (tokens per ms, drafting
-included) with plain decoding's and pauses drafting while it loses, retrying after a pause that
-doubles each time it still loses (4 steps up to 128), so a useless drafter costs a few percent
-instead of half the speed, and a drafter that starts landing again is back within a pause. For a
-drafter that pays a forward per level, :meth:`DraftBudget.draft_depth` also picks how many levels
-to draft (measured on the 2-core VM: a weak EAGLE-3 head drafts one level in ~2 ms instead of five
-in ~9 ms, since deeper levels would mostly be pruned or rejected anyway).
+one. :class:`DraftGate` compares the measured rate of the last drafted steps (tokens per ms,
+drafting included, over a window of up to 16) with plain decoding's and pauses drafting while it
+loses, retrying after a pause that doubles each time it still loses (4 steps up to 128), so a
+useless drafter costs a few percent instead of half the speed, and a drafter that starts landing
+again is back within a pause. For a drafter that pays a forward per level,
+:meth:`DraftBudget.draft_depth` also picks how many levels to draft (measured on the 2-core VM:
+a weak EAGLE-3 head drafts one level in ~2 ms instead of five in ~9 ms, since deeper levels would
+mostly be pruned or rejected anyway).
 
 Pruning a tree to a subtree that contains the root never changes what greedy verification
 outputs, and keeps the target distribution under sampling: this is a speed choice only.
@@ -33,6 +34,7 @@ from __future__ import annotations
 
 import bisect
 import math
+from collections import deque
 from dataclasses import dataclass, field
 
 from engine.drafters.tree_search import Candidates, StopRule
@@ -42,8 +44,11 @@ _PRIOR = 0.5  # optimistic acceptance before any evidence
 _RECOVER = 0.02  # per step, how far an untested estimate drifts back to the prior
 _LEARN = 0.1  # weight of a new observation in the acceptance average
 _COST_LEARN = 0.2  # weight of a new timing in the per-size cost average
+_LEVEL_FADE = 0.95  # weight of a drafted step's timing against the next one's in the level-cost fit
 _MAX_DEPTH = 64
-_GATE_LEARN = 0.25  # weight of a drafted step in the drafted-rate average
+_GATE_WINDOW = 16  # drafted steps the gate judges together (a ratio of sums)
+_GATE_PROBE = 8  # drafted steps after a (re)start before the gate judges
+_WIDTH_RETRY, _WIDTH_MAX_WAIT = 32, 256  # drafted steps before the losing width is tried again
 _GATE_MARGIN = 0.97  # drafting must keep at least this share of plain decoding's rate
 _CHEAP_DRAFT = 0.05  # drafting cheaper than this share of a plain step is never paused
 _MIN_PAUSE, _MAX_PAUSE = 4, 128  # steps without drafting after a losing drafted step
@@ -55,26 +60,30 @@ class CostModel:
     number of levels a drafter grew.
 
     ``shape``: the relative cost by size measured for this session (engine/calibrate.py), or
-    None. With it, a size not seen lately is estimated from the nearest size seen, scaled along
-    the measured curve: the live steps give the level, the calibration the shape. Without it,
-    a least-squares line through the sizes seen."""
+    None. With it, every size is the measured curve scaled to the live steps: they give the level,
+    the calibration the shape. Without it, a size seen keeps its own average, and the others lie
+    on a least-squares line through the sizes seen."""
 
     ms: dict[int, float] = field(default_factory=dict)
     lone_slope: float = 0.05  # with one size seen: relative cost per extra unit (verify: CPU-typical)
     shape: dict[int, float] | None = None
+    scale: float | None = None  # with a shape: ms of a one-token step, learned from every size timed
 
     def observe(self, n: int, ms: float) -> None:
         old = self.ms.get(n)
         self.ms[n] = ms if old is None else old + _COST_LEARN * (ms - old)
+        if self.shape:
+            level = ms / self.relative(n)
+            self.scale = level if self.scale is None else self.scale + _COST_LEARN * (level - self.scale)
 
     def estimate(self, n: int) -> float | None:
+        if self.shape:  # every size from one level that every step refreshes: per-size averages of
+            # sizes the budget stopped choosing go stale, and a stale price keeps them unchosen
+            return None if self.scale is None else max(1e-3, self.scale * self.relative(n))
         if n in self.ms:
             return max(1e-3, self.ms[n])
         if not self.ms:
             return None
-        if self.shape:
-            seen = min(self.ms, key=lambda m: (abs(m - n), m))
-            return max(1e-3, self.ms[seen] * self.relative(n) / self.relative(seen))
         # least-squares line through the sizes seen; with one size, assume the CPU-typical slope
         xs, ys = zip(*sorted(self.ms.items()), strict=True)
         if len(xs) == 1:
@@ -95,6 +104,46 @@ class CostModel:
         i = min(bisect.bisect(sizes, n), len(sizes) - 1)  # sizes[i - 1] < n < sizes[i], or beyond the last
         lo, hi = sizes[i - 1], sizes[i]
         return self.shape[lo] + (n - lo) / (hi - lo) * (self.shape[hi] - self.shape[lo])
+
+
+@dataclass
+class LevelCost:
+    """Milliseconds to draft a number of levels: a line a + b * levels, fitted by least squares over
+    the drafted steps with older ones fading (each weighs ``_LEVEL_FADE`` times the next).
+
+    Why a fit over steps, not an average per level count: the budget mostly drafts the depth it
+    believes pays, so an average for another depth goes stale, and a stale price would keep that
+    depth unchosen. Until the levels drafted vary, the line goes through the origin and the mean."""
+
+    sums: list[float] = field(default_factory=lambda: [0.0] * 5)  # weight, x, y, xx, xy
+    ms: dict[int, float] = field(default_factory=dict)  # the last average per level count (for display)
+
+    def observe(self, levels: int, ms: float) -> None:
+        old = self.ms.get(levels)
+        self.ms[levels] = ms if old is None else old + _COST_LEARN * (ms - old)
+        self.sums = [_LEVEL_FADE * v for v in self.sums]
+        for i, v in enumerate((1.0, levels, ms, levels * levels, levels * ms)):
+            self.sums[i] += v
+
+    def line(self) -> tuple[float, float] | None:
+        """(intercept, ms per level), or None before any step."""
+        w, sx, sy, sxx, sxy = self.sums
+        if w <= 0:
+            return None
+        mx, my = sx / w, sy / w
+        var = sxx / w - mx * mx
+        if var < 0.05:  # (nearly) one level count seen: proportional to levels
+            return 0.0, my / max(mx, 1.0)
+        slope = max(0.0, (sxy / w - mx * my) / var)
+        return my - slope * mx, slope
+
+    def estimate(self, levels: int) -> float | None:
+        fit = self.line()
+        return None if fit is None else max(1e-3, fit[0] + fit[1] * levels)
+
+    def per_level(self) -> float | None:
+        fit = self.line()
+        return None if fit is None else fit[1]
 
 
 @dataclass
@@ -159,19 +208,29 @@ class ConfidenceModel:
 
     def get(self, p: float) -> float:
         b = self.bucket(p)
-        if b in self.rate:
-            return self.rate[b]
+        return self.rate.get(b, self.prior(b))
+
+    @staticmethod
+    def prior(b: int) -> float:
+        """A bucket's midpoint: the head taken at its word."""
         lo = _CONFIDENCE_EDGES[b - 1] if b else 0.0
         hi = _CONFIDENCE_EDGES[b] if b < len(_CONFIDENCE_EDGES) else 1.0
         return (lo + hi) / 2
 
     def observe(self, tree: DraftTree, accepted: tuple[int, ...]) -> None:
+        """Learn from the nodes whose parent was kept; buckets left untested drift back up to their
+        prior, since pruning by this model stops testing the drafts it has come to distrust."""
         on_path = {0, *accepted}
+        seen: set[int] = set()
         for i in range(1, len(tree)):
             if tree.parents[i] in on_path:
                 b = self.bucket(tree.draft_probs[i])
                 old = self.get(tree.draft_probs[i])
                 self.rate[b] = old + _LEARN * ((i in on_path) - old)
+                seen.add(b)
+        for b, value in self.rate.items():
+            if b not in seen and value < self.prior(b):
+                self.rate[b] = value + _RECOVER * (self.prior(b) - value)
 
     def path(self, cands: Candidates, i: int) -> float:
         """Estimated probability that candidate ``i`` and all its ancestors are accepted."""
@@ -182,17 +241,116 @@ class ConfidenceModel:
 
 
 @dataclass
-class DraftGate:
-    """Whether to draft at all this step (see the module docstring)."""
+class RateWindow:
+    """The last drafted steps' tokens and times; their rate is a ratio of sums, None until
+    ``_GATE_PROBE`` steps are in (one step says little: a draft lands or it does not)."""
 
-    rate: float | None = None  # tokens per ms of drafted steps, drafting included (average)
-    draft_ms: float | None = None  # drafting time per drafted step (average)
+    tokens: deque[int] = field(default_factory=lambda: deque(maxlen=_GATE_WINDOW))
+    ms: deque[float] = field(default_factory=lambda: deque(maxlen=_GATE_WINDOW))  # drafting + verifying
+    drafts_ms: deque[float] = field(default_factory=lambda: deque(maxlen=_GATE_WINDOW))  # drafting alone
+
+    def add(self, tokens: int, draft_ms: float, verify_ms: float) -> None:
+        self.tokens.append(tokens)
+        self.ms.append(draft_ms + verify_ms)
+        self.drafts_ms.append(draft_ms)
+
+    def clear(self) -> None:
+        for window in (self.tokens, self.ms, self.drafts_ms):
+            window.clear()
+
+    def __len__(self) -> int:
+        return len(self.ms)
+
+    @property
+    def rate(self) -> float | None:
+        """Tokens per ms over the window."""
+        if len(self.ms) < _GATE_PROBE:
+            return None
+        return sum(self.tokens) / max(1e-3, sum(self.ms))
+
+    @property
+    def draft_ms(self) -> float | None:
+        return sum(self.drafts_ms) / len(self.drafts_ms) if self.drafts_ms else None
+
+
+@dataclass
+class WidthChoice:
+    """Chains or trees, for a drafter that pays per level and is asked for top-k > 1.
+
+    A tree drafts k rows a level and verifies its likeliest nodes; it pays where a node's second
+    or third guess lands often enough to cover those rows, which depends on the drafter and the
+    text (measured on the 2-core EPYC, MT-bench, the embedded EAGLE-3 head: top-k 4 0.97x and top-k
+    2 0.94x our baseline, top-k 1 1.06x, same run). So both are measured: each width's rate over
+    its own window of drafted steps; the better drafts, and the other is tried again for a window
+    after 32 drafted steps, then 64, ... up to 256 while it keeps losing."""
+
+    windows: dict[int, RateWindow] = field(default_factory=dict)
+    current: int = 1
+    chosen_for: int = 0  # the top-k both widths were measured for
+    trial: int = 0  # drafted steps left on the width being tried (0: none on trial)
+    wait: int = _WIDTH_RETRY  # drafted steps before the other width is tried again
+    next_wait: int = _WIDTH_RETRY
+
+    def pick(self, topk: int) -> int:
+        if topk <= 1:
+            self.current = 1
+            return 1
+        for width in (topk, 1):  # both measured first, the configured tree first
+            if len(self.windows.setdefault(width, RateWindow())) < _GATE_PROBE:
+                self.current = width
+                return width
+        if self.chosen_for != topk:  # both measured (again, for a new top-k): the better drafts
+            self.chosen_for, self.trial, self.next_wait = topk, 0, _WIDTH_RETRY
+            self.current = max((topk, 1), key=lambda w: self.windows[w].rate or 0.0)
+            self.wait = self.next_wait
+        elif self.trial == 0 and self.wait <= 0:  # a window for the other width, from fresh steps
+            other = 1 if self.current != 1 else topk
+            self.windows[other].clear()
+            self.current, self.trial = other, _GATE_PROBE
+        return self.current
+
+    def observe(self, width: int, tokens: int, draft_ms: float, verify_ms: float) -> None:
+        window = self.windows.setdefault(width, RateWindow())
+        window.add(tokens, draft_ms, verify_ms)
+        if self.trial > 0:
+            self.trial -= 1
+            if self.trial == 0:
+                self._settle()
+        elif self.chosen_for:
+            self.wait -= 1
+
+    def _settle(self) -> None:
+        """The trial's window is in: keep whichever width commits more tokens per ms."""
+        rates = {w: win.rate for w, win in self.windows.items() if win.rate is not None and w in (1, self.chosen_for)}
+        best = max(rates, key=lambda w: rates[w])
+        if best == self.current:  # the tried width won: it stays, and the loser waits the least
+            self.next_wait = _WIDTH_RETRY
+        else:
+            self.next_wait = min(_WIDTH_MAX_WAIT, 2 * self.next_wait)
+        self.current, self.wait = best, self.next_wait
+
+
+@dataclass
+class DraftGate:
+    """Whether to draft at all this step (see the module docstring).
+
+    The gate judges a window of drafted steps, never one: a head whose first draft lands 44% of the
+    time loses most single steps and still pays over ten, so a one-step verdict paused a drafter
+    that paid on most of an answer and kept it paused by chance (session 20: the same code paused
+    EAGLE-3 on 66% or 89% of steps). After each pause it drafts ``_GATE_PROBE`` steps before the
+    next verdict."""
+
+    window: RateWindow = field(default_factory=lambda: RateWindow())
     pause: int = 0  # steps left without drafting
     next_pause: int = _MIN_PAUSE
     # The first drafted step of an answer, and the first after a pause, also pays the drafter's
     # catch-up (an EAGLE head extends its cache over the prompt or the paused steps): a one-off
     # cost, so that step is not judged.
     settling: bool = True
+
+    @property
+    def rate(self) -> float | None:
+        return self.window.rate
 
     def should_draft(self) -> bool:
         if self.pause > 0:
@@ -206,15 +364,16 @@ class DraftGate:
         if self.settling:
             self.settling = False
             return False
-        rate = tokens / max(1e-3, draft_ms + verify_ms)
-        self.rate = rate if self.rate is None else self.rate + _GATE_LEARN * (rate - self.rate)
-        self.draft_ms = draft_ms if self.draft_ms is None else self.draft_ms + _GATE_LEARN * (draft_ms - self.draft_ms)
-        if plain_ms is None or self.draft_ms < _CHEAP_DRAFT * plain_ms or self.rate >= _GATE_MARGIN / plain_ms:
+        self.window.add(tokens, draft_ms, verify_ms)
+        rate, drafting = self.window.rate, self.window.draft_ms
+        if plain_ms is None or rate is None or drafting is None:
+            return True
+        if drafting < _CHEAP_DRAFT * plain_ms or rate >= _GATE_MARGIN / plain_ms:
             self.next_pause = _MIN_PAUSE
             return True
         self.pause = self.next_pause
         self.next_pause = min(_MAX_PAUSE, 2 * self.next_pause)
-        self.rate = None  # the retry after the pause is judged on its own, not on the losses before it
+        self.window.clear()  # the retry is judged on its own steps
         self.settling = True
         return True
 
@@ -224,10 +383,22 @@ class DraftBudget:
 
     def __init__(self, cost_shape: dict[int, float] | None = None) -> None:
         self.cost = CostModel(shape=cost_shape)  # verify ms by tree size
-        self.draft_cost = CostModel(lone_slope=1.0)  # ms by levels drafted: one head forward per level
+        # ms by levels drafted (one head forward per level), for each width drafted
+        self.draft_costs: dict[int, LevelCost] = {}
         self.acceptance = AcceptanceModel()
         self.confidence = ConfidenceModel()
         self.gate = DraftGate()
+        self.width = WidthChoice()
+
+    @property
+    def draft_cost(self) -> LevelCost:
+        """The drafting cost model of the width drafting now (a level of k rows costs more than one)."""
+        return self.draft_costs.setdefault(self.width.current, LevelCost())
+
+    def draft_width(self, topk: int) -> int:
+        """The top-k to draft with this step: ``topk`` (a tree) or 1 (a chain), whichever has been
+        committing more tokens per ms (:class:`WidthChoice`)."""
+        return self.width.pick(topk)
 
     def restart(self) -> None:
         """A drafter takes over (an answer's first step, or a switch of method): its first drafted
@@ -256,33 +427,40 @@ class DraftBudget:
         return best_depth
 
     def stop_rule(self) -> StopRule | None:
-        """For a drafter that pays per level: stop growing once the likeliest frontier path is
-        worth less than a level costs. Another level can add at most that path's probability in
-        accepted tokens, each worth a plain step's time, so growing pays only while
-        P(path) * plain_ms exceeds the level's ms. None until both costs are measured."""
-        plain = self.cost.estimate(1)
-        one, two = self.draft_cost.estimate(1), self.draft_cost.estimate(2)
-        if plain is None or one is None or two is None:
+        """For a drafter that pays per level: stop growing once the next level is worth less than it
+        costs (EAGLE-2's confidence-aware stopping, priced). A node one level down is accepted with
+        at most P(its parent's path) * P(a node at that depth lands), each accepted token worth a
+        plain step's time; it costs a level of drafting and one more node to verify. The likeliest
+        frontier path decides, so a confident head drafts deep and a doubtful one stops at the
+        first level. None until both costs are measured."""
+        plain, level = self.cost.estimate(1), self.draft_cost.per_level()
+        if plain is None or level is None:
             return None
-        threshold = max(two - one, 0.0) / plain
-        confidence = self.confidence
+        confidence, acceptance, cost = self.confidence, self.acceptance, self.cost
 
         def stop(cands: Candidates, frontier: list[int]) -> bool:
-            return max(confidence.path(cands, i) for i in frontier) < threshold
+            depth = cands.depth[frontier[0]]  # the frontier's; the next level is one deeper
+            gain = max(confidence.path(cands, i) for i in frontier) * acceptance.get(depth + 1, True) * plain
+            verify = cost.estimate(depth + 2) - cost.estimate(depth + 1)  # type: ignore[operator]
+            return gain < level + max(verify, 0.0)
 
         return stop
 
     def prune(self, tree: DraftTree) -> DraftTree:
         if len(tree) == 1:
             return tree
-        # path probability of each node = product of conditional acceptances along its path
+        # path probability of each node = product of conditional acceptances along its path: by the
+        # drafter's own probability where it gives one (a head knows which of its drafts are shaky),
+        # else by depth and rank
         prob = [1.0] * len(tree)
         seen_parent: set[int] = set()
         for i in range(1, len(tree)):
             parent = tree.parents[i]
             first = parent not in seen_parent
             seen_parent.add(parent)
-            prob[i] = prob[parent] * self.acceptance.get(tree.depths[i], first)
+            accept = (self.confidence.get(tree.draft_probs[i]) if tree.has_probs
+                      else self.acceptance.get(tree.depths[i], first))
+            prob[i] = prob[parent] * accept
         # nodes by probability; ties keep tree order, so parents (never less likely) come first
         order = sorted(range(1, len(tree)), key=lambda i: (-prob[i], i))
         best_n, best_rate, expected = 1, None, 1.0
@@ -301,17 +479,20 @@ class DraftBudget:
         return subtree(tree, keep)
 
     def observe(self, tree: DraftTree, accepted: tuple[int, ...], verify_ms: float,
-                draft_ms: float | None = None, levels: int = 0) -> None:
+                draft_ms: float | None = None, levels: int = 0, width: int = 0) -> None:
         """``draft_ms``: the drafting time of a drafted step; None for a step the gate kept plain.
-        ``levels``: how many levels the drafter was asked for, when it pays per level (else 0)."""
+        ``levels``, ``width``: the levels the drafter grew and the top-k it was asked for, when it
+        pays per level and the budget chose them (else 0)."""
         self.cost.observe(len(tree), verify_ms)
         self.acceptance.observe(tree, accepted)
-        if tree.has_probs:
+        if tree.has_probs or len(tree) == 1:  # a plain step tests nothing: pessimism fades
             self.confidence.observe(tree, accepted)
         if draft_ms is not None:
             judged = self.gate.observe(len(accepted) + 1, draft_ms, verify_ms, self.cost.estimate(1))
             if levels and judged:  # a settling step's catch-up is not the price of its levels
                 self.draft_cost.observe(levels, draft_ms)
+            if width and judged:
+                self.width.observe(width, len(accepted) + 1, draft_ms, verify_ms)
 
 
 def subtree(tree: DraftTree, keep: list[int]) -> DraftTree:

@@ -104,6 +104,9 @@ class Step:
     # levels asked of a drafter that pays per level (EAGLE, standalone) under the adaptive budget,
     # which may ask for fewer than the configured num_steps; 0 for other drafters
     draft_levels: int = 0
+    # top-k the adaptive budget drafted such a drafter with: the configured eagle_topk (a tree) or 1
+    # (a chain), whichever has been paying more (engine/adaptive.py); 0 for other drafters
+    draft_width: int = 0
 
     @property
     def accepted_len(self) -> int:

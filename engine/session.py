@@ -75,6 +75,8 @@ class _Answer:
     proposed: int = 1  # nodes the drafter proposed, before pruning
     drafted: bool = True  # False: the budget paused drafting this step
     levels: int = 0  # levels asked of a drafter that pays per level (0: not such a drafter)
+    width: int = 0  # top-k the budget chose for such a drafter (0: not chosen)
+    grown: int = 0  # levels such a drafter actually grew (its confidence may stop it early)
     index: int = 0  # the next Step's index
     text: list[str] = field(default_factory=list)
     finished: FinishReason | None = None
@@ -432,7 +434,7 @@ class Session:
                     accepted=answer.verdict.accepted, bonus=answer.verdict.bonus, committed=tuple(committed),
                     text=text, timing=answer.timing, stats=answer.tally.snapshot(),
                     config_version=self._config_version, proposed=answer.proposed,
-                    draft_paused=not answer.drafted, draft_levels=answer.levels)
+                    draft_paused=not answer.drafted, draft_levels=answer.levels, draft_width=answer.width)
         answer.index += 1
         return step
 
@@ -470,7 +472,7 @@ class Session:
         out, verdict = self._verify(config, tree)
         t_commit = time.perf_counter()
         budget.observe(tree, verdict.accepted, (t_commit - t_verify) * 1e3,
-                       (t_verify - t_draft) * 1e3 if gated and answer.drafted else None, answer.levels)
+                       (t_verify - t_draft) * 1e3 if gated and answer.drafted else None, answer.grown, answer.width)
         self._commit(answer, tree, out, verdict)
         answer.timing = StepTiming(draft_ms=(t_verify - t_draft) * 1e3, verify_ms=(t_commit - t_verify) * 1e3,
                                    other_ms=(time.perf_counter() - t_commit) * 1e3)
@@ -480,18 +482,21 @@ class Session:
         alone while the budget pauses drafting (it has recently cost more than it saved)."""
         config, budget, drafter = answer.config, answer.budget, answer.drafter
         answer.drafted = not gated or budget.gate.should_draft()
-        answer.levels = 0
+        answer.levels = answer.width = answer.grown = 0
         if not answer.drafted:
             answer.proposed = 0
             return DraftTree.root_only(answer.root)
         ask = config
-        if config.adaptive_draft and drafter.pays_per_level:  # fewer levels when deep ones do not pay
+        if config.adaptive_draft and drafter.pays_per_level:  # a chain or a tree, and as deep as pays
+            answer.width = budget.draft_width(config.eagle_topk)
             answer.levels = budget.draft_depth(config.num_steps)
-            if answer.levels != config.num_steps:
-                ask = config.replace(num_steps=answer.levels)
+            if (answer.levels, answer.width) != (config.num_steps, config.eagle_topk):
+                ask = config.replace(num_steps=answer.levels, eagle_topk=answer.width)
         tree = drafter.propose(self._cached, answer.root, ask, noise=self._noise(config),
                                stop=budget.stop_rule() if gated else None)
         answer.proposed = len(tree)
+        if answer.levels:
+            answer.grown = max(tree.depths)
         if answer.proposed > config.max_tree_tokens:
             raise RuntimeError(f"drafter {drafter.name} proposed {answer.proposed} nodes (> {config.max_tree_tokens})")
         return budget.prune(tree) if config.adaptive_draft else tree

@@ -67,7 +67,8 @@ def machine_info(model: object | None = None) -> dict[str, Any]:
 @dataclass
 class StepSplit:
     """Where our steps' time went: drafting vs verifying, levels drafted (drafters that pay per
-    level), steps with drafting paused by the adaptive budget; and acceptance per depth over all
+    level), steps with drafting paused by the adaptive budget, the share of drafted steps it drafted
+    as chains rather than the configured tree; and acceptance per depth over all
     the prompts (counted as the engine's running stats count it), where Medusa's independent heads
     and EAGLE's autoregressive one differ most."""
 
@@ -76,6 +77,8 @@ class StepSplit:
     verify_ms: float = 0.0
     levels: int = 0
     paused: int = 0
+    widths: int = 0  # drafted steps whose top-k the budget chose
+    chains: int = 0  # of those, the ones it drafted as a chain (top-k 1)
     depths: Any = None  # engine.stats.RunningTally: attempts and accepts per depth
 
     def add(self, step: Any) -> None:
@@ -86,6 +89,8 @@ class StepSplit:
         self.verify_ms += step.timing.verify_ms
         self.levels += step.draft_levels
         self.paused += int(step.draft_paused)
+        self.widths += int(step.draft_width > 0)
+        self.chains += int(step.draft_width == 1)
         if self.depths is None:
             self.depths = RunningTally()
         self.depths.add_step(step.tree, step.accepted, 0, 0, step.timing)
@@ -103,6 +108,7 @@ class StepSplit:
             "verify_ms_per_step": round(self.verify_ms / n, 3) if n else None,
             "mean_draft_levels": round(self.levels / n, 3) if n else None,
             "paused_share": round(self.paused / n, 3) if n else None,
+            "chain_share": round(self.chains / self.widths, 3) if self.widths else None,
             "accept_by_depth": self.accept_by_depth(),
         }
 

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import itertools
+
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from engine.adaptive import DraftBudget, subtree
+from engine.adaptive import _GATE_PROBE, DraftBudget, LevelCost, subtree
 from engine.tree import DraftTree
 
 
@@ -64,14 +67,32 @@ def test_gate_pauses_a_drafter_that_costs_more_than_it_saves_with_doubling_pause
     for _ in range(4):
         assert gate.should_draft()
         budget.observe(chain(4), (), verify_ms=14.0, draft_ms=8.0)  # settling: the catch-up step is not judged
-        assert gate.pause == 0 and gate.should_draft()
-        budget.observe(chain(4), (), verify_ms=14.0, draft_ms=8.0)  # 1 token in 22 ms vs 1 in 10 plain
+        for _ in range(_GATE_PROBE - 1):  # a verdict needs a window of drafted steps, never one
+            assert gate.pause == 0 and gate.should_draft()
+            budget.observe(chain(4), (), verify_ms=14.0, draft_ms=8.0)  # 1 token in 22 ms vs 1 in 10 plain
+        assert gate.pause == 0 and gate.rate is None
+        budget.observe(chain(4), (), verify_ms=14.0, draft_ms=8.0)
         pauses.append(gate.pause)
         skipped = 0
         while not gate.should_draft():
             skipped += 1
         assert skipped == pauses[-1]
     assert pauses == [4, 8, 16, 32]
+
+
+def test_gate_judges_a_window_so_one_unlucky_step_does_not_pause_a_paying_drafter() -> None:
+    """A head whose draft lands every other step pays over a window though it loses half the steps:
+    the verdict is a ratio of sums, not the last step's."""
+    budget = DraftBudget()
+    budget.cost.observe(1, 10.0)
+    drafted = []
+    for step in range(200):
+        drafted.append(budget.gate.should_draft())
+        if drafted[-1]:  # 1 or 2 tokens in 12 ms: 1.5 in 12 on average beats 1 in 10
+            budget.observe(chain(2), (1,) if step % 2 else (), verify_ms=11.0, draft_ms=1.0)
+        else:
+            budget.observe(DraftTree.root_only(7), (), verify_ms=10.0)
+    assert all(drafted)
 
 
 def test_gate_keeps_a_drafter_that_pays_and_never_pauses_cheap_drafting() -> None:
@@ -99,9 +120,9 @@ def test_gate_resumes_after_the_drafter_lands_again() -> None:
                 budget.observe(chain(4), accepted, verify_ms=14.0, draft_ms=8.0)
         return drafted
 
-    assert sum(run(40, ())) < 10  # losing: mostly paused
-    landing = run(60, (1, 2, 3))  # the answer starts copying: 4 tokens per 22 ms
-    assert all(landing[-30:]) and budget.gate.next_pause == 4
+    assert sum(run(300, ())) < 0.2 * 300  # losing: mostly paused, probing a window now and then
+    landing = run(200, (1, 2, 3))  # the answer starts copying: 4 tokens per 22 ms
+    assert all(landing[-50:]) and budget.gate.next_pause == 4
 
 
 def test_the_settling_step_pays_for_catch_up_without_being_judged() -> None:
@@ -208,3 +229,72 @@ def test_a_stopped_search_keeps_the_levels_it_grew() -> None:
     stopped, _, _ = grow_tree(0, root, expand, lambda ix: ix, num_steps=4, topk=1, num_draft_tokens=5,
                               stop=lambda cands, frontier: len(cands.tokens) >= 2)
     assert len(stopped) == 3 and len(calls) == 1  # two levels, one drafter forward
+
+
+def test_prune_trusts_the_drafters_own_probability_where_it_gives_one() -> None:
+    """Two children of the root, one the head is sure of and one it barely ranked: with a verify
+    that pays only for likely drafts, the shaky one is not verified; without probabilities (n-gram)
+    both look alike."""
+    budget = DraftBudget()
+    for n in (1, 2, 3):
+        budget.cost.observe(n, 10.0 + 4.0 * (n - 1))  # a node pays when P(accepted) > 0.4
+    sure = DraftTree((7, 10, 11), (-1, 0, 0), (1.0, 0.99, 0.02))
+    assert budget.prune(sure).tokens == (7, 10)
+    blind = DraftTree((7, 10, 11), (-1, 0, 0), (1.0, 1.0, 1.0), has_probs=False)
+    budget.acceptance.rate = {(1, True, False): 0.9, (1, False, False): 0.05}
+    assert budget.prune(blind).tokens == (7, 10)
+
+
+def test_distrusted_confidence_buckets_recover_while_untested() -> None:
+    """Pruning by confidence stops testing the drafts it distrusts, so their estimate must drift
+    back to the bucket's prior on its own, or they would never be verified again."""
+    budget = DraftBudget()
+    for n in (1, 2):
+        budget.cost.observe(n, 10.0 + 2.0 * (n - 1))
+    tree = DraftTree((7, 10), (-1, 0), (1.0, 0.6))
+    for _ in range(60):  # confident drafts, all refused
+        budget.observe(tree, (), 12.0)
+    assert budget.confidence.get(0.6) < 0.1 and len(budget.prune(tree)) == 1
+    for _ in range(200):
+        budget.observe(DraftTree.root_only(7), (), 10.0)
+    assert budget.confidence.get(0.6) > 0.5 and len(budget.prune(tree)) == 2
+
+
+def _drafted_widths(budget: DraftBudget, steps: int, pays: dict[int, tuple[int, float]]) -> list[int]:
+    """Run ``steps`` drafted steps; ``pays``: width -> (tokens committed, ms) of a step at that width."""
+    widths = []
+    for _ in range(steps):
+        width = budget.draft_width(4)
+        tokens, ms = pays[width]
+        budget.observe(chain(4), tuple(range(1, tokens)), verify_ms=ms - 1.0, draft_ms=1.0, levels=2, width=width)
+        widths.append(width)
+    return widths
+
+
+def test_width_choice_drafts_chains_where_trees_do_not_pay_and_retries_trees_less_and_less() -> None:
+    budget = DraftBudget()
+    budget.cost.observe(1, 10.0)
+    widths = _drafted_widths(budget, 400, {4: (2, 14.0), 1: (2, 11.0)})  # same tokens, the tree dearer
+    assert widths[:_GATE_PROBE + 1] == [4] * (_GATE_PROBE + 1)  # the configured tree first (after settling)
+    assert widths.count(4) < 0.15 * len(widths) and widths[-20:] == [1] * 20
+    trials = [i for i in range(1, len(widths)) if widths[i] == 4 and widths[i - 1] == 1]
+    gaps = [b - a for a, b in itertools.pairwise(trials)]
+    assert len(trials) >= 3 and gaps == sorted(gaps) and gaps[-1] > gaps[0]  # the loser waits longer each time
+
+
+def test_width_choice_keeps_trees_that_pay() -> None:
+    budget = DraftBudget()
+    budget.cost.observe(1, 10.0)
+    widths = _drafted_widths(budget, 200, {4: (3, 14.0), 1: (2, 11.0)})
+    assert widths.count(1) < 0.15 * len(widths) and widths[-20:] == [4] * 20
+    assert DraftBudget().draft_width(1) == 1  # a chain asked for is a chain
+
+
+def test_level_cost_fits_a_line_and_forgets_old_prices() -> None:
+    cost = LevelCost()
+    assert cost.estimate(2) is None
+    cost.observe(3, 6.0)
+    assert cost.estimate(1) == pytest.approx(2.0) and cost.per_level() == pytest.approx(2.0)  # one count: per level
+    for levels in (1, 2, 3, 4) * 25:
+        cost.observe(levels, 0.5 + 0.3 * levels)  # the head got cheaper, with a fixed catch-up part
+    assert cost.estimate(5) == pytest.approx(2.0, abs=0.05) and cost.per_level() == pytest.approx(0.3, abs=0.02)

@@ -28,17 +28,20 @@ def test_a_shape_starts_at_one_and_never_falls(costs) -> None:
     assert all(shape[n] >= costs[n] / costs[sizes[0]] - 1e-12 for n in sizes)
 
 
-def test_unseen_sizes_follow_the_measured_curve_from_the_nearest_seen_size() -> None:
+def test_every_size_follows_the_measured_curve_at_the_level_every_step_refreshes() -> None:
     cost = CostModel(shape=CPU_SHAPE)
     assert cost.estimate(4) is None  # nothing timed yet: no level to scale
     cost.observe(1, 5.0)
     assert cost.estimate(16) == pytest.approx(5.0 * 3.4)
     assert cost.estimate(12) == pytest.approx(5.0 * (2.0 + 0.5 * 1.4))  # between 8 and 16
     assert cost.estimate(96) == pytest.approx(5.0 * (11.0 + 32 / 32 * 4.8))  # along the last segment
-    cost.observe(8, 12.0)  # this machine runs trees a bit dearer than the calibration said
-    assert cost.estimate(16) == pytest.approx(12.0 * 3.4 / 2.0)  # scaled from 8, the nearest seen
-    assert cost.estimate(2) == pytest.approx(5.0 * 1.1)
-    assert cost.estimate(8) == 12.0  # a size seen keeps its own average
+    cost.observe(8, 12.0)  # this machine runs trees a bit dearer than the calibration said: 6.0 a token
+    level = 5.0 + 0.2 * (6.0 - 5.0)
+    assert cost.estimate(16) == pytest.approx(level * 3.4)
+    assert cost.estimate(2) == pytest.approx(level * 1.1)  # a size timed long ago does not go stale
+    for _ in range(60):
+        cost.observe(4, 1.3 * 4.0)  # the conversation grew: a step costs 4 ms on the curve now
+    assert cost.estimate(1) == pytest.approx(4.0, rel=1e-3) and cost.estimate(16) == pytest.approx(4.0 * 3.4, rel=1e-3)
 
 
 def test_a_line_through_cheap_small_trees_keeps_trees_the_measured_curve_prunes() -> None:

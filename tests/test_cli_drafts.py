@@ -60,6 +60,8 @@ def test_bench_runs_every_draft_method_against_the_baseline(tiny, tmp_path: Path
         assert rows["none"]["draft_ms_per_step"] < rows["none"]["verify_ms_per_step"]
         assert rows[kind]["draft_ms_per_step"] > 0 and 0 <= rows[kind]["paused_share"] <= 1
         assert rows[kind]["mean_draft_levels"] > 0 and rows["ngram"]["mean_draft_levels"] == 0
+        # default top-k 4: the budget measured trees and chains (n-gram has no width to choose)
+        assert 0 <= rows[kind]["chain_share"] <= 1 and rows["ngram"]["chain_share"] is None
 
 
 def _one_line_error(capsys, argv: list[str], *needles: str) -> None:

@@ -342,9 +342,9 @@ class _SlowUselessDrafter(RandomTreeDrafter):
 def test_a_drafter_that_does_not_pay_is_paused_and_output_stays_lossless() -> None:
     m = model()
     prompt = [1, 5, 9, 13]
-    want = baseline(m, prompt, max_new=60, stops=frozenset())
-    drafter = _SlowUselessDrafter()
-    s = spec_session(m, drafter, SpecConfig(method="standalone", max_new_tokens=60, num_draft_tokens=4, eagle_topk=2),
+    want = baseline(m, prompt, max_new=200, stops=frozenset())
+    drafter = _SlowUselessDrafter()  # the gate judges windows of 8 drafted steps, then pauses 4, 8, 16 ... steps
+    s = spec_session(m, drafter, SpecConfig(method="standalone", max_new_tokens=200, num_draft_tokens=4, eagle_topk=2),
                      stops=frozenset())
     events = list(s.generate_ids(prompt))
     assert tokens_of(events) == want
@@ -395,3 +395,32 @@ def test_the_budget_asks_a_per_level_drafter_for_fewer_levels_when_deep_drafts_d
     plain = RandomTreeDrafter(seed=5, hit_rate=0.0)
     s = spec_session(m, plain, config, stops=frozenset())
     assert all(e.draft_levels == 0 for e in s.generate_ids(prompt) if isinstance(e, Step))
+
+
+class _WidthDrafter(_PerLevelDrafter):
+    """Per-level, and asked for a tree: every row of a level costs, and only first guesses land."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.widths: list[int] = []
+
+    def propose(self, history, root, config, **hints):
+        import time
+
+        self.widths.append(config.eagle_topk)
+        time.sleep(0.002 * config.eagle_topk * config.num_steps)
+        return DraftTree.chain(root, [self.rng.randrange(self.vocab) for _ in range(config.num_steps)])
+
+
+def test_the_budget_drafts_chains_when_wider_levels_only_cost_and_says_so_in_each_step() -> None:
+    m = model()
+    prompt = [3, 5, 7, 9]
+    want = baseline(m, prompt, max_new=150, stops=frozenset())
+    drafter = _WidthDrafter()
+    config = SpecConfig(method="standalone", max_new_tokens=150, num_steps=3, eagle_topk=4, num_draft_tokens=8)
+    s = spec_session(m, drafter, config, stops=frozenset())
+    events = list(s.generate_ids(prompt))
+    assert tokens_of(events) == want
+    drafted = [e for e in events if isinstance(e, Step) and e.index > 0 and not e.draft_paused]
+    assert [e.draft_width for e in drafted] == drafter.widths and set(drafter.widths) == {1, 4}
+    assert drafter.widths[0] == 4  # the configured tree is measured first

@@ -25,6 +25,8 @@ class StatsState:
     last_paused: bool = False
     configured_levels: int = 0  # num_steps in force (Started / ConfigApplied)
     last_levels: int = 0  # levels the budget asked of a per-level drafter at the last drafted step
+    configured_topk: int = 0  # eagle_topk in force
+    last_width: int = 0  # top-k the budget drafted such a drafter with at the last drafted step
     prefill_ms: float = 0.0
     prompt_tokens: int = 0
     baseline_tps: float | None = None
@@ -41,7 +43,7 @@ class StatsState:
         self.draft_ms_sum = self.verify_ms_sum = 0.0
         self.last_draft_ms = self.last_verify_ms = 0.0
         self.paused_steps, self.last_paused = 0, False
-        self.last_levels = 0
+        self.last_levels = self.last_width = 0
         self.finished = ""
         self.stepped = self.stepping
         self.prefill = None
@@ -55,6 +57,7 @@ class StatsState:
 
     def config_in_force(self, config: dict) -> None:
         self.configured_levels = int(config.get("num_steps") or 0)
+        self.configured_topk = int(config.get("eagle_topk") or 0)
 
     def finish(self, ev: Finished) -> None:
         self.finished = ev.reason if ev.reason != "stop" else "done"
@@ -77,6 +80,8 @@ class StatsState:
         self.last_paused = step.draft_paused
         if step.draft_levels:
             self.last_levels = step.draft_levels
+        if step.draft_width:
+            self.last_width = step.draft_width
         self.context_used = self.prompt_tokens + step.stats.tokens
         if self.stepping:
             self.stepped = True
@@ -142,8 +147,13 @@ class StatsView(StickyHeight):
             row("last", f"draft {st.last_draft_ms:.1f} · verify {st.last_verify_ms:.1f}")
         if st.paused_steps:  # the adaptive budget skipped drafting: it cost more than it saved
             row("paused", f"drafting in {st.paused_steps}/{st.steps} steps" + (" (now)" if st.last_paused else ""))
-        if 0 < st.last_levels < st.configured_levels:  # the budget drafts fewer levels than set
-            row("levels", f"{st.last_levels} of {st.configured_levels} (budget)")
+        cut = []  # where the budget drafts less than set: fewer levels, a chain instead of a tree
+        if 0 < st.last_levels < st.configured_levels:
+            cut.append(f"{st.last_levels} of {st.configured_levels}")
+        if st.last_width == 1 < st.configured_topk:
+            cut.append(f"a chain, not top-k {st.configured_topk}")
+        if cut:
+            row("levels", " · ".join(cut) + " (budget)")
         sp = self.speedup()
         if st.stepping or st.stepped:
             row("speed-up", "n/a (teaching pauses)", ".stat--label")

@@ -29,6 +29,7 @@ candidate index, which a parent always has.
 
 from __future__ import annotations
 
+import math
 import random
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -137,7 +138,7 @@ def grow_tree(root: int, root_logp: torch.Tensor, expand: Expand, to_target: ToT
     tree = DraftTree(
         (root, *(cands.tokens[c] for c in chosen)),
         parents,
-        (1.0, *(float(torch.tensor(cands.logp[c]).exp()) for c in chosen)),
+        (1.0, *(math.exp(cands.logp[c]) for c in chosen)),
         proposals={row[c]: q for c, q in proposals.items() if c in row} if sampled else None,
     )
     return tree, cands, chosen
@@ -153,6 +154,8 @@ def _pick(logp: torch.Tensor, k: int, sampling: Sampling | None, owners: list[in
         ix = coupled.scores(logp, depth).topk(k, dim=-1).indices
         return logp.gather(-1, ix), ix
     if sampling is None:
+        if k == 1:  # a chain: the argmax (first of equals), cheaper than a top-k
+            return logp.max(dim=-1, keepdim=True)
         return logp.topk(k, dim=-1)
     q = sampling.process(logp)
     ix = draw(q, sampling.generator)  # [f, 1], on q's device

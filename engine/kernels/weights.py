@@ -90,11 +90,13 @@ class QuantRows:
             return self.codes
         if self.kind in _FLOAT_VIEWS:
             return self.codes.view(_FLOAT_VIEWS[self.kind]).float()
-        scale = self.scales.repeat_interleave(self.group, dim=1)
-        w = self.codes.float() * scale  # exact for q4 (<= 21 significant bits); the one rounding for q8
-        if self.offsets is not None:
-            w = w + self.offsets.repeat_interleave(self.group, dim=1)
-        return w
+        n, k = self.codes.shape
+        # each group's scale broadcast over its codes (no repeated copy: an embedding lookup per
+        # drafted level is on the critical path)
+        w = self.codes.view(n, k // self.group, self.group).float() * self.scales.unsqueeze(-1)
+        if self.offsets is not None:  # the product is exact for q4 (<= 21 significant bits); one rounding for q8
+            w = w + self.offsets.unsqueeze(-1)
+        return w.view(n, k)
 
     @property
     def nbytes(self) -> int:

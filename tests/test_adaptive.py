@@ -298,3 +298,17 @@ def test_level_cost_fits_a_line_and_forgets_old_prices() -> None:
     for levels in (1, 2, 3, 4) * 25:
         cost.observe(levels, 0.5 + 0.3 * levels)  # the head got cheaper, with a fixed catch-up part
     assert cost.estimate(5) == pytest.approx(2.0, abs=0.05) and cost.per_level() == pytest.approx(0.3, abs=0.02)
+
+
+def test_a_window_verdict_needs_more_than_chance() -> None:
+    """Alternating 1 and 2 tokens a step is noisy; steady 1-token steps are not: the same mean
+    rate below plain pauses the steady drafter at once but not the noisy one at the margin."""
+    from engine.adaptive import RateWindow
+
+    steady, noisy = RateWindow(), RateWindow()
+    for i in range(16):
+        steady.add(1, 1.0, 9.5)
+        noisy.add(1 + i % 2, 1.0, 14.75)  # 1.5 tokens per 15.75 ms: the same 0.095 tokens a ms
+    assert steady.stderr() == 0.0 and noisy.stderr() > 0.005
+    plain = 10.0  # 0.097 a ms with the 0.97 margin: both below
+    assert steady.rate + steady.stderr() < 0.97 / plain < noisy.rate + noisy.stderr()

@@ -18,7 +18,7 @@ Both estimates are learned online, per session:
 Pruning bounds the verify cost, but the drafting itself is paid before anything is known: a
 drafter that rarely lands (a weak EAGLE head on free text) makes every step slower than a plain
 one. :class:`DraftGate` compares the measured rate of the last drafted steps (tokens per ms,
-drafting included, over a window of up to 16) with plain decoding's and pauses drafting while it
+drafting included, over a window of up to 32) with plain decoding's and pauses drafting while it
 loses, retrying after a pause that doubles each time it still loses (4 steps up to 128), so a
 useless drafter costs a few percent instead of half the speed, and a drafter that starts landing
 again is back within a pause. For a drafter that pays a forward per level,
@@ -46,8 +46,11 @@ _LEARN = 0.1  # weight of a new observation in the acceptance average
 _COST_LEARN = 0.2  # weight of a new timing in the per-size cost average
 _LEVEL_FADE = 0.95  # weight of a drafted step's timing against the next one's in the level-cost fit
 _MAX_DEPTH = 64
-_GATE_WINDOW = 16  # drafted steps the gate judges together (a ratio of sums)
+_GATE_WINDOW = 32  # drafted steps the gate judges together (a ratio of sums)
 _GATE_PROBE = 8  # drafted steps after a (re)start before the gate judges
+# standard errors a window's rate must be below plain decoding's to pause (0 paused a paying EAGLE-3
+# head on 17% of MT-bench steps by chance)
+_GATE_DOUBT = 1.0
 _WIDTH_RETRY, _WIDTH_MAX_WAIT = 32, 256  # drafted steps before the losing width is tried again
 _GATE_MARGIN = 0.97  # drafting must keep at least this share of plain decoding's rate
 _CHEAP_DRAFT = 0.05  # drafting cheaper than this share of a plain step is never paused
@@ -60,26 +63,46 @@ class CostModel:
     number of levels a drafter grew.
 
     ``shape``: the relative cost by size measured for this session (engine/calibrate.py), or
-    None. With it, every size is the measured curve scaled to the live steps: they give the level,
-    the calibration the shape. Without it, a size seen keeps its own average, and the others lie
-    on a least-squares line through the sizes seen."""
+    None. With it, every size is the measured curve scaled to the live steps, plus what each node
+    costs live beyond it (:meth:`fit`): the steps give the level, the calibration the shape.
+    Without it, a size seen keeps its own average, and the others lie on a least-squares line
+    through the sizes seen."""
 
     ms: dict[int, float] = field(default_factory=dict)
     lone_slope: float = 0.05  # with one size seen: relative cost per extra unit (verify: CPU-typical)
     shape: dict[int, float] | None = None
-    scale: float | None = None  # with a shape: ms of a one-token step, learned from every size timed
+    # with a shape: fading sums for ms = scale * shape(n) + extra * (n - 1), over every step timed
+    sums: list[float] = field(default_factory=lambda: [0.0] * 5)  # aa, ab, bb, ay, by
 
     def observe(self, n: int, ms: float) -> None:
         old = self.ms.get(n)
         self.ms[n] = ms if old is None else old + _COST_LEARN * (ms - old)
         if self.shape:
-            level = ms / self.relative(n)
-            self.scale = level if self.scale is None else self.scale + _COST_LEARN * (level - self.scale)
+            a, b = self.relative(n), float(n - 1)
+            self.sums = [_LEVEL_FADE * v for v in self.sums]
+            for i, v in enumerate((a * a, a * b, b * b, a * ms, b * ms)):
+                self.sums[i] += v
+
+    def fit(self) -> tuple[float, float] | None:
+        """(ms of a one-token step, ms each extra node costs beyond the calibrated curve), or None
+        before any step. The extra term is what a live verify adds per node that the calibration's
+        bare forward does not (capturing features, an argmax per row, bookkeeping: ~5% of a step a
+        node on the 2-core EPYC); it stays 0 until the sizes verified vary."""
+        aa, ab, bb, ay, by = self.sums
+        if aa <= 0:
+            return None
+        det = aa * bb - ab * ab
+        if bb > 1e-9 and det > 1e-6 * aa * bb:
+            scale, extra = (ay * bb - by * ab) / det, (aa * by - ab * ay) / det
+            if extra >= 0:
+                return scale, extra
+        return ay / aa, 0.0
 
     def estimate(self, n: int) -> float | None:
-        if self.shape:  # every size from one level that every step refreshes: per-size averages of
+        if self.shape:  # every size from one fit that every step refreshes: per-size averages of
             # sizes the budget stopped choosing go stale, and a stale price keeps them unchosen
-            return None if self.scale is None else max(1e-3, self.scale * self.relative(n))
+            fit = self.fit()
+            return None if fit is None else max(1e-3, fit[0] * self.relative(n) + fit[1] * (n - 1))
         if n in self.ms:
             return max(1e-3, self.ms[n])
         if not self.ms:
@@ -388,8 +411,8 @@ class DraftGate:
         rate, drafting = self.window.rate, self.window.draft_ms
         if plain_ms is None or rate is None or drafting is None:
             return True
-        if drafting < _CHEAP_DRAFT * plain_ms or rate + self.window.stderr() >= _GATE_MARGIN / plain_ms:
-            self.next_pause = _MIN_PAUSE
+        if drafting < _CHEAP_DRAFT * plain_ms or rate + _GATE_DOUBT * self.window.stderr() >= _GATE_MARGIN / plain_ms:
+            self.next_pause = _MIN_PAUSE  # not clearly losing: pauses start short again
             return True
         self.pause = self.next_pause
         self.next_pause = min(_MAX_PAUSE, 2 * self.next_pause)

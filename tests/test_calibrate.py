@@ -35,12 +35,13 @@ def test_every_size_follows_the_measured_curve_at_the_level_every_step_refreshes
     assert cost.estimate(16) == pytest.approx(5.0 * 3.4)
     assert cost.estimate(12) == pytest.approx(5.0 * (2.0 + 0.5 * 1.4))  # between 8 and 16
     assert cost.estimate(96) == pytest.approx(5.0 * (11.0 + 32 / 32 * 4.8))  # along the last segment
-    cost.observe(8, 12.0)  # this machine runs trees a bit dearer than the calibration said: 6.0 a token
-    level = 5.0 + 0.2 * (6.0 - 5.0)
-    assert cost.estimate(16) == pytest.approx(level * 3.4)
-    assert cost.estimate(2) == pytest.approx(level * 1.1)  # a size timed long ago does not go stale
-    for _ in range(60):
-        cost.observe(4, 1.3 * 4.0)  # the conversation grew: a step costs 4 ms on the curve now
+    cost.observe(8, 12.0)  # this machine runs trees dearer than the calibration said: 2 ms more at 8
+    extra = 2.0 / 7  # two sizes, two unknowns: 5 ms a token on the curve, 2/7 ms a node beyond it
+    assert cost.estimate(1) == pytest.approx(5.0) and cost.estimate(8) == pytest.approx(12.0)
+    assert cost.estimate(16) == pytest.approx(5.0 * 3.4 + 15 * extra)
+    for _ in range(60):  # the conversation grew: 4 ms a token on the curve, nothing beyond it
+        cost.observe(1, 4.0)
+        cost.observe(4, 4.0 * 1.3)
     assert cost.estimate(1) == pytest.approx(4.0, rel=1e-3) and cost.estimate(16) == pytest.approx(4.0 * 3.4, rel=1e-3)
 
 

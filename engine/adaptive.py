@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import bisect
 import math
+import statistics
 from collections import deque
 from dataclasses import dataclass, field
 
@@ -52,7 +53,7 @@ _GATE_PROBE = 8  # drafted steps after a (re)start before the gate judges
 # head on 17% of MT-bench steps by chance)
 _GATE_DOUBT = 1.0
 _WIDTH_RETRY, _WIDTH_MAX_WAIT = 32, 256  # drafted steps before the losing width is tried again
-_GATE_MARGIN = 0.97  # drafting must keep at least this share of plain decoding's rate
+_GATE_MARGIN = 0.9  # drafting must keep at least this share of plain decoding's rate
 _CHEAP_DRAFT = 0.05  # drafting cheaper than this share of a plain step is never paused
 _MIN_PAUSE, _MAX_PAUSE = 4, 128  # steps without drafting after a losing drafted step
 
@@ -273,8 +274,15 @@ class RateWindow:
     drafts_ms: deque[float] = field(default_factory=lambda: deque(maxlen=_GATE_WINDOW))  # drafting alone
 
     def add(self, tokens: int, draft_ms: float, verify_ms: float) -> None:
+        ms = draft_ms + verify_ms
+        if len(self.ms) >= 3:  # one step the OS or a cache growth stalled says nothing about the
+            # drafter, yet in a ratio of sums it outweighs the rest (a 200 ms step among 7 ms ones
+            # made chains look 6x slower than trees): at most 4x the window's median
+            cap = 4.0 * statistics.median(self.ms)
+            if ms > cap:
+                draft_ms, ms = draft_ms * cap / ms, cap
         self.tokens.append(tokens)
-        self.ms.append(draft_ms + verify_ms)
+        self.ms.append(ms)
         self.drafts_ms.append(draft_ms)
 
     def clear(self) -> None:
@@ -429,6 +437,11 @@ class DraftBudget:
         # ms by levels drafted (one head forward per level), for each width drafted
         self.draft_costs: dict[int, LevelCost] = {}
         self.acceptance = AcceptanceModel()
+        # the same by drafted node: a node pruned before verification counts as not accepted, so a
+        # level whose nodes pruning drops is not worth drafting (the depth choice reads this one;
+        # `acceptance` alone counts only verified nodes and called such levels as good as any)
+        self.drafted = AcceptanceModel()
+        self._proposed: tuple[DraftTree, list[int] | None] | None = None
         self.confidence = ConfidenceModel()
         self.gate = DraftGate()
         self.width = WidthChoice()
@@ -453,16 +466,17 @@ class DraftBudget:
 
         Pruning only trims what was drafted; the levels themselves are paid first. So pick the
         depth d that maximises expected tokens per ms of the chain of first children, drafting
-        (by levels) and verifying (d + 1 nodes) included. Depths not drafted lately borrow the
-        nearest shallower estimate, and pessimism fades back to the prior, so the depth grows again
-        when the drafts start landing.
+        (by levels) and verifying (d + 1 nodes) included, where a drafted node that pruning drops
+        counts as refused (session 21: levels drafted and then pruned cost 0.3 ms a step for
+        nothing). Depths not drafted lately borrow the nearest shallower estimate, and pessimism
+        fades back to the prior, so the depth grows again when the drafts start landing.
         """
         if max_levels <= 1 or not self.draft_cost.ms or self.cost.estimate(1) is None:
             return max_levels
         best_depth, best_rate = max_levels, -1.0
         expected, path = 1.0, 1.0
         for depth in range(1, max_levels + 1):
-            path *= self.acceptance.get(depth, True)
+            path *= self.drafted.get(depth, True)
             expected += path
             ms = self.draft_cost.estimate(depth) + self.cost.estimate(depth + 1)  # type: ignore[operator]
             if expected / ms > best_rate:
@@ -479,7 +493,7 @@ class DraftBudget:
         plain, level = self.cost.estimate(1), self.draft_cost.per_level()
         if plain is None or level is None:
             return None
-        confidence, acceptance, cost = self.confidence, self.acceptance, self.cost
+        confidence, acceptance, cost = self.confidence, self.drafted, self.cost
 
         def stop(cands: Candidates, frontier: list[int]) -> bool:
             depth = cands.depth[frontier[0]]  # the frontier's; the next level is one deeper
@@ -490,6 +504,7 @@ class DraftBudget:
         return stop
 
     def prune(self, tree: DraftTree) -> DraftTree:
+        self._proposed = (tree, None)  # what was drafted, and which of its nodes are verified (None: all)
         if len(tree) == 1:
             return tree
         # path probability of each node = product of conditional acceptances along its path: by the
@@ -519,6 +534,7 @@ class DraftBudget:
         if best_n == len(tree):
             return tree
         keep = sorted([0, *order[: best_n - 1]])
+        self._proposed = (tree, keep)
         return subtree(tree, keep)
 
     def observe(self, tree: DraftTree, accepted: tuple[int, ...], verify_ms: float,
@@ -528,6 +544,12 @@ class DraftBudget:
         pays per level and the budget chose them (else 0)."""
         self.cost.observe(len(tree), verify_ms)
         self.acceptance.observe(tree, accepted)
+        proposed, self._proposed = self._proposed, None
+        drafted, keep = proposed if proposed is not None else (tree, None)
+        if keep is not None and len(keep) == len(tree):  # what each drafted level delivered
+            self.drafted.observe(drafted, tuple(keep[i] for i in accepted))
+        else:  # verified as drafted (or a plain step, where pessimism fades as in `acceptance`)
+            self.drafted.observe(tree, accepted)
         if tree.has_probs or len(tree) == 1:  # a plain step tests nothing: pessimism fades
             self.confidence.observe(tree, accepted)
         if draft_ms is not None:

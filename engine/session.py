@@ -471,11 +471,14 @@ class Session:
         t_verify = time.perf_counter()
         out, verdict = self._verify(config, tree)
         t_commit = time.perf_counter()
-        budget.observe(tree, verdict.accepted, (t_commit - t_verify) * 1e3,
-                       (t_verify - t_draft) * 1e3 if gated and answer.drafted else None, answer.grown, answer.width)
         self._commit(answer, tree, out, verdict)
+        t_done = time.perf_counter()
+        # the budget prices a tree by all it costs once drafted: the forward, and the commit (a
+        # branch's K/V moved into place, features kept), which grows with the tree too
+        budget.observe(tree, verdict.accepted, (t_done - t_verify) * 1e3,
+                       (t_verify - t_draft) * 1e3 if gated and answer.drafted else None, answer.grown, answer.width)
         answer.timing = StepTiming(draft_ms=(t_verify - t_draft) * 1e3, verify_ms=(t_commit - t_verify) * 1e3,
-                                   other_ms=(time.perf_counter() - t_commit) * 1e3)
+                                   other_ms=(t_done - t_commit) * 1e3)
 
     def _draft(self, answer: _Answer, gated: bool) -> DraftTree:
         """This step's tree: the drafter's proposal pruned by the adaptive budget, or the root

@@ -152,7 +152,7 @@ def _depth_budget(accept: float, level_ms: float) -> DraftBudget:
     for n in (1, 6):
         budget.cost.observe(n, 10.0 + 0.5 * (n - 1))
     budget.draft_cost.observe(5, 5 * level_ms)
-    budget.acceptance.rate = {(d, True, False): accept for d in range(1, 10)}
+    budget.drafted.rate = {(d, True, False): accept for d in range(1, 10)}
     return budget
 
 
@@ -312,3 +312,17 @@ def test_a_window_verdict_needs_more_than_chance() -> None:
     assert steady.stderr() == 0.0 and noisy.stderr() > 0.005
     plain = 10.0  # 0.097 a ms with the 0.97 margin: both below
     assert steady.rate + steady.stderr() < 0.97 / plain < noisy.rate + noisy.stderr()
+
+
+def test_levels_that_pruning_drops_do_not_count_as_landing() -> None:
+    """Two levels drafted, the second pruned every step: verified nodes all land, but the depth
+    choice learns that a second level delivers nothing and stops paying for it."""
+    budget = _depth_budget(0.9, 1.0)
+    assert budget.draft_depth(2) == 2
+    for _ in range(60):
+        drafted = chain(3)
+        budget.prune(drafted)
+        budget._proposed = (drafted, [0, 1])  # as if pruning kept the first draft only
+        budget.observe(subtree(drafted, [0, 1]), (1,), verify_ms=10.5, draft_ms=2.0, levels=2)
+    assert budget.acceptance.get(1, True) > 0.9 and budget.drafted.get(2, True) < 0.1
+    assert budget.draft_depth(2) == 1

@@ -69,6 +69,25 @@ def configure_threads(threads: int | None = None, *, reserve: int = 0) -> int:
     return torch.get_num_threads()
 
 
+def threads_chosen(threads: int | None) -> bool:
+    """Whether the user fixed the thread count (``--threads``, $SPECCHAT_THREADS, $OMP_NUM_THREADS)."""
+    return threads is not None or any((os.environ.get(v) or "").isdigit() for v in ("SPECCHAT_THREADS",
+                                                                                     "OMP_NUM_THREADS"))
+
+
+def thread_governor(threads: int | None, model):
+    """A :class:`engine.threads.ThreadGovernor` for a CPU model running on all cores by default
+    (None where the user chose the count, on a GPU, with one core, or with SPECCHAT_THREAD_GOVERNOR=0)."""
+    from engine.threads import ThreadGovernor
+
+    full = torch.get_num_threads()
+    if threads_chosen(threads) or full < 2 or getattr(model, "device", torch.device("cpu")).type != "cpu":
+        return None
+    if os.environ.get("SPECCHAT_THREAD_GOVERNOR", "1") == "0":
+        return None
+    return ThreadGovernor(full, torch.set_num_threads)
+
+
 def resolve_precision(precision: str, *, weights: str = "stored", device: torch.device | None = None,
                       dtype: torch.dtype = torch.float32, backend: str = "auto") -> str:
     """"auto" -> "fast" where it runs (specchat's CPU forward on stored weights, a CPU with the fast
@@ -242,7 +261,8 @@ def load_session(
             progress("loading the draft", 1, 1)
     session = Session(loaded.model, loaded.tokenizer, config, model_name=loaded.name, model_path=loaded.path,
                       drafters=drafters, system_prompt=system_prompt, features=features,
-                      calibrate_costs=os.environ.get("SPECCHAT_CALIBRATE", "1") != "0")
+                      calibrate_costs=os.environ.get("SPECCHAT_CALIBRATE", "1") != "0",
+                      threads=thread_governor(threads, loaded.model))
     for method in dict.fromkeys(also):
         if method in shipped and method not in session.methods:
             extra = load_draft(str(shipped[method]), loaded.model, loaded.tokenizer, method=method)

@@ -43,6 +43,7 @@ from engine.prefill import ChunkedPrefill
 from engine.prefix import common_prefix
 from engine.sampling import GumbelNoise, coupled_predictions, perturbed_scores, target_probs
 from engine.stats import RunningTally
+from engine.threads import ThreadGovernor
 from engine.tree import DraftTree, Verdict
 from engine.verify import sample_from, verify_greedy, verify_predicted, verify_sampling
 
@@ -100,6 +101,7 @@ class Session:
         system_prompt: str | None = None,
         features: FeatureSpec | None = None,
         calibrate_costs: bool = False,
+        threads: ThreadGovernor | None = None,
     ) -> None:
         self.model = model
         self.tokenizer = tokenizer
@@ -137,6 +139,8 @@ class Session:
         self._captures = FeatureCaptures()
         self._capture = self._captures.off  # the capture of the method drafting now
         self._prefiller = ChunkedPrefill(model)
+        # one thread while another program holds a core (engine/threads.py); None: the count is fixed
+        self._threads = threads
 
     # -- the SessionAPI -----------------------------------------------------------------------
     @property
@@ -471,6 +475,9 @@ class Session:
         t_verify = time.perf_counter()
         out, verdict = self._verify(config, tree)
         t_commit = time.perf_counter()
+        if self._threads is not None:
+            self._threads.observe((t_commit - t_verify) * 1e3, budget.cost.relative(len(tree)) if budget.cost.shape
+                                  else 1.0)
         self._commit(answer, tree, out, verdict)
         t_done = time.perf_counter()
         # the budget prices a tree by all it costs once drafted: the forward, and the commit (a

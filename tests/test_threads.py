@@ -1,0 +1,96 @@
+"""The thread governor: one thread while another program holds a core, all again once it is gone."""
+
+from __future__ import annotations
+
+import itertools
+from pathlib import Path
+
+import pytest
+import torch
+
+from engine.models.gguf_weights import load_gguf_state
+from engine.models.llama import LlamaConfig, LlamaModel
+from engine.threads import ThreadGovernor
+from engine.tree import DraftTree
+from tests.test_stored_weights import write_model_gguf
+
+
+def _run(gov: ThreadGovernor, steps: int, ms_at: dict[int, float]) -> list[int]:
+    """``steps`` steps whose time depends on the thread count in force; returns the counts used."""
+    used = []
+    for _ in range(steps):
+        used.append(gov.current)
+        gov.observe(ms_at[gov.current])
+    return used
+
+
+def test_a_quiet_machine_keeps_every_thread_after_one_window_on_one() -> None:
+    calls: list[int] = []
+    gov = ThreadGovernor(2, calls.append)
+    used = _run(gov, 300, {2: 5.0, 1: 7.0})
+    assert used == [2] * 8 + [1] * 8 + [2] * 284 and calls == [1, 2]
+
+
+def test_a_core_taken_from_the_start_is_found_by_the_window_on_one_thread() -> None:
+    """No step at all threads ever looks quiet; the early window on one thread shows the way."""
+    gov = ThreadGovernor(2, lambda n: None)
+    used = _run(gov, 400, {2: 100.0, 1: 7.0})
+    assert used.count(2) <= 8 + 6 and used[-50:].count(1) >= 49  # the first window, then one step a trial
+
+
+def test_a_taken_core_drops_to_one_thread_and_retries_all_less_and_less_often() -> None:
+    calls: list[int] = []
+    gov = ThreadGovernor(2, calls.append)
+    _run(gov, 40, {2: 5.0, 1: 7.0})
+    used = _run(gov, 2000, {2: 100.0, 1: 7.0})  # a training job starts beside the chat
+    assert used[:_first_one(used)] == [2] * _first_one(used) and _first_one(used) <= 8
+    assert used.count(2) < 0.15 * len(used) and used[-40:].count(1) >= 30
+    trials = [i for i in range(1, len(used)) if used[i] == 2 and used[i - 1] == 1]
+    gaps = [b - a for a, b in itertools.pairwise(trials)]
+    assert len(trials) >= 3 and gaps == sorted(gaps)  # the retries come less often
+    slow = used.count(2) * 100.0
+    assert slow / (slow + used.count(1) * 7.0) < 0.12  # trials cost a small share of the time
+    after = _run(gov, 1200, {2: 5.0, 1: 7.0})  # the job ends: all threads come back within a wait
+    assert after[-100:] == [2] * 100 and calls[-1] == 2
+
+
+def test_trees_are_judged_by_their_relative_cost() -> None:
+    """A 16-node verify costs 3.5x a one-token step on a quiet CPU: not a taken core."""
+    gov = ThreadGovernor(2, lambda n: None)
+    for _ in range(40):
+        gov.observe(5.0)
+    for _ in range(40):
+        gov.observe(17.5, relative=3.5)
+    assert gov.current == 2
+
+
+@pytest.mark.parametrize("precision", ["exact", "fast"])
+def test_the_thread_count_does_not_change_the_logits(tmp_path: Path, precision: str) -> None:
+    """What makes a switch mid-answer safe: the same prefill and tree forward, on the native
+    kernels with stored blocks, with 1 and 2 threads, bit for bit."""
+    write_model_gguf(tmp_path / "m.gguf", tied=False)
+    config, state = load_gguf_state(tmp_path / "m.gguf")
+    model = LlamaModel(LlamaConfig.from_dict(config), state, weights="stored")
+    if precision == "fast" and not model.fast_available:
+        pytest.skip("no fast kernel on this CPU")
+    model.precision = precision
+    prompt = torch.tensor([1, 5, 9, 13, 2, 7, 3, 11])
+    tree = DraftTree((4, 6, 8, 10), (-1, 0, 0, 1), (1.0,) * 4)
+    before = torch.get_num_threads()
+    outs = []
+    try:
+        for threads in (1, 2):
+            torch.set_num_threads(threads)
+            cache = model.new_cache(64)
+            first = model.forward(prompt, cache).logits
+            cache.commit(len(prompt))
+            second = model.forward(torch.tensor(tree.tokens), cache, positions=torch.tensor(tree.depths) + len(prompt),
+                                   tree_mask=tree.ancestor_mask()).logits
+            outs.append((first, second))
+    finally:
+        torch.set_num_threads(before)
+    assert all(torch.equal(a, b) for a, b in zip(outs[0], outs[1], strict=True))
+
+
+def _first_one(used: list[int]) -> int:
+    return used.index(1) if 1 in used else len(used)

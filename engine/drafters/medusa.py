@@ -94,6 +94,11 @@ class MedusaHeads:
         # one layer per distinct lm_head (one when shared; none when it is the target's): see the module docstring
         self.lm_layers: list[Linear | StoredLinear] = (
             [] if self.uses_target_lm_head else [matrix(w) for w in (lm[:1] if self.shared else lm)])
+        # Every head's first block reads the same hidden state, so on a stored-weights target they
+        # run as one stacked 8-bit product [K * H, H]: as fp32 matrices through baddbmm they cost
+        # ~0.9 ms a drafted step on the 2-core EPYC (5.3 MB streamed for the four shipped heads)
+        K, H = weights.blocks.shape[0], weights.blocks.shape[-1]
+        self.first_blocks = matrix(weights.blocks[:, 0].reshape(K * H, H)) if q8 else None
         self.vocab_ids = weights.token_map.to(dev) if weights.token_map is not None else None
 
     @property
@@ -109,7 +114,10 @@ class MedusaHeads:
         """[heads, head vocab] float32 log-probabilities of the first ``heads`` heads for one hidden state [H]."""
         x = hidden.to(self.blocks.dtype).expand(heads, -1)  # [K, H]
         for j in range(self.spec.num_layers):  # block depth (1 in published heads), never per head
-            y = torch.baddbmm(self.biases[:heads, j, :, None], self.blocks[:heads, j], x[:, :, None])[..., 0]
+            if j == 0 and self.first_blocks is not None:
+                y = self.first_blocks(x[:1]).view(-1, x.shape[-1])[:heads] + self.biases[:heads, 0]
+            else:
+                y = torch.baddbmm(self.biases[:heads, j, :, None], self.blocks[:heads, j], x[:, :, None])[..., 0]
             x = x + F.silu(y)
         x = x.contiguous()
         if not self.lm_layers:

@@ -58,6 +58,11 @@ _CHEAP_DRAFT = 0.05  # drafting cheaper than this share of a plain step is never
 _MIN_PAUSE, _MAX_PAUSE = 4, 128  # steps without drafting after a losing drafted step
 
 
+def _fade_in(sums: list[float], terms: tuple[float, ...]) -> list[float]:
+    """Least-squares sums with older observations fading: each weighs ``_LEVEL_FADE`` times the next."""
+    return [_LEVEL_FADE * v + t for v, t in zip(sums, terms, strict=True)]
+
+
 @dataclass
 class CostModel:
     """Milliseconds as a function of a size n: a verify's tree size (root included), or the
@@ -80,9 +85,7 @@ class CostModel:
         self.ms[n] = ms if old is None else old + _COST_LEARN * (ms - old)
         if self.shape:
             a, b = self.relative(n), float(n - 1)
-            self.sums = [_LEVEL_FADE * v for v in self.sums]
-            for i, v in enumerate((a * a, a * b, b * b, a * ms, b * ms)):
-                self.sums[i] += v
+            self.sums = _fade_in(self.sums, (a * a, a * b, b * b, a * ms, b * ms))
 
     def fit(self) -> tuple[float, float] | None:
         """(ms of a one-token step, ms each extra node costs beyond the calibrated curve), or None
@@ -145,9 +148,7 @@ class LevelCost:
     def observe(self, levels: int, ms: float) -> None:
         old = self.ms.get(levels)
         self.ms[levels] = ms if old is None else old + _COST_LEARN * (ms - old)
-        self.sums = [_LEVEL_FADE * v for v in self.sums]
-        for i, v in enumerate((1.0, levels, ms, levels * levels, levels * ms)):
-            self.sums[i] += v
+        self.sums = _fade_in(self.sums, (1.0, levels, ms, levels * levels, levels * ms))
 
     def line(self) -> tuple[float, float] | None:
         """(intercept, ms per level), or None before any step."""

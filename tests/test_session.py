@@ -374,8 +374,12 @@ class _PerLevelDrafter(RandomTreeDrafter):
         import time
 
         self.asked.append(config.num_steps)
-        time.sleep(0.003 * config.num_steps)
+        time.sleep(self.seconds(config))
         return DraftTree.chain(root, [self.rng.randrange(self.vocab) for _ in range(config.num_steps)])
+
+    def seconds(self, config) -> float:
+        """What drafting these levels costs."""
+        return 0.003 * config.num_steps
 
 
 def test_the_budget_asks_a_per_level_drafter_for_fewer_levels_when_deep_drafts_do_not_pay() -> None:
@@ -405,11 +409,11 @@ class _WidthDrafter(_PerLevelDrafter):
         self.widths: list[int] = []
 
     def propose(self, history, root, config, **hints):
-        import time
-
         self.widths.append(config.eagle_topk)
-        time.sleep(0.002 * config.eagle_topk * config.num_steps)
-        return DraftTree.chain(root, [self.rng.randrange(self.vocab) for _ in range(config.num_steps)])
+        return super().propose(history, root, config, **hints)
+
+    def seconds(self, config) -> float:
+        return 0.002 * config.eagle_topk * config.num_steps
 
 
 def test_the_budget_drafts_chains_when_wider_levels_only_cost_and_says_so_in_each_step() -> None:

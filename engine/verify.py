@@ -22,6 +22,7 @@ from __future__ import annotations
 import torch
 
 from engine.gpu import on_gpu
+from engine.kernels.native import row_argmax
 from engine.sampling import target_probs
 from engine.tree import DraftTree, Verdict
 
@@ -32,7 +33,7 @@ def verify_greedy(tree: DraftTree, logits: torch.Tensor) -> Verdict:
         from engine.gpu.accept import verify_greedy_gpu
 
         return verify_greedy_gpu(tree, logits)  # the walk on the device, one host sync
-    return verify_predicted(tree, logits.argmax(dim=-1).tolist())
+    return verify_predicted(tree, row_argmax(logits))
 
 
 def verify_predicted(tree: DraftTree, predicted: list[int]) -> Verdict:

@@ -6,7 +6,11 @@ from collections import Counter
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
+from engine.kernels import native
+from engine.kernels.native import row_argmax
 from engine.tree import DraftTree
 from engine.verify import target_probs, verify_greedy, verify_sampling
 
@@ -57,3 +61,25 @@ def test_sampling_verification_keeps_the_target_distribution(temperature: float,
     m = sum(second_after_1.values())
     emp_second = torch.tensor([second_after_1[t] / m for t in range(vocab)])
     assert (emp_second - p_node1).abs().max() < 0.035
+
+
+@pytest.mark.skipif(native.load() is None, reason="no native kernel here")
+@settings(max_examples=200, deadline=None)
+@given(rows=st.integers(1, 4), n=st.integers(1, 70), seed=st.integers(0, 2**31 - 1),
+       levels=st.integers(1, 4), specials=st.lists(st.sampled_from(["nan", "inf", "-inf", "-0"]), max_size=3))
+def test_native_argmax_is_torch_argmax(rows: int, n: int, seed: int, levels: int, specials: list[str]) -> None:
+    """Greedy verification reads the argmax through our kernel: the first index of the maximum,
+    ties (few distinct values make many) and NaN (first NaN wins) answered as torch answers."""
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randint(0, levels, (rows, n), generator=g).float()
+    for i, s in enumerate(specials):
+        x[i % rows, int(torch.randint(0, n, (), generator=g))] = {"nan": float("nan"), "inf": float("inf"),
+                                                                  "-inf": float("-inf"), "-0": -0.0}[s]
+    assert native.load().argmax_rows(x.contiguous()) == x.argmax(dim=-1).tolist()
+    assert row_argmax(x) == x.argmax(dim=-1).tolist()
+
+
+def test_native_argmax_on_a_vocabulary_row() -> None:
+    x = torch.randn(3, 49152, generator=torch.Generator().manual_seed(1))
+    x[1, 40000] = x[1, 7] = 100.0  # a tie far apart: the first wins
+    assert row_argmax(x) == x.argmax(dim=-1).tolist() == [int(x[0].argmax()), 7, int(x[2].argmax())]

@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from engine.kernels.native import row_argmax
 from engine.models.kv_cache import KVCache
 from engine.train.data import draw_rows
 
@@ -129,7 +130,7 @@ class RowEngine:
         self.tokens_run += len(tokens)
         self._keep_features(out, owners, slots)
         finished = []
-        for (_, r, sample), best, nxt in zip(want, out.logits.argmax(-1).tolist(), self._sample(out.logits, want),
+        for (_, r, sample), best, nxt in zip(want, row_argmax(out.logits), self._sample(out.logits, want),
                                              strict=True):
             row = self._slots[r]
             assert row is not None

@@ -19,7 +19,7 @@ from gguf import GGMLQuantizationType as Q
 
 from engine.kernels import native
 from engine.kernels.linear import Linear
-from engine.kernels.stored import StoredLinear
+from engine.kernels.stored import StoredEmbedding, StoredLinear
 from engine.kernels.weights import QuantRows, StoredPanels
 from engine.models.checkpoint import load_state_dict, read_config
 from engine.models.gguf_convert import GGUFConversionError, convert_gguf, permute_rope_rows
@@ -66,6 +66,18 @@ def test_decoded_values_equal_reference_dequantize(stored_weight) -> None:
     rows, dense = stored_weight
     assert torch.equal(rows.dequantize(), dense)
     assert torch.equal(StoredPanels.from_rows(rows).dequantize(), dense)  # the repacking loses nothing
+
+
+def test_embedding_lookup_decodes_the_reference_rows(stored_weight) -> None:
+    """The lookup (our kernel for 8- and 4-bit codes, torch ops otherwise) gives exactly the rows
+    of the reference dequantizer, in any order and with repeats; an id past the table is refused."""
+    rows, ref = stored_weight
+    embed = StoredEmbedding(rows)
+    ids = torch.tensor([[3, 0, 3], [rows.shape[0] - 1, 1, 2]])
+    assert torch.equal(embed(ids), ref[ids])
+    if embed._kernel is not None:
+        with pytest.raises(IndexError):
+            embed(torch.tensor([rows.shape[0]]))
 
 
 def test_q8_quantization_is_within_half_a_step_and_multiplies_like_its_dequantized_weight() -> None:

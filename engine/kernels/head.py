@@ -46,9 +46,8 @@ class Keys:
     def build(cls, prefix: list[int], extra: list[list[int]]) -> Keys:
         """Slots 0..prefix[t]-1 (the committed entries), then the listed ones."""
         width = max(1, max((len(e) for e in extra), default=0))
-        table = torch.zeros(len(extra), width, dtype=torch.int32)
-        for t, e in enumerate(extra):
-            table[t, :len(e)] = torch.tensor(e, dtype=torch.int32)
+        padded = [v for e in extra for v in (*e, *[0] * (width - len(e)))]  # one tensor, not one per row
+        table = torch.tensor(padded, dtype=torch.int32).view(len(extra), width)
         return cls(torch.zeros(len(prefix), dtype=torch.int64), torch.tensor(prefix, dtype=torch.int64) - 1, table,
                    torch.tensor([len(e) for e in extra], dtype=torch.int32))
 

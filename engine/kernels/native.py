@@ -38,6 +38,7 @@ _SIGNATURES = {
     "keyed_attention": [_p, _l, _p, _p, _l, _l, _i, _i, _i, _p, _p, _p, _l, _p, _l, _p, _f, _p, _i],
     "eagle_head_forward": [_p, _p, _p, _p, _l, _l, _p, _p, _l, _p, _p, _p, _p, _p, _l, _p, _p, _l, _p],
     "argmax_rows": [_p, _l, _l, _p],
+    "dequantize_rows": [_i, _l, _p, _p, _p, _l, _l, _p, _l, _p],
 }
 
 
@@ -62,6 +63,7 @@ class NativeKernel:
         self.decoder_rows.restype = _i
         self.eagle_head_forward = lib.eagle_head_forward  # driven by engine/kernels/head.py
         self.eagle_head_forward.restype = _i
+        self._lib.dequantize_rows.restype = _i
         self._lib.stored_linear_fast.argtypes = _SIGNATURES["stored_linear"]
         self._lib.stored_linear_fast.restype = _i
         self._lib.fast_variant.argtypes = [_i]
@@ -163,6 +165,17 @@ class NativeKernel:
         out = torch.empty(rows, dtype=torch.int64)
         self._lib.argmax_rows(x.data_ptr(), rows, n, out.data_ptr())
         return out.tolist()
+
+    def dequantize_rows(self, kind_id: int, group: int, codes: torch.Tensor, scales: torch.Tensor,
+                        offsets: torch.Tensor | None, ids: torch.Tensor) -> torch.Tensor:
+        """Rows ``ids`` (int64, contiguous) of a q8/q4 row-form weight ([rows, K] contiguous codes,
+        [rows, K/group] fp32 scales and offsets) as fp32 [len(ids), K] (stored.c)."""
+        nrows, k = codes.shape
+        out = torch.empty(ids.shape[0], k, dtype=torch.float32)
+        if self._lib.dequantize_rows(kind_id, group, codes.data_ptr(), scales.data_ptr(), ptr(offsets), nrows, k,
+                                     ids.data_ptr(), ids.shape[0], out.data_ptr()) != 0:
+            raise IndexError(f"a token id outside 0..{nrows - 1}")
+        return out
 
     def rms_norm(self, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
         """x: [T, H] contiguous, H a multiple of 8."""

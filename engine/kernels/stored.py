@@ -12,7 +12,7 @@ import torch
 
 from engine.kernels import native
 from engine.kernels.linear import Linear, cpu_layout
-from engine.kernels.weights import QuantRows, StoredPanels, cat_rows
+from engine.kernels.weights import KIND_IDS, QuantRows, StoredPanels, cat_rows
 
 
 class StoredLinear:
@@ -75,10 +75,16 @@ class StoredLinear:
 
 
 class StoredEmbedding:
-    """Token embedding lookup from stored rows: only the looked-up rows are decoded."""
+    """Token embedding lookup from stored rows: only the looked-up rows are decoded (in one call
+    of our kernel for 8- and 4-bit codes: the same values as :meth:`QuantRows.dequantize`)."""
 
     def __init__(self, rows: QuantRows) -> None:
         self.rows = rows
+        quant = rows.kind in ("q8", "q4") and rows.codes.is_contiguous() and rows.scales is not None
+        self._kernel = native.load() if quant and cpu_layout() == "native" else None
+        if self._kernel is not None:
+            self._scales = rows.scales.float().contiguous()
+            self._offsets = rows.offsets.float().contiguous() if rows.offsets is not None else None
 
     @property
     def shape(self) -> tuple[int, int]:
@@ -86,4 +92,8 @@ class StoredEmbedding:
 
     def __call__(self, tokens: torch.Tensor) -> torch.Tensor:
         flat = tokens.reshape(-1).to("cpu", torch.int64)
+        if self._kernel is not None:
+            out = self._kernel.dequantize_rows(KIND_IDS[self.rows.kind], self.rows.group, self.rows.codes,
+                                               self._scales, self._offsets, flat.contiguous())
+            return out.reshape(*tokens.shape, -1)
         return self.rows.rows(flat).dequantize().reshape(*tokens.shape, -1)

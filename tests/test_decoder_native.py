@@ -14,7 +14,6 @@ import pytest
 import torch
 
 from engine.kernels import native
-from engine.kernels.decoder import layer_runs
 from engine.models.gguf_weights import load_gguf_state
 from engine.models.llama import LlamaConfig, LlamaModel
 from engine.models.paths import NativeDecoderPath, NativeOpsPath
@@ -92,10 +91,3 @@ def test_switch_turns_the_native_decoder_off(monkeypatch) -> None:
     monkeypatch.setenv("SPECCHAT_NATIVE_DECODER", "0")
     model, _ = our_model("llama")
     assert type(model._path) is NativeOpsPath and model.kernels == "native"
-
-
-def test_layer_runs_split_at_captured_layers() -> None:
-    assert layer_runs(4, ()) == [(0, 4)]
-    assert layer_runs(4, (0, 4)) == [(0, 4)]
-    assert layer_runs(30, (2, 15, 29)) == [(0, 2), (2, 15), (15, 29), (29, 30)]
-    assert layer_runs(3, (1, 1, 2)) == [(0, 1), (1, 2), (2, 3)]

@@ -25,10 +25,21 @@
  * floats apart. rot: [T][head_dim] (cos, sin) pairs. Token t's K/V go to slot slots[t] when
  * slots is given (rows mode: attention over seg[t]..slots[t], see rows_attention), else to slot
  * L + t (one sequence: attention over the L cached slots and the tree / causal new ones).
+ *
+ * Capture: the residual stream entering layer cap_at[c] (nlayers: the last layer's output, before
+ * the final norm) is copied to cap_out[t][c][0..hidden), so the features an EAGLE-3 head reads come
+ * out of the same call, side by side in cap_at's order (ncap 0: none).
  */
+static void capture(const float *x, long T, long H, long li, const long *cap_at, long ncap, float *cap_out) {
+    for (long c = 0; c < ncap; c++)
+        if (cap_at[c] == li)
+            for (long t = 0; t < T; t++) memcpy(cap_out + (t * ncap + c) * H, x + t * H, sizeof(float) * (size_t)H);
+}
+
 static int run_layers(const layer_t *layers, long nlayers, const dims_t *d, float *x, long T, float *kc, float *vc,
                       long layer_stride, long cap, long L, const float *rot, const unsigned char *tree,
-                      const long *positions, const long *seg, const long *slots) {
+                      const long *positions, const long *seg, const long *slots, const long *cap_at, long ncap,
+                      float *cap_out) {
     const long H = d->hidden, nh = d->heads, nkv = d->kv_heads, hd = d->head_dim, I = d->inter;
     const int nt = (int)d->nthreads;
     const long qkv_w = (nh + 2 * nkv) * hd;
@@ -37,6 +48,7 @@ static int run_layers(const layer_t *layers, long nlayers, const dims_t *d, floa
     float *qkv = h + T * H, *att = qkv + T * qkv_w, *gu = att + T * nh * hd, *act = gu + T * 2 * I;
     for (long li = 0; li < nlayers; li++) {
         const layer_t *l = &layers[li];
+        capture(x, T, H, li, cap_at, ncap, cap_out);
         float *kl = kc + li * layer_stride, *vl = vc + li * layer_stride;
         rms_norm(x, T, H, l->ln_attn, d->eps, h);
         linear(&l->qkv, h, T, qkv, 0, nt, (int)d->fast);
@@ -61,6 +73,7 @@ static int run_layers(const layer_t *layers, long nlayers, const dims_t *d, floa
         silu_mul(gu, T, I, act);
         linear(&l->down, act, T, x, 1, nt, (int)d->fast);
     }
+    capture(x, T, H, nlayers, cap_at, ncap, cap_out);
     free(h);
     return 0;
 }
@@ -71,8 +84,9 @@ static int run_layers(const layer_t *layers, long nlayers, const dims_t *d, floa
  */
 int decoder_layers(const layer_t *layers, long nlayers, const dims_t *d, float *x, long T, float *kc, float *vc,
                    long layer_stride, long cap, long L, const float *rot, const unsigned char *tree,
-                   const long *positions) {
-    return run_layers(layers, nlayers, d, x, T, kc, vc, layer_stride, cap, L, rot, tree, positions, NULL, NULL);
+                   const long *positions, const long *cap_at, long ncap, float *cap_out) {
+    return run_layers(layers, nlayers, d, x, T, kc, vc, layer_stride, cap, L, rot, tree, positions, NULL, NULL, cap_at,
+                      ncap, cap_out);
 }
 
 /*
@@ -81,6 +95,7 @@ int decoder_layers(const layer_t *layers, long nlayers, const dims_t *d, float *
  */
 int decoder_rows(const layer_t *layers, long nlayers, const dims_t *d, float *x, long T, float *kc, float *vc,
                  long layer_stride, long cap, const float *rot, const long *positions, const long *seg,
-                 const long *slots) {
-    return run_layers(layers, nlayers, d, x, T, kc, vc, layer_stride, cap, 0, rot, NULL, positions, seg, slots);
+                 const long *slots, const long *cap_at, long ncap, float *cap_out) {
+    return run_layers(layers, nlayers, d, x, T, kc, vc, layer_stride, cap, 0, rot, NULL, positions, seg, slots, cap_at,
+                      ncap, cap_out);
 }

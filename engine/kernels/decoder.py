@@ -11,7 +11,6 @@ do not change (tests/test_decoder_native.py checks both paths bit for bit).
 from __future__ import annotations
 
 import ctypes
-import itertools
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
@@ -94,6 +93,7 @@ class NativeDecoder(FastSwitch):
         self._fn = kernel.decoder_layers
         self._rows_fn = kernel.decoder_rows
         self._layers = layers
+        self._count = len(layers)
         self._dims = dims
         self._keep = keep  # the tensors the structs point into (norm weights, contiguous copies)
         self._layer_size = ctypes.sizeof(_Layer)
@@ -117,52 +117,62 @@ class NativeDecoder(FastSwitch):
         return cls(kernel, (_Layer * len(structs))(*structs), dims, keep)
 
     def run(self, x: torch.Tensor, cache: KVCache, rot: torch.Tensor, tree: torch.Tensor | None,
-            positions: torch.Tensor, start: int, stop: int) -> None:
-        """Layers ``start..stop-1`` on x: [T, hidden] fp32 contiguous, in place. rot: [T, head_dim/2]
-        complex64 contiguous; tree: [T, T] bool or None; positions: [T] int64 contiguous."""
+            positions: torch.Tensor, capture: Sequence[int] = ()) -> list[torch.Tensor]:
+        """Every layer on x: [T, hidden] fp32 contiguous, in place. rot: [T, head_dim/2] complex64
+        contiguous; tree: [T, T] bool or None; positions: [T] int64 contiguous. Returns the residual
+        stream entering each layer in ``capture`` (index num_layers: the last layer's output), as
+        [T, hidden] views of one buffer that holds them side by side."""
         T = x.shape[0]
         self._dims.nthreads = torch.get_num_threads()
         k, v = cache.k, cache.v
-        stride = k.stride(0)
-        offset = start * stride * k.element_size()
+        at, out = _capture_buffers(capture, T, x.shape[1])
         rc = self._fn(
-            ctypes.addressof(self._layers) + start * self._layer_size,
-            stop - start,
+            ctypes.addressof(self._layers),
+            self._count,
             ctypes.addressof(self._dims),
             x.data_ptr(),
             T,
-            k.data_ptr() + offset,
-            v.data_ptr() + offset,
-            stride,
+            k.data_ptr(),
+            v.data_ptr(),
+            k.stride(0),
             cache.capacity,
             cache.length,
             rot.data_ptr(),
             ptr(tree),
             positions.data_ptr(),
+            ptr(at),
+            len(capture),
+            ptr(out),
         )
         if rc != 0:
             raise MemoryError("the native decoder could not allocate its scratch buffers")
+        return _views(out, len(capture))
 
     def run_rows(self, x: torch.Tensor, k: torch.Tensor, v: torch.Tensor, rot: torch.Tensor, positions: torch.Tensor,
-                 seg: torch.Tensor, slots: torch.Tensor, start: int, stop: int) -> None:
-        """Layers ``start..stop-1`` on tokens of independent sequences sharing the cache tensors
-        k, v ([layers, kv_heads, cap, head_dim]): token t is written at slot ``slots[t]`` and
-        attends to ``seg[t]..slots[t]``. seg, slots, positions: [T] int64 contiguous."""
+                 seg: torch.Tensor, slots: torch.Tensor, capture: Sequence[int] = ()) -> list[torch.Tensor]:
+        """Every layer on tokens of independent sequences sharing the cache tensors k, v ([layers,
+        kv_heads, cap, head_dim]): token t is written at slot ``slots[t]`` and attends to
+        ``seg[t]..slots[t]``. seg, slots, positions: [T] int64 contiguous. Returns the captured
+        residuals as :meth:`run` does."""
         self._dims.nthreads = torch.get_num_threads()
-        stride = k.stride(0)
-        offset = start * stride * k.element_size()
+        at, out = _capture_buffers(capture, x.shape[0], x.shape[1])
         rc = self._rows_fn(
-            ctypes.addressof(self._layers) + start * self._layer_size, stop - start, ctypes.addressof(self._dims),
-            x.data_ptr(), x.shape[0], k.data_ptr() + offset, v.data_ptr() + offset, stride, k.shape[2],
-            rot.data_ptr(), positions.data_ptr(), seg.data_ptr(), slots.data_ptr(),
+            ctypes.addressof(self._layers), self._count, ctypes.addressof(self._dims), x.data_ptr(), x.shape[0],
+            k.data_ptr(), v.data_ptr(), k.stride(0), k.shape[2], rot.data_ptr(), positions.data_ptr(), seg.data_ptr(),
+            slots.data_ptr(), ptr(at), len(capture), ptr(out),
         )
         if rc != 0:
             raise MemoryError("the native decoder could not allocate its scratch buffers")
+        return _views(out, len(capture))
 
 
-def layer_runs(num_layers: int, capture: Sequence[int]) -> list[tuple[int, int]]:
-    """Split 0..num_layers into runs that end where a captured layer starts (its input is copied
-    out between runs)."""
-    cuts = sorted({i for i in capture if 0 < i < num_layers})
-    bounds = [0, *cuts, num_layers]
-    return [(a, b) for a, b in itertools.pairwise(bounds) if b > a]
+def _capture_buffers(capture: Sequence[int], T: int, hidden: int) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    """The layer indices decoder.c copies the residual out at, and the [T, len(capture), hidden]
+    buffer it writes them to (None, None: no capture)."""
+    if not capture:
+        return None, None
+    return torch.tensor(capture, dtype=torch.int64), torch.empty(T, len(capture), hidden, dtype=torch.float32)
+
+
+def _views(out: torch.Tensor | None, n: int) -> list[torch.Tensor]:
+    return [out[:, c] for c in range(n)] if out is not None else []

@@ -3,7 +3,7 @@
 The model picks one at construction (:func:`pick_path`) and its forward calls ``run`` without
 asking which it has:
 
-- :class:`NativeDecoderPath`: every layer in one native call per run of layers (decoder.c);
+- :class:`NativeDecoderPath`: every layer in one native call (decoder.c), captured layer inputs included;
   CPU, fp32 activations, every shape suiting our kernels. Forwards with a prefix mask (a draft
   model growing a tree level by level) take the per-op path below.
 - :class:`NativeOpsPath`: our CPU kernels op by op (norms, activation, attention, products);
@@ -26,7 +26,7 @@ import torch
 import torch.nn.functional as F
 
 from engine.kernels import native
-from engine.kernels.decoder import NativeDecoder, layer_runs
+from engine.kernels.decoder import NativeDecoder
 from engine.kernels.linear import Linear
 from engine.kernels.native import NativeKernel
 from engine.kernels.stored import StoredLinear
@@ -150,7 +150,7 @@ class NativeOpsPath(TorchPath):
 
 
 class NativeDecoderPath(NativeOpsPath):
-    """Runs of layers in one native call each (decoder.c): the same kernels in the same order."""
+    """Every layer in one native call (decoder.c): the same kernels in the same order."""
 
     def __init__(self, config: LlamaConfig, layers: Sequence[LayerWeights], ops: NativeKernel,
                  decoder: NativeDecoder) -> None:
@@ -167,29 +167,14 @@ class NativeDecoderPath(NativeOpsPath):
         tree = span.tree_mask.to("cpu", torch.bool).contiguous() if span.tree_mask is not None else None
         positions = span.positions.to("cpu", torch.int64).contiguous()
         rot = span.rot.reshape(span.T, -1).contiguous()
-        return self._in_runs(x, capture, lambda start, stop: self.decoder.run(x, cache, rot, tree, positions,
-                                                                              start, stop))
+        return x, self.decoder.run(x, cache, rot, tree, positions, sorted(set(capture)))  # in layer order, as above
 
     def run_rows(self, x: torch.Tensor, cache: KVCache, rot: torch.Tensor, positions: torch.Tensor,
                  seg: torch.Tensor, slots: torch.Tensor, capture: Sequence[int]
                  ) -> tuple[torch.Tensor, list[torch.Tensor]]:
         """Tokens of independent sequences sharing ``cache`` (see LlamaModel.forward_rows)."""
         rot = rot.reshape(x.shape[0], -1).contiguous()
-        return self._in_runs(x, capture, lambda start, stop: self.decoder.run_rows(
-            x, cache.k, cache.v, rot, positions, seg, slots, start, stop))
-
-    def _in_runs(self, x: torch.Tensor, capture: Sequence[int], run: Callable[[int, int], None]
-                 ) -> tuple[torch.Tensor, list[torch.Tensor]]:
-        """``run(start, stop)`` over the layers, split where a captured layer's input is copied out."""
-        n = len(self.layers)
-        aux: list[torch.Tensor] = []
-        for start, stop in layer_runs(n, capture):
-            if start in capture:
-                aux.append(x.clone())
-            run(start, stop)
-        if n in capture:
-            aux.append(x)
-        return x, aux
+        return x, self.decoder.run_rows(x, cache.k, cache.v, rot, positions, seg, slots, sorted(set(capture)))
 
 
 def pick_path(config: LlamaConfig, layers: Sequence[LayerWeights], ops: NativeKernel | None, dtype: torch.dtype,

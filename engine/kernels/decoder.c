@@ -36,6 +36,19 @@ static void capture(const float *x, long T, long H, long li, const long *cap_at,
             for (long t = 0; t < T; t++) memcpy(cap_out + (t * ncap + c) * H, x + t * H, sizeof(float) * (size_t)H);
 }
 
+/* Row by row across the threads once there are enough rows to pay for the parallel region (each
+ * row's arithmetic is the one-row call's, so the bits do not depend on the split): at 16 rows
+ * SiLU*up was 2.6% of a forward's samples, run by one thread while the other waited. */
+static void silu_mul_rows(const float *gu, long T, long I, float *out, int nt) {
+#pragma omp parallel for num_threads(nt) schedule(static) if (T >= 8)
+    for (long t = 0; t < T; t++) silu_mul(gu + t * 2 * I, 1, I, out + t * I);
+}
+
+static void rms_norm_rows(const float *x, long T, long H, const float *w, float eps, float *out, int nt) {
+#pragma omp parallel for num_threads(nt) schedule(static) if (T >= 32)
+    for (long t = 0; t < T; t++) rms_norm(x + t * H, 1, H, w, eps, out + t * H);
+}
+
 static int run_layers(const layer_t *layers, long nlayers, const dims_t *d, float *x, long T, float *kc, float *vc,
                       long layer_stride, long cap, long L, const float *rot, const unsigned char *tree,
                       const long *positions, const long *seg, const long *slots, const long *cap_at, long ncap,
@@ -50,7 +63,7 @@ static int run_layers(const layer_t *layers, long nlayers, const dims_t *d, floa
         const layer_t *l = &layers[li];
         capture(x, T, H, li, cap_at, ncap, cap_out);
         float *kl = kc + li * layer_stride, *vl = vc + li * layer_stride;
-        rms_norm(x, T, H, l->ln_attn, d->eps, h);
+        rms_norm_rows(x, T, H, l->ln_attn, d->eps, h, nt);
         linear(&l->qkv, h, T, qkv, 0, nt, (int)d->fast);
         rotate(qkv, T, qkv_w, nh + nkv, hd, rot);
         for (long t = 0; t < T; t++) {
@@ -68,9 +81,9 @@ static int run_layers(const layer_t *layers, long nlayers, const dims_t *d, floa
             tree_attention(qkv, qkv_w, kl, vl, cap, L, T, (int)nh, (int)nkv, (int)hd, tree, d->window, positions,
                            d->scale, att, nt);
         linear(&l->o, att, T, x, 1, nt, (int)d->fast);
-        rms_norm(x, T, H, l->ln_mlp, d->eps, h);
+        rms_norm_rows(x, T, H, l->ln_mlp, d->eps, h, nt);
         linear(&l->gate_up, h, T, gu, 0, nt, (int)d->fast);
-        silu_mul(gu, T, I, act);
+        silu_mul_rows(gu, T, I, act, nt);
         linear(&l->down, act, T, x, 1, nt, (int)d->fast);
     }
     capture(x, T, H, nlayers, cap_at, ncap, cap_out);

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import statistics
 import time
-from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -40,10 +39,9 @@ def binary_tree(n: int) -> DraftTree:
 
 @torch.inference_mode()
 def measure_verify_costs(model: Any, context: int, sizes: tuple[int, ...], reps: int | None = None,
-                         seed: int = 0, reduce: Callable[[list[float]], float] = statistics.median
-                         ) -> dict[int, float]:
-    """Milliseconds of one target forward over an n-node tree on top of ``context`` cached tokens,
-    for each n in ``sizes``: ``reduce`` of its timed forwards (the median by default). ``reps``:
+                         seed: int = 0) -> dict[int, float]:
+    """Median milliseconds of one target forward over an n-node tree on top of ``context`` cached
+    tokens, for each n in ``sizes``. ``reps``:
     timed forwards per size (default: more for small trees, whose timings are the noisiest relative
     to their size). The sizes take turns, round by round, so a slow stretch of the machine lands on
     several sizes' samples rather than on all of one size's."""
@@ -71,7 +69,7 @@ def measure_verify_costs(model: Any, context: int, sizes: tuple[int, ...], reps:
             model.forward(tokens, cache, positions=positions, tree_mask=mask)
             sync(model)
             times[n].append((time.perf_counter() - t0) * 1e3)
-    return {n: reduce(times[n]) for n in sizes}
+    return {n: statistics.median(times[n]) for n in sizes}
 
 
 def relative_shape(costs: dict[int, float]) -> dict[int, float]:

@@ -96,7 +96,6 @@ class NativeDecoder(FastSwitch):
         self._count = len(layers)
         self._dims = dims
         self._keep = keep  # the tensors the structs point into (norm weights, contiguous copies)
-        self._layer_size = ctypes.sizeof(_Layer)
 
     @classmethod
     def for_layers(cls, config: LlamaConfig, layers: Sequence[LayerWeights], kernel: NativeKernel

@@ -3,7 +3,8 @@
 The promises: a row's bits do not depend on how many heads share its item (a grouped-query model
 gives every head exactly what the same head gets with its K/V copied per head), nor on the thread
 count (which changes how a small call splits its groups); the tree entry point and the keyed one
-agree when they list the same keys; and the result is softmax attention (close to torch's).
+agree when they list the same keys; the result is softmax attention (close to torch's); and an
+fp16 cache (the fast precision's) gives the bits of an fp32 cache holding the same rounded values.
 """
 
 from __future__ import annotations
@@ -108,3 +109,27 @@ def test_tree_tokens_sharing_the_cached_keys_get_the_bits_of_one_token_calls(nh:
                                        torch.tensor([L - 1]), table, torch.tensor([len(keys)], dtype=torch.int32),
                                        0.125)
         assert torch.equal(together[t], alone[0]), f"row {t}"
+
+
+@pytest.mark.parametrize("L,T,window", [(0, 1, 0), (37, 1, 0), (300, 1, 0), (130, 5, 0), (300, 17, 0), (120, 3, 40),
+                                        (9, 2, 0)])
+@pytest.mark.parametrize("nh,nkv,hd", [(9, 3, 64), (4, 1, 128), (6, 2, 72)])
+def test_an_fp16_cache_reads_as_the_fp32_cache_of_its_values(nh: int, nkv: int, hd: int, L: int, T: int,
+                                                            window: int) -> None:
+    """F16C widens each value exactly, so every entry point (one token, a shared-key tree, the
+    per-token path, windows, listed keys) must give the fp32 cache's bits on the rounded values."""
+    q, k, v, tree, pos = _inputs(nh, nkv, hd, L, T, seed=L + 3 * T)
+    k16, v16 = (k * 3).half(), (v * 3).half()
+    k32, v32 = k16.float(), v16.float()
+    assert torch.equal(_attend(q, k16, v16, L, tree, pos, window), _attend(q, k32, v32, L, tree, pos, window))
+    keys = torch.tensor([[L + i for i in range(T) if tree[0, i]]], dtype=torch.int32)
+    args = (torch.zeros(1, dtype=torch.int64), torch.tensor([L - 1]), keys,
+            torch.tensor([keys.shape[1]], dtype=torch.int32), 0.125)
+    assert torch.equal(KERNEL.keyed_attention(q[:1].contiguous(), k16, v16, *args),
+                       KERNEL.keyed_attention(q[:1].contiguous(), k32, v32, *args))
+
+
+def test_other_cache_types_are_refused() -> None:
+    q, k, v, tree, pos = _inputs(9, 3, 64, 5, 2, seed=0)
+    with pytest.raises(TypeError, match="fp32 or fp16"):
+        _attend(q, k.bfloat16(), v.bfloat16(), 5, tree, pos)

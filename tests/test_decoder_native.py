@@ -81,6 +81,36 @@ def test_native_decoder_equals_per_op_forward_on_stored_gguf_weights(tmp_path: P
     _assert_paths_equal(model, VOCAB)
 
 
+def test_native_decoder_equals_per_op_forward_in_the_fast_precision(tmp_path: Path) -> None:
+    """The fast precision's fp16 KV cache: decoder.c rounds each K/V value with F16C where the
+    per-op path assigns fp32 rows into the fp16 tensor (torch's rounding): the same bits, and the
+    same attention over them."""
+    if native.load().fast_variant is None:
+        pytest.skip("no fast kernel on this CPU")
+    write_model_gguf(tmp_path / "m.gguf", tied=False)
+    config, state = load_gguf_state(tmp_path / "m.gguf")
+    model = LlamaModel(LlamaConfig.from_dict(config), state, weights="stored")
+    model.precision = "fast"
+    assert model.new_cache(8).k.dtype == torch.float16
+    _assert_paths_equal(model, VOCAB)
+
+
+def test_a_cache_made_for_the_other_precision_is_refused(tmp_path: Path) -> None:
+    if native.load().fast_variant is None:
+        pytest.skip("no fast kernel on this CPU")
+    write_model_gguf(tmp_path / "m.gguf", tied=False)
+    config, state = load_gguf_state(tmp_path / "m.gguf")
+    model = LlamaModel(LlamaConfig.from_dict(config), state, weights="stored")
+    exact_cache = model.new_cache(8)
+    model.precision = "fast"
+    with pytest.raises(ValueError, match="new_cache"):
+        model.forward(torch.tensor([1, 2]), exact_cache)
+    fast_cache = model.new_cache(8)
+    model.precision = "exact"
+    with pytest.raises(ValueError, match="new_cache"):
+        model.forward(torch.tensor([1, 2]), fast_cache)
+
+
 def test_q_k_norm_models_keep_the_per_op_path() -> None:
     model, _ = our_model("qwen3")
     assert type(model._path) is NativeOpsPath

@@ -127,7 +127,7 @@ def test_fast_model_rows_equal_one_token_steps(fast_model: LlamaModel, kernel_va
             assert torch.equal(model.forward(torch.tensor([t]), cache).logits[0], batch[i])
             cache.commit(1)
         c = model.config
-        rows = KVCache(c.num_layers, c.num_kv_heads, c.head_dim, 32)
+        rows = KVCache(c.num_layers, c.num_kv_heads, c.head_dim, 32, dtype=model.kv_dtype)
         both = torch.cat([tokens, tokens[:4]])
         seg = torch.tensor([0] * 9 + [16] * 4)
         slots = torch.cat([torch.arange(9), 16 + torch.arange(4)])

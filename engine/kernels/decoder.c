@@ -14,15 +14,28 @@
  * and each sum rounded once; the library is built with -ffp-contract=off so the compiler cannot
  * fuse them into FMAs.
  */
+#include <immintrin.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "layers.h"
 
+/* One head's K or V row into the cache: as is (fp32), or rounded to fp16 (kv16), to nearest even
+ * as torch's .half() rounds, so the per-op path's tensor assignment writes the same bits. */
+static __attribute__((target("avx2,f16c"))) void put_row(void *cache, long at, const float *row, long hd, int kv16) {
+    if (!kv16) {
+        memcpy((float *)cache + at, row, sizeof(float) * (size_t)hd);
+        return;
+    }
+    unsigned short *dst = (unsigned short *)cache + at;
+    for (long j = 0; j < hd; j += 8)
+        _mm_storeu_si128((__m128i *)(dst + j), _mm256_cvtps_ph(_mm256_loadu_ps(row + j), _MM_FROUND_TO_NEAREST_INT));
+}
+
 /*
  * The layers on x: [T, hidden] (updated in place, the residual stream). kc, vc: the first of
- * these layers' K/V caches, [kv_heads, cap, head_dim] each, consecutive layers layer_stride
- * floats apart. rot: [T][head_dim] (cos, sin) pairs. Token t's K/V go to slot slots[t] when
+ * these layers' K/V caches, [kv_heads, cap, head_dim] each, fp32 or (d->kv16) fp16 values,
+ * consecutive layers layer_stride values apart. rot: [T][head_dim] (cos, sin) pairs. Token t's K/V go to slot slots[t] when
  * slots is given (rows mode: attention over seg[t]..slots[t], see rows_attention), else to slot
  * L + t (one sequence: attention over the L cached slots and the tree / causal new ones).
  *
@@ -49,20 +62,20 @@ static void rms_norm_rows(const float *x, long T, long H, const float *w, float 
     for (long t = 0; t < T; t++) rms_norm(x + t * H, 1, H, w, eps, out + t * H);
 }
 
-static int run_layers(const layer_t *layers, long nlayers, const dims_t *d, float *x, long T, float *kc, float *vc,
+static int run_layers(const layer_t *layers, long nlayers, const dims_t *d, float *x, long T, void *kc, void *vc,
                       long layer_stride, long cap, long L, const float *rot, const unsigned char *tree,
                       const long *positions, const long *seg, const long *slots, const long *cap_at, long ncap,
                       float *cap_out) {
     const long H = d->hidden, nh = d->heads, nkv = d->kv_heads, hd = d->head_dim, I = d->inter;
-    const int nt = (int)d->nthreads;
-    const long qkv_w = (nh + 2 * nkv) * hd;
+    const int nt = (int)d->nthreads, kv16 = (int)d->kv16;
+    const long qkv_w = (nh + 2 * nkv) * hd, esize = kv16 ? 2 : 4;
     float *h = malloc(sizeof(float) * (size_t)(T * (H + qkv_w + nh * hd + 3 * I)));
     if (!h) return -1;
     float *qkv = h + T * H, *att = qkv + T * qkv_w, *gu = att + T * nh * hd, *act = gu + T * 2 * I;
     for (long li = 0; li < nlayers; li++) {
         const layer_t *l = &layers[li];
         capture(x, T, H, li, cap_at, ncap, cap_out);
-        float *kl = kc + li * layer_stride, *vl = vc + li * layer_stride;
+        char *kl = (char *)kc + li * layer_stride * esize, *vl = (char *)vc + li * layer_stride * esize;
         rms_norm_rows(x, T, H, l->ln_attn, d->eps, h, nt);
         linear(&l->qkv, h, T, qkv, 0, nt, (int)d->fast);
         rotate(qkv, T, qkv_w, nh + nkv, hd, rot);
@@ -70,16 +83,16 @@ static int run_layers(const layer_t *layers, long nlayers, const dims_t *d, floa
             const long slot = slots ? slots[t] : L + t;
             for (long g = 0; g < nkv; g++) {
                 const float *row = qkv + t * qkv_w + (nh + g) * hd;
-                memcpy(kl + (g * cap + slot) * hd, row, sizeof(float) * (size_t)hd);
-                memcpy(vl + (g * cap + slot) * hd, row + nkv * hd, sizeof(float) * (size_t)hd);
+                put_row(kl, (g * cap + slot) * hd, row, hd, kv16);
+                put_row(vl, (g * cap + slot) * hd, row + nkv * hd, hd, kv16);
             }
         }
         if (slots)
             rows_attention(qkv, qkv_w, kl, vl, cap, T, (int)nh, (int)nkv, (int)hd, seg, slots, d->window, positions,
-                           d->scale, att, nt);
+                           d->scale, att, nt, kv16);
         else
             tree_attention(qkv, qkv_w, kl, vl, cap, L, T, (int)nh, (int)nkv, (int)hd, tree, d->window, positions,
-                           d->scale, att, nt);
+                           d->scale, att, nt, kv16);
         linear(&l->o, att, T, x, 1, nt, (int)d->fast);
         rms_norm_rows(x, T, H, l->ln_mlp, d->eps, h, nt);
         linear(&l->gate_up, h, T, gu, 0, nt, (int)d->fast);
@@ -95,7 +108,7 @@ static int run_layers(const layer_t *layers, long nlayers, const dims_t *d, floa
  * One sequence: the T new tokens are written at slots L..L+T-1; tree: [T, T] bytes or NULL
  * (causal); positions: [T] (read with a sliding window). Returns 0, or -1 when out of memory.
  */
-int decoder_layers(const layer_t *layers, long nlayers, const dims_t *d, float *x, long T, float *kc, float *vc,
+int decoder_layers(const layer_t *layers, long nlayers, const dims_t *d, float *x, long T, void *kc, void *vc,
                    long layer_stride, long cap, long L, const float *rot, const unsigned char *tree,
                    const long *positions, const long *cap_at, long ncap, float *cap_out) {
     return run_layers(layers, nlayers, d, x, T, kc, vc, layer_stride, cap, L, rot, tree, positions, NULL, NULL, cap_at,
@@ -106,7 +119,7 @@ int decoder_layers(const layer_t *layers, long nlayers, const dims_t *d, float *
  * Independent sequences in one call: token t belongs to the row whose slots start at seg[t],
  * is written at slots[t] and sees seg[t]..slots[t]; positions[t] = slots[t] - seg[t].
  */
-int decoder_rows(const layer_t *layers, long nlayers, const dims_t *d, float *x, long T, float *kc, float *vc,
+int decoder_rows(const layer_t *layers, long nlayers, const dims_t *d, float *x, long T, void *kc, void *vc,
                  long layer_stride, long cap, const float *rot, const long *positions, const long *seg,
                  const long *slots, const long *cap_at, long ncap, float *cap_out) {
     return run_layers(layers, nlayers, d, x, T, kc, vc, layer_stride, cap, 0, rot, NULL, positions, seg, slots, cap_at,

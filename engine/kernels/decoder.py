@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from engine.kernels.linear import Linear
-from engine.kernels.native import ptr
+from engine.kernels.native import kv16, ptr
 from engine.kernels.stored import StoredLinear
 
 if TYPE_CHECKING:
@@ -44,13 +44,13 @@ class _Layer(ctypes.Structure):
 
 class _Dims(ctypes.Structure):
     _fields_ = [("hidden", _l), ("heads", _l), ("kv_heads", _l), ("head_dim", _l), ("inter", _l),
-                ("window", _l), ("nthreads", _l), ("eps", _f), ("scale", _f), ("fast", _l)]
+                ("window", _l), ("nthreads", _l), ("eps", _f), ("scale", _f), ("fast", _l), ("kv16", _l)]
 
     @classmethod
     def of(cls, shape: DecoderShape, intermediate: int, window: int = 0) -> _Dims:
         """The sizes of a decoder of this shape (a target model's layers, an EAGLE head)."""
         return cls(shape.hidden_size, shape.num_heads, shape.num_kv_heads, shape.head_dim, intermediate, window, 1,
-                   shape.rms_norm_eps, shape.head_dim**-0.5, 0)
+                   shape.rms_norm_eps, shape.head_dim**-0.5, 0, 0)
 
 
 def _describe(lin: Linear | StoredLinear) -> _Lin | None:
@@ -124,6 +124,7 @@ class NativeDecoder(FastSwitch):
         T = x.shape[0]
         self._dims.nthreads = torch.get_num_threads()
         k, v = cache.k, cache.v
+        self._dims.kv16 = kv16(k, v)
         at, out = _capture_buffers(capture, T, x.shape[1])
         rc = self._fn(
             ctypes.addressof(self._layers),
@@ -154,6 +155,7 @@ class NativeDecoder(FastSwitch):
         ``seg[t]..slots[t]``. seg, slots, positions: [T] int64 contiguous. Returns the captured
         residuals as :meth:`run` does."""
         self._dims.nthreads = torch.get_num_threads()
+        self._dims.kv16 = kv16(k, v)
         at, out = _capture_buffers(capture, x.shape[0], x.shape[1])
         rc = self._rows_fn(
             ctypes.addressof(self._layers), self._count, ctypes.addressof(self._dims), x.data_ptr(), x.shape[0],

@@ -21,9 +21,10 @@
 
 #include "layers.h"
 
-void keyed_attention(const float *q, long q_stride, const float *k, const float *v, long cap, long T, int nh,
+void keyed_attention(const float *q, long q_stride, const void *k, const void *v, long cap, long T, int nh,
                      int nkv, int hd, const long *first, const long *last, const int *extra, long max_extra,
-                     const int *nextra, long window, const long *positions, float scale, float *out, int nthreads);
+                     const int *nextra, long window, const long *positions, float scale, float *out, int nthreads,
+                     int kv16);
 
 typedef struct {
     const float *ln_in, *ln_hidden, *ln_post, *norm; /* NULL where the head has none (EAGLE-1/2) */
@@ -77,7 +78,7 @@ int eagle_head_forward(const head_t *hd_, const dims_t *d, const float *emb, con
             memcpy(vc + (g * cap + slots[t]) * hd, row + nkv * hd, sizeof(float) * (size_t)hd);
         }
     keyed_attention(qkv, qkv_w, kc, vc, cap, T, (int)nh, (int)nkv, (int)hd, first, last, extra, max_extra, nextra, 0,
-                    NULL, d->scale, att, nt);
+                    NULL, d->scale, att, nt, 0); /* the head's own cache is fp32 */
     memcpy(g_out, h, sizeof(float) * (size_t)(T * H));
     linear(&hd_->o, att, T, g_out, 1, nt, fast);
     rms_norm(g_out, T, H, hd_->ln_post, d->eps, a);

@@ -16,12 +16,13 @@ int stored_linear_fast(const float *x, long M, long K, int kind, long group, con
                        int nthreads);
 void rms_norm(const float *x, long T, long H, const float *w, float eps, float *out);
 void silu_mul(const float *gu, long T, long I, float *out);
-void tree_attention(const float *q, long q_stride, const float *k, const float *v, long cap, long L, long T,
+/* Attention over a KV cache of fp32 values, or fp16 ones (kv16) */
+void tree_attention(const float *q, long q_stride, const void *k, const void *v, long cap, long L, long T,
                     int nh, int nkv, int hd, const unsigned char *tree, long window, const long *positions,
-                    float scale, float *out, int nthreads);
-void rows_attention(const float *q, long q_stride, const float *k, const float *v, long cap, long T, int nh,
+                    float scale, float *out, int nthreads, int kv16);
+void rows_attention(const float *q, long q_stride, const void *k, const void *v, long cap, long T, int nh,
                     int nkv, int hd, const long *seg, const long *slots, long window, const long *positions,
-                    float scale, float *out, int nthreads);
+                    float scale, float *out, int nthreads, int kv16);
 
 #define MAX_PARTS 3
 
@@ -49,6 +50,7 @@ typedef struct {
     long hidden, heads, kv_heads, head_dim, inter, window, nthreads;
     float eps, scale;
     long fast; /* 1: the fast precision's integer products (fast.c) where a part's kind allows */
+    long kv16; /* 1: the KV cache holds fp16 values (the fast precision's cache), 0: fp32 */
 } dims_t;
 
 static void linear(const lin_t *l, const float *x, long M, float *y, int accumulate, int nthreads, int fast) {

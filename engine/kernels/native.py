@@ -32,10 +32,10 @@ _SIGNATURES = {
     "stored_linear": [_p, _l, _l, _i, _l, _p, _p, _p, _l, _p, _p, _l, _i, _i],
     "rms_norm": [_p, _l, _l, _p, _f, _p],
     "silu_mul": [_p, _l, _l, _p],
-    "tree_attention": [_p, _l, _p, _p, _l, _l, _l, _i, _i, _i, _p, _l, _p, _f, _p, _i],
+    "tree_attention": [_p, _l, _p, _p, _l, _l, _l, _i, _i, _i, _p, _l, _p, _f, _p, _i, _i],
     "decoder_layers": [_p, _l, _p, _p, _l, _p, _p, _l, _l, _l, _p, _p, _p, _p, _l, _p],
     "decoder_rows": [_p, _l, _p, _p, _l, _p, _p, _l, _l, _p, _p, _p, _p, _p, _l, _p],
-    "keyed_attention": [_p, _l, _p, _p, _l, _l, _i, _i, _i, _p, _p, _p, _l, _p, _l, _p, _f, _p, _i],
+    "keyed_attention": [_p, _l, _p, _p, _l, _l, _i, _i, _i, _p, _p, _p, _l, _p, _l, _p, _f, _p, _i, _i],
     "eagle_head_forward": [_p, _p, _p, _p, _l, _l, _p, _p, _l, _p, _p, _p, _p, _p, _l, _p, _p, _l, _p],
     "argmax_rows": [_p, _l, _l, _p],
     "dequantize_rows": [_i, _l, _p, _p, _p, _l, _l, _p, _l, _p],
@@ -155,7 +155,8 @@ class NativeKernel:
         out = torch.empty(t, nh * hd, dtype=torch.float32)
         self._lib.keyed_attention(q.data_ptr(), q.stride(0), k.data_ptr(), v.data_ptr(), cap, t, nh, nkv, hd,
                                   first.data_ptr(), last.data_ptr(), extra.data_ptr(), extra.shape[1],
-                                  nextra.data_ptr(), 0, None, scale, out.data_ptr(), torch.get_num_threads())
+                                  nextra.data_ptr(), 0, None, scale, out.data_ptr(), torch.get_num_threads(),
+                                  kv16(k, v))
         return out
 
     def argmax_rows(self, x: torch.Tensor) -> list[int]:
@@ -202,7 +203,7 @@ class NativeKernel:
         scale: float,
     ) -> torch.Tensor:
         """q: [T, nh, hd] with contiguous heads (any token stride); k, v: one layer's cache
-        [nkv, cap, hd], the new tokens already at ``length..length+T-1``; tree: [T, T] bool or
+        [nkv, cap, hd] (fp32 or fp16), the new tokens already at ``length..length+T-1``; tree: [T, T] bool or
         None (causal); positions: [T] int64 (only read with a sliding window). Returns [T, nh*hd]."""
         t, nh, hd = q.shape
         nkv, cap, _ = k.shape
@@ -224,8 +225,17 @@ class NativeKernel:
             scale,
             out.data_ptr(),
             torch.get_num_threads(),
+            kv16(k, v),
         )
         return out
+
+
+def kv16(k: torch.Tensor, v: torch.Tensor) -> int:
+    """1 when a KV cache holds fp16 values (the fast precision's), 0 for fp32; anything else is refused
+    before C reads it as either."""
+    if k.dtype != v.dtype or k.dtype not in (torch.float32, torch.float16):
+        raise TypeError(f"the native attention reads fp32 or fp16 K/V, not {k.dtype}/{v.dtype}")
+    return int(k.dtype == torch.float16)
 
 
 @cache

@@ -18,7 +18,8 @@
 #include <math.h>
 #include <stdlib.h>
 
-#define AVX2 __attribute__((target("avx2,fma")))
+#define AVX2 __attribute__((target("avx2,fma,f16c")))
+#define INLINE static inline __attribute__((always_inline))
 
 /* Sum of 8 lanes in the canonical order ((v0+v1)+(v2+v3)) + ((v4+v5)+(v6+v7)), the order
  * hsum8x8 uses too, so a dot product's value does not depend on which path computed it. */
@@ -91,6 +92,24 @@ static inline AVX2 float dot(const float *a, const float *b, int n) {
     return hsum(acc);
 }
 
+/*
+ * Eight cached K/V values from element i of a cache that holds fp32, or fp16 (kv16: the fast
+ * precision's cache, half the bytes; F16C widens each value exactly, so the arithmetic after the
+ * load is the fp32 cache's on the rounded values). The attention below is written once and
+ * inlined for each kind (kv16 is a constant at every call site that matters).
+ */
+INLINE AVX2 __m256 kv8(const void *base, long i, const int kv16) {
+    if (kv16) return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)((const unsigned short *)base + i)));
+    return _mm256_loadu_ps((const float *)base + i);
+}
+
+/* dot() with the second operand in a K cache row starting at element i: the same chain. */
+INLINE AVX2 float dot_kv(const float *a, const void *base, long i, int n, const int kv16) {
+    __m256 acc = _mm256_setzero_ps();
+    for (int j = 0; j < n; j += 8) acc = _mm256_fmadd_ps(_mm256_loadu_ps(a + j), kv8(base, i + j, kv16), acc);
+    return hsum(acc);
+}
+
 /* The largest of x[0..n-1], 8 lanes at a time. Why not a scalar loop: its compare-and-keep
  * chain cost a third of a tree verify's attention. Which of two equal (or +0/-0) values wins
  * cannot change the softmax below, so this equals the scalar answer for every use here. */
@@ -145,27 +164,28 @@ static inline AVX2 float softmax_numerators(float *sr, long n) {
  * about half as much. A row's bits do not depend on G (tests/test_attention.py), so every entry
  * point below agrees with every other whenever it lists the same keys in the same order.
  */
-static AVX2 void attend(int G, const float *q, const float *kh, const float *vh, const int *keys, long n, int hd,
-                        float scale, float *scores, float *acc, float *out) {
+INLINE AVX2 void attend(int G, const float *q, const void *kh, const void *vh, const int *keys, long n, int hd,
+                       float scale, float *scores, float *acc, float *out, const int kv16) {
     const __m256 sc = _mm256_set1_ps(scale);
     /* scores, 8 keys at a time (8 independent FMA chains per row), then one at a time */
     long a0 = 0;
     for (; a0 + 8 <= n; a0 += 8) {
-        const float *kr[8];
-        for (int i = 0; i < 8; i++) kr[i] = kh + (long)keys[a0 + i] * hd;
+        long kr[8];
+        for (int i = 0; i < 8; i++) kr[i] = (long)keys[a0 + i] * hd;
         for (int r = 0; r < G; r++) {
             const float *qr = q + (long)r * hd;
             __m256 d[8];
             for (int i = 0; i < 8; i++) d[i] = _mm256_setzero_ps();
             for (int c = 0; c < hd; c += 8) {
                 const __m256 qc = _mm256_loadu_ps(qr + c);
-                for (int i = 0; i < 8; i++) d[i] = _mm256_fmadd_ps(qc, _mm256_loadu_ps(kr[i] + c), d[i]);
+                for (int i = 0; i < 8; i++) d[i] = _mm256_fmadd_ps(qc, kv8(kh, kr[i] + c, kv16), d[i]);
             }
             _mm256_storeu_ps(scores + r * n + a0, _mm256_mul_ps(hsum8x8(d), sc));
         }
     }
     for (; a0 < n; a0++)
-        for (int r = 0; r < G; r++) scores[r * n + a0] = dot(q + (long)r * hd, kh + (long)keys[a0] * hd, hd) * scale;
+        for (int r = 0; r < G; r++)
+            scores[r * n + a0] = dot_kv(q + (long)r * hd, kh, (long)keys[a0] * hd, hd, kv16) * scale;
     /* softmax numerators in place, and each row's 1 / sum */
     float inv[MAX_GROUP];
     for (int r = 0; r < G; r++) inv[r] = softmax_numerators(scores + r * n, n);
@@ -182,8 +202,8 @@ static AVX2 void attend(int G, const float *q, const float *kh, const float *vh,
                 for (int c = 0; c < 8; c++) v8[c] = b0 ? _mm256_loadu_ps(ar + 8 * c) : _mm256_setzero_ps();
                 for (long a = b0; a < b1; a++) {
                     const __m256 p = _mm256_set1_ps(sr[a]);
-                    const float *vr = vh + (long)keys[a] * hd + c0;
-                    for (int c = 0; c < 8; c++) v8[c] = _mm256_fmadd_ps(p, _mm256_loadu_ps(vr + 8 * c), v8[c]);
+                    const long vr = (long)keys[a] * hd + c0;
+                    for (int c = 0; c < 8; c++) v8[c] = _mm256_fmadd_ps(p, kv8(vh, vr + 8 * c, kv16), v8[c]);
                 }
                 for (int c = 0; c < 8; c++) _mm256_storeu_ps(ar + 8 * c, v8[c]);
             }
@@ -200,9 +220,18 @@ static AVX2 void attend(int G, const float *q, const float *kh, const float *vh,
             const float *sr = scores + r * n;
             __m256 a8 = _mm256_setzero_ps();
             for (long a = 0; a < n; a++)
-                a8 = _mm256_fmadd_ps(_mm256_set1_ps(sr[a]), _mm256_loadu_ps(vh + (long)keys[a] * hd + c0), a8);
+                a8 = _mm256_fmadd_ps(_mm256_set1_ps(sr[a]), kv8(vh, (long)keys[a] * hd + c0, kv16), a8);
             _mm256_storeu_ps(out + (long)r * hd + c0, _mm256_mul_ps(a8, _mm256_set1_ps(inv[r])));
         }
+}
+
+/* attend() for either cache kind, each an inlined copy with its loads fixed. */
+static AVX2 void attend_any(int G, const float *q, const void *kh, const void *vh, const int *keys, long n, int hd,
+                            float scale, float *scores, float *acc, float *out, int kv16) {
+    if (kv16)
+        attend(G, q, kh, vh, keys, n, hd, scale, scores, acc, out, 1);
+    else
+        attend(G, q, kh, vh, keys, n, hd, scale, scores, acc, out, 0);
 }
 
 /* How many query heads of a KV group one work item takes: the whole group, unless that leaves
@@ -215,6 +244,7 @@ static int heads_per_item(long T, int nkv, int group, int nthreads) {
 
 /* Tokens of a tree that one work item of tree_attention's shared path takes at most. */
 #define SHARED_TOKENS 16
+#define SHARED_MAX_HD 256 /* head dims the shared path takes (multiples of 64 up to this) */
 
 /*
  * attend() for the G query heads of one KV head in ntok tokens of a tree at once (R = ntok * G
@@ -234,32 +264,47 @@ static int heads_per_item(long T, int nkv, int group, int nthreads) {
  * list order (cached slots, then the tail) whatever the blocking, so a row's bits do not change.
  * hd: a multiple of 64. scores: R * (L + max tail) floats (row stride sstride); acc: R * hd.
  */
-static AVX2 void attend_tokens(int R, int G, const float *const *q, const float *kh, const float *vh, long L,
-                               const int *const *tail, const long *ntail, int hd, float scale, float *scores,
-                               long sstride, float *acc, float *const *out) {
+INLINE AVX2 void attend_tokens(int R, int G, const float *const *q, const void *kh, const void *vh, long L,
+                              const int *const *tail, const long *ntail, int hd, float scale, float *scores,
+                              long sstride, float *acc, float *const *out, const int kv16) {
     const __m256 sc = _mm256_set1_ps(scale);
+    /* kv16: each block of cached keys / values widened once into these for all R rows (widening
+     * per row doubled the instructions of a compute-bound loop: a 16-node tree at 1,200 cached
+     * tokens cost 8% more than with the fp32 cache). The same values, so the same bits. */
+    float kb[8 * SHARED_MAX_HD] __attribute__((aligned(32)));
+    float vb[VBLOCK * 64] __attribute__((aligned(32)));
     long a0 = 0;
     for (; a0 + 8 <= L; a0 += 8) { /* the cached keys, 8 at a time, for every row */
+        const float *kf = kv16 ? kb : (const float *)kh + a0 * hd;
+        if (kv16)
+            for (long e = 0; e < 8 * hd; e += 8) _mm256_store_ps(kb + e, kv8(kh, a0 * hd + e, 1));
         for (int r = 0; r < R; r++) {
             __m256 d[8];
             for (int i = 0; i < 8; i++) d[i] = _mm256_setzero_ps();
             for (int c = 0; c < hd; c += 8) {
                 const __m256 qc = _mm256_loadu_ps(q[r] + c);
-                for (int i = 0; i < 8; i++) d[i] = _mm256_fmadd_ps(qc, _mm256_loadu_ps(kh + (a0 + i) * hd + c), d[i]);
+                for (int i = 0; i < 8; i++) d[i] = _mm256_fmadd_ps(qc, _mm256_loadu_ps(kf + i * hd + c), d[i]);
             }
             _mm256_storeu_ps(scores + r * sstride + a0, _mm256_mul_ps(hsum8x8(d), sc));
         }
     }
     for (int r = 0; r < R; r++) {
         float *sr = scores + r * sstride;
-        for (long a = a0; a < L; a++) sr[a] = dot(q[r], kh + a * hd, hd) * scale;
-        for (long j = 0; j < ntail[r / G]; j++) sr[L + j] = dot(q[r], kh + (long)tail[r / G][j] * hd, hd) * scale;
+        for (long a = a0; a < L; a++) sr[a] = dot_kv(q[r], kh, a * hd, hd, kv16) * scale;
+        for (long j = 0; j < ntail[r / G]; j++)
+            sr[L + j] = dot_kv(q[r], kh, (long)tail[r / G][j] * hd, hd, kv16) * scale;
     }
     float inv[SHARED_TOKENS * MAX_GROUP];
     for (int r = 0; r < R; r++) inv[r] = softmax_numerators(scores + r * sstride, L + ntail[r / G]);
     for (int c0 = 0; c0 < hd; c0 += 64) {
         for (long b0 = 0; b0 < L; b0 += VBLOCK) { /* the cached values, a block at a time, for every row */
             const long b1 = b0 + VBLOCK < L ? b0 + VBLOCK : L;
+            /* row a of the block at vf + (a - b0) * vs */
+            const float *vf = kv16 ? vb : (const float *)vh + b0 * hd + c0;
+            const long vs = kv16 ? 64 : hd;
+            if (kv16)
+                for (long a = b0; a < b1; a++)
+                    for (int c = 0; c < 64; c += 8) _mm256_store_ps(vb + (a - b0) * 64 + c, kv8(vh, a * hd + c0 + c, 1));
             for (int r = 0; r < R; r++) {
                 const float *sr = scores + r * sstride;
                 float *ar = acc + (long)r * hd + c0;
@@ -267,7 +312,7 @@ static AVX2 void attend_tokens(int R, int G, const float *const *q, const float 
                 for (int c = 0; c < 8; c++) v8[c] = b0 ? _mm256_loadu_ps(ar + 8 * c) : _mm256_setzero_ps();
                 for (long a = b0; a < b1; a++) {
                     const __m256 p = _mm256_set1_ps(sr[a]);
-                    const float *vr = vh + a * hd + c0;
+                    const float *vr = vf + (a - b0) * vs;
                     for (int c = 0; c < 8; c++) v8[c] = _mm256_fmadd_ps(p, _mm256_loadu_ps(vr + 8 * c), v8[c]);
                 }
                 for (int c = 0; c < 8; c++) _mm256_storeu_ps(ar + 8 * c, v8[c]);
@@ -280,8 +325,8 @@ static AVX2 void attend_tokens(int R, int G, const float *const *q, const float 
             for (int c = 0; c < 8; c++) v8[c] = L ? _mm256_loadu_ps(ar + 8 * c) : _mm256_setzero_ps();
             for (long j = 0; j < ntail[r / G]; j++) {
                 const __m256 p = _mm256_set1_ps(sr[L + j]);
-                const float *vr = vh + (long)tail[r / G][j] * hd + c0;
-                for (int c = 0; c < 8; c++) v8[c] = _mm256_fmadd_ps(p, _mm256_loadu_ps(vr + 8 * c), v8[c]);
+                const long vr = (long)tail[r / G][j] * hd + c0;
+                for (int c = 0; c < 8; c++) v8[c] = _mm256_fmadd_ps(p, kv8(vh, vr + 8 * c, kv16), v8[c]);
             }
             const __m256 iv = _mm256_set1_ps(inv[r]);
             for (int c = 0; c < 8; c++) _mm256_storeu_ps(out[r] + c0 + 8 * c, _mm256_mul_ps(v8[c], iv));
@@ -292,9 +337,10 @@ static AVX2 void attend_tokens(int R, int G, const float *const *q, const float 
 /* tree_attention() for T >= 2 without a window: work items are (KV head, a run of tokens), so the
  * cached K/V of a KV head is read once per run instead of once per token (attend_tokens). Runs
  * are split so that every thread has items: with 3 KV heads on 2 threads, two runs per head. */
-static AVX2 void tree_attention_shared(const float *q, long q_stride, const float *k, const float *v, long cap,
+static AVX2 void tree_attention_shared(const float *q, long q_stride, const void *k, const void *v, long cap,
                                        long L, long T, int nh, int nkv, int hd, const unsigned char *tree,
-                                       float scale, float *out, int nthreads) {
+                                       float scale, float *out, int nthreads, int kv16) {
+    const long esize = kv16 ? 2 : 4; /* bytes a cached K/V value */
     const int group = nh / nkv;
     long runs = 1;
     while (nkv * runs < nthreads && runs < T) runs++;
@@ -327,8 +373,12 @@ static AVX2 void tree_attention_shared(const float *q, long q_stride, const floa
                     orow[r] = out + t * (long)nh * hd + h * hd;
                 }
             }
-            attend_tokens((int)((t1 - t0) * group), group, qrow, k + (long)g * cap * hd, v + (long)g * cap * hd, L,
-                          tail, ntail, hd, scale, scores, L + T, acc, orow);
+            const char *kg = (const char *)k + g * cap * hd * esize, *vg = (const char *)v + g * cap * hd * esize;
+            const int R = (int)((t1 - t0) * group);
+            if (kv16)
+                attend_tokens(R, group, qrow, kg, vg, L, tail, ntail, hd, scale, scores, L + T, acc, orow, 1);
+            else
+                attend_tokens(R, group, qrow, kg, vg, L, tail, ntail, hd, scale, scores, L + T, acc, orow, 0);
         }
         free(scores);
         free(acc);
@@ -343,13 +393,14 @@ static AVX2 void tree_attention_shared(const float *q, long q_stride, const floa
  * causal. window > 0: a key at position pk is visible to a query at pq only if pq - pk < window
  * (positions: [T]; cached slot j has position j). out: [T, nh * hd]. hd a multiple of 8.
  */
-AVX2 void tree_attention(const float *q, long q_stride, const float *k, const float *v, long cap, long L,
+AVX2 void tree_attention(const float *q, long q_stride, const void *k, const void *v, long cap, long L,
                          long T, int nh, int nkv, int hd, const unsigned char *tree, long window,
-                         const long *positions, float scale, float *out, int nthreads) {
-    if (T >= 2 && window <= 0 && hd % 64 == 0 && nh / nkv <= MAX_GROUP) {
-        tree_attention_shared(q, q_stride, k, v, cap, L, T, nh, nkv, hd, tree, scale, out, nthreads);
+                         const long *positions, float scale, float *out, int nthreads, int kv16) {
+    if (T >= 2 && window <= 0 && hd % 64 == 0 && hd <= SHARED_MAX_HD && nh / nkv <= MAX_GROUP) {
+        tree_attention_shared(q, q_stride, k, v, cap, L, T, nh, nkv, hd, tree, scale, out, nthreads, kv16);
         return;
     }
+    const long esize = kv16 ? 2 : 4;
     const int group = nh / nkv, sg = heads_per_item(T, nkv, group, nthreads), parts = (group + sg - 1) / sg;
 #pragma omp parallel num_threads(nthreads)
     {
@@ -370,8 +421,9 @@ AVX2 void tree_attention(const float *q, long q_stride, const float *k, const fl
                 const long pk = positions ? positions[i] : L + i;
                 if (visible && (window <= 0 || pq - pk < window)) keys[n++] = (int)(L + i);
             }
-            attend(rows, q + t * q_stride + (long)h * hd, k + (long)g * cap * hd, v + (long)g * cap * hd, keys, n, hd,
-                   scale, scores, acc, out + t * (long)nh * hd + (long)h * hd);
+            attend_any(rows, q + t * q_stride + (long)h * hd, (const char *)k + g * cap * hd * esize,
+                       (const char *)v + g * cap * hd * esize, keys, n, hd, scale, scores, acc,
+                       out + t * (long)nh * hd + (long)h * hd, kv16);
         }
         free(scores);
         free(acc);
@@ -391,11 +443,12 @@ AVX2 void tree_attention(const float *q, long q_stride, const float *k, const fl
  * node's ancestors and itself, never a sibling's branch). A token lists the same keys in the same
  * order as a one-sequence call would, so its output is bit-identical to that call's.
  */
-AVX2 void keyed_attention(const float *q, long q_stride, const float *k, const float *v, long cap, long T, int nh,
+AVX2 void keyed_attention(const float *q, long q_stride, const void *k, const void *v, long cap, long T, int nh,
                           int nkv, int hd, const long *first, const long *last, const int *extra, long max_extra,
                           const int *nextra, long window, const long *positions, float scale, float *out,
-                          int nthreads) {
+                          int nthreads, int kv16) {
     const int group = nh / nkv;
+    const long esize = kv16 ? 2 : 4;
     long most = 1;
     for (long t = 0; t < T; t++) {
         const long n = (last[t] >= first[t] ? last[t] - first[t] + 1 : 0) + (extra ? nextra[t] : 0);
@@ -416,8 +469,9 @@ AVX2 void keyed_attention(const float *q, long q_stride, const float *k, const f
             for (long j = first[t]; j <= last[t]; j++)
                 if (window <= 0 || positions[t] - (j - first[t]) < window) keys[n++] = (int)j;
             for (long i = 0; extra && i < nextra[t]; i++) keys[n++] = extra[t * max_extra + i];
-            attend(rows, q + t * q_stride + (long)h * hd, k + (long)g * cap * hd, v + (long)g * cap * hd, keys, n, hd,
-                   scale, scores, acc, out + t * (long)nh * hd + (long)h * hd);
+            attend_any(rows, q + t * q_stride + (long)h * hd, (const char *)k + g * cap * hd * esize,
+                       (const char *)v + g * cap * hd * esize, keys, n, hd, scale, scores, acc,
+                       out + t * (long)nh * hd + (long)h * hd, kv16);
         }
         free(scores);
         free(acc);
@@ -426,11 +480,11 @@ AVX2 void keyed_attention(const float *q, long q_stride, const float *k, const f
 }
 
 /* The data engine's rows: token t sees its own sequence's slots seg[t] .. slots[t]. */
-AVX2 void rows_attention(const float *q, long q_stride, const float *k, const float *v, long cap, long T, int nh,
+AVX2 void rows_attention(const float *q, long q_stride, const void *k, const void *v, long cap, long T, int nh,
                          int nkv, int hd, const long *seg, const long *slots, long window, const long *positions,
-                         float scale, float *out, int nthreads) {
+                         float scale, float *out, int nthreads, int kv16) {
     keyed_attention(q, q_stride, k, v, cap, T, nh, nkv, hd, seg, slots, NULL, 0, NULL, window, positions, scale, out,
-                    nthreads);
+                    nthreads, kv16);
 }
 
 /*

@@ -112,7 +112,9 @@ class TorchPath:
         end = span.length + span.T
 
         def attend(q: torch.Tensor, li: int, cache: KVCache) -> torch.Tensor:
-            return sdpa(q, cache.k[li, :, :end], cache.v[li, :, :end], mask, causal, self.scale)
+            # an fp16 cache (the fast precision's) widened exactly to the queries' type
+            k, v = cache.k[li, :, :end].to(q.dtype), cache.v[li, :, :end].to(q.dtype)
+            return sdpa(q, k, v, mask, causal, self.scale)
 
         return attend
 

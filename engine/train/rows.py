@@ -92,7 +92,7 @@ class RowEngine:
         unique = sorted(set(self.capture_layers))
         self._aux_order = [unique.index(i) for i in self.capture_layers]
         self.prefill_tokens = prefill_tokens
-        self.cache = KVCache(c.num_layers, c.num_kv_heads, c.head_dim, rows * row_capacity)
+        self.cache = KVCache(c.num_layers, c.num_kv_heads, c.head_dim, rows * row_capacity, dtype=model.kv_dtype)
         feat = c.hidden_size * len(self.capture_layers)
         self._feat = torch.zeros(rows, row_capacity, feat, dtype=torch.bfloat16) if feat else None
         self._hid = torch.zeros(rows, row_capacity, c.hidden_size, dtype=torch.bfloat16)

@@ -89,9 +89,50 @@ def relative_shape(costs: dict[int, float]) -> dict[int, float]:
     return {n: floor[n] / base for n in sizes}
 
 
-def verify_cost_shape(model: Any, context: int = 256) -> dict[int, float]:
+def verify_cost_shape(model: Any, context: int = 256, threads: int | None = None) -> dict[int, float]:
     """The relative verify-cost curve the adaptive budget extrapolates with (about a second on the
     embedded model on a 2-core CPU: 12 sizes, ~90 forwards, most of them small). The median of
     each size's forwards, not the quickest: on a shared machine a one-token forward also runs fast
-    now and then (3.9 against a 4.5 ms median), and the whole curve is relative to it."""
-    return relative_shape(measure_verify_costs(model, context, CALIBRATION_SIZES))
+    now and then (3.9 against a 4.5 ms median), and the whole curve is relative to it.
+
+    ``threads``: measure on this many (default: :func:`threads_for_calibration`'s choice)."""
+    threads = threads or threads_for_calibration(model)
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        return relative_shape(measure_verify_costs(model, context, CALIBRATION_SIZES))
+    finally:
+        torch.set_num_threads(before)
+
+
+@torch.inference_mode()
+def threads_for_calibration(model: Any, probes: int = 3) -> int:
+    """All threads, or one where one thread runs a one-token forward faster (another program holds
+    a core: every OpenMP barrier then waits a scheduler slice for the displaced thread).
+
+    Why: the calibration runs ~90 forwards before the first answer, up to 64 tokens each. Beside a
+    training job on the 2-core VM it took minutes at two threads and the TUI sat at "loading" all
+    that time (engine/threads.py governs the steps after it, not this). The probe costs a few
+    one-token forwards; one thread's curve has the shape the governor will run at anyway."""
+    full = torch.get_num_threads()
+    device = getattr(model, "device", None)
+    if full <= 1 or (device is not None and torch.device(device).type != "cpu"):
+        return full
+    cache = model.new_cache(probes * 2 + 2)
+    token = torch.zeros(1, dtype=torch.int64)
+
+    def median_ms(threads: int) -> float:
+        torch.set_num_threads(threads)
+        times = []
+        for _ in range(probes):
+            t0 = time.perf_counter()
+            model.forward(token, cache, logits="last")
+            times.append(time.perf_counter() - t0)
+        return statistics.median(times)
+
+    try:
+        model.forward(token, cache, logits="last")  # warm
+        at_full, at_one = median_ms(full), median_ms(1)
+    finally:
+        torch.set_num_threads(full)
+    return 1 if at_one < at_full else full

@@ -314,9 +314,12 @@ class Session:
         """The relative verify cost by tree size (measured on first use, about a second on the
         embedded model), or None for a session that learns costs from its steps alone."""
         if self._calibrate and self._cost_shape is None:
-            from engine.calibrate import verify_cost_shape
+            from engine.calibrate import threads_for_calibration, verify_cost_shape
 
-            self._cost_shape = verify_cost_shape(self.model)
+            threads = threads_for_calibration(self.model)
+            if self._threads is not None and threads < self._threads.full:
+                self._threads.start_reduced()  # a core is taken already: the first steps need not find out
+            self._cost_shape = verify_cost_shape(self.model, threads=threads)
         return self._cost_shape
 
     def _drafter(self, method: str) -> Drafter:

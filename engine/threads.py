@@ -92,6 +92,15 @@ class ThreadGovernor:
             self._switch(1)
             self.wait = self.next_wait
 
+    def start_reduced(self) -> None:
+        """Begin on one thread: the caller found one thread faster before the first step (the cost
+        calibration's probe, engine/calibrate.py). Why: otherwise the first window ran at all
+        threads, eight steps of up to 1-2 s each beside a busy program (the TUI's first answer at
+        2.7 tok/s); all threads are tried again after the usual wait, as after a slow window."""
+        self.explored = True
+        self._switch(1)
+        self.wait = self.next_wait
+
     def _at_one(self) -> None:
         self.wait -= 1
         if self.wait > 0 or self.owed_ms > 0 or len(self.recent) < _WINDOW:

@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import itertools
+import time
 
 import pytest
+import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
 from engine.adaptive import CostModel, DraftBudget
-from engine.calibrate import CALIBRATION_SIZES, measure_verify_costs, relative_shape
+from engine.calibrate import CALIBRATION_SIZES, measure_verify_costs, relative_shape, threads_for_calibration
 from engine.config import SpecConfig
 from engine.events import Started, Step
 from engine.session import Session
@@ -91,3 +93,35 @@ def test_measured_costs_cover_every_size_and_the_session_calibrates_once() -> No
     started = next(e for e in session.generate_ids(prompt) if isinstance(e, Started))
     assert started.cost_shape == tuple(sorted(shape.items()))  # what the charts draw the budget's curve with
     assert next(e for e in baseline.generate_ids(prompt) if isinstance(e, Started)).cost_shape == ()
+
+
+class _Contended:
+    """A model whose forwards stall at more than one thread, as OpenMP does beside a busy program."""
+
+    device = torch.device("cpu")
+
+    def __init__(self, busy: bool) -> None:
+        self.busy = busy
+        self.threads_seen: list[int] = []
+
+    def new_cache(self, capacity: int) -> object:
+        return object()
+
+    def forward(self, tokens, cache, logits="all") -> None:
+        threads = torch.get_num_threads()
+        self.threads_seen.append(threads)
+        time.sleep(0.004 if self.busy and threads > 1 else 0.002 if threads == 1 else 0.001)
+
+
+@pytest.mark.parametrize("busy", [False, True])
+def test_calibration_runs_on_one_thread_where_all_threads_are_slower(busy: bool) -> None:
+    """Beside a program holding a core, every barrier of a multi-threaded forward waits: the
+    ~90 calibration forwards then took minutes and the TUI sat at "loading"."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        model = _Contended(busy)
+        assert threads_for_calibration(model) == (1 if busy else 2)
+        assert torch.get_num_threads() == 2 and set(model.threads_seen) == {1, 2}
+    finally:
+        torch.set_num_threads(before)

@@ -38,6 +38,18 @@ def test_a_core_taken_from_the_start_is_found_by_the_window_on_one_thread() -> N
     assert used.count(2) <= 8 + 6 and used[-50:].count(1) >= 49  # the first window, then one step a trial
 
 
+def test_a_core_known_taken_before_the_first_step_starts_on_one_thread() -> None:
+    """The calibration's probe found one thread faster: no first window at all threads (eight
+    slow steps); all threads are still tried later, and kept once the machine is quiet."""
+    calls: list[int] = []
+    gov = ThreadGovernor(2, calls.append)
+    gov.start_reduced()
+    used = _run(gov, 200, {2: 100.0, 1: 7.0})
+    assert used[:32] == [1] * 32 and used.count(2) <= 3 and calls[0] == 1
+    quiet = _run(gov, 3000, {2: 5.0, 1: 7.0})  # the other program ends
+    assert quiet[-100:] == [2] * 100
+
+
 def test_a_taken_core_drops_to_one_thread_and_retries_all_less_and_less_often() -> None:
     calls: list[int] = []
     gov = ThreadGovernor(2, calls.append)

@@ -23,6 +23,9 @@ import torch
 from engine.tree import DraftTree
 
 CALIBRATION_SIZES = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)
+# all threads this many times slower than one: a core is taken (beside a training job, 10x and
+# more; on a quiet machine one thread is the slower, so noise alone never crosses it)
+_BUSY = 1.5
 
 
 def sync(model: Any) -> None:
@@ -107,8 +110,8 @@ def verify_cost_shape(model: Any, context: int = 256, threads: int | None = None
 
 @torch.inference_mode()
 def threads_for_calibration(model: Any, probes: int = 3) -> int:
-    """All threads, or one where one thread runs a one-token forward faster (another program holds
-    a core: every OpenMP barrier then waits a scheduler slice for the displaced thread).
+    """All threads, or one where one thread runs a one-token forward clearly faster (another
+    program holds a core: every OpenMP barrier then waits a scheduler slice for the displaced thread).
 
     Why: the calibration runs ~90 forwards before the first answer, up to 64 tokens each. Beside a
     training job on the 2-core VM it took minutes at two threads and the TUI sat at "loading" all
@@ -135,4 +138,4 @@ def threads_for_calibration(model: Any, probes: int = 3) -> int:
         at_full, at_one = median_ms(full), median_ms(1)
     finally:
         torch.set_num_threads(full)
-    return 1 if at_one < at_full else full
+    return 1 if at_one * _BUSY < at_full else full

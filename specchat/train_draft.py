@@ -202,8 +202,24 @@ def _check_writable(out: Path) -> None:
         raise UsageError(f"cannot write to --out {out} ({exc.strerror or exc}); pick a folder you can write") from None
 
 
-def _command_line() -> str:
+def _command_line(argv: list[str] | None = None) -> str:
+    """The command as a head card records it: paths inside the working folder relative to it, other
+    absolute paths as ``<name>`` (a card says how a head was trained, never where on the trainer's
+    disk: the shipped session-23 head recorded /tmp and /root paths until this)."""
     import shlex
     import sys
 
-    return "specchat " + " ".join(shlex.quote(a) for a in sys.argv[1:]) if sys.argv[1:] else "specchat train-draft"
+    args = sys.argv[1:] if argv is None else argv
+    return "specchat " + " ".join(shlex.quote(_shareable(a)) for a in args) if args else "specchat train-draft"
+
+
+def _shareable(arg: str) -> str:
+    flag, eq, value = arg.partition("=") if arg.startswith("--") else ("", "", arg)
+    if not value.startswith(("/", "~")):
+        return arg
+    path = Path(value).expanduser()
+    try:
+        shown = str(path.relative_to(Path.cwd()))
+    except ValueError:
+        shown = f"<{path.name}>"
+    return f"{flag}{eq}{shown}"

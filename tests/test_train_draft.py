@@ -399,3 +399,13 @@ def test_our_engine_generates_the_same_greedy_data_as_transformers(target) -> No
     a = generate_batch(ours, prompts, generator=torch.Generator().manual_seed(5), **sampled)
     b = generate_batch(ours, prompts, generator=torch.Generator().manual_seed(5), **sampled)
     assert a == b and a != got
+
+
+def test_the_recorded_command_names_no_machine_paths(monkeypatch, tmp_path: Path) -> None:
+    """What a head card records: paths in the working folder relative to it, others by name."""
+    from specchat.train_draft import _command_line
+
+    monkeypatch.chdir(tmp_path)
+    line = _command_line(["train-draft", "m", "--import-data", "/tmp/newshards", f"--out={tmp_path}/heads/x",
+                          "--init-from", "assets/head", "--lr", "2e-4"])
+    assert line == "specchat train-draft m --import-data '<newshards>' --out=heads/x --init-from assets/head --lr 2e-4"

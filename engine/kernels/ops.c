@@ -86,12 +86,6 @@ AVX2 void silu_mul(const float *gu, long T, long I, float *out) {
     }
 }
 
-static inline AVX2 float dot(const float *a, const float *b, int n) {
-    __m256 acc = _mm256_setzero_ps();
-    for (int j = 0; j < n; j += 8) acc = _mm256_fmadd_ps(_mm256_loadu_ps(a + j), _mm256_loadu_ps(b + j), acc);
-    return hsum(acc);
-}
-
 /*
  * Eight cached K/V values from element i of a cache that holds fp32, or fp16 (kv16: the fast
  * precision's cache, half the bytes; F16C widens each value exactly, so the arithmetic after the
@@ -103,11 +97,16 @@ INLINE AVX2 __m256 kv8(const void *base, long i, const int kv16) {
     return _mm256_loadu_ps((const float *)base + i);
 }
 
-/* dot() with the second operand in a K cache row starting at element i: the same chain. */
+/* A dot product of a query row with the cached K row at element i: one FMA chain, then hsum(). */
 INLINE AVX2 float dot_kv(const float *a, const void *base, long i, int n, const int kv16) {
     __m256 acc = _mm256_setzero_ps();
     for (int j = 0; j < n; j += 8) acc = _mm256_fmadd_ps(_mm256_loadu_ps(a + j), kv8(base, i + j, kv16), acc);
     return hsum(acc);
+}
+
+/* KV head g of one layer's cache [nkv, cap, hd] of fp32 or (kv16) fp16 values. */
+static inline const char *kv_head(const void *cache, long g, long cap, int hd, int kv16) {
+    return (const char *)cache + g * cap * hd * (kv16 ? 2 : 4);
 }
 
 /* The largest of x[0..n-1], 8 lanes at a time. Why not a scalar loop: its compare-and-keep
@@ -340,7 +339,6 @@ INLINE AVX2 void attend_tokens(int R, int G, const float *const *q, const void *
 static AVX2 void tree_attention_shared(const float *q, long q_stride, const void *k, const void *v, long cap,
                                        long L, long T, int nh, int nkv, int hd, const unsigned char *tree,
                                        float scale, float *out, int nthreads, int kv16) {
-    const long esize = kv16 ? 2 : 4; /* bytes a cached K/V value */
     const int group = nh / nkv;
     long runs = 1;
     while (nkv * runs < nthreads && runs < T) runs++;
@@ -373,7 +371,7 @@ static AVX2 void tree_attention_shared(const float *q, long q_stride, const void
                     orow[r] = out + t * (long)nh * hd + h * hd;
                 }
             }
-            const char *kg = (const char *)k + g * cap * hd * esize, *vg = (const char *)v + g * cap * hd * esize;
+            const char *kg = kv_head(k, g, cap, hd, kv16), *vg = kv_head(v, g, cap, hd, kv16);
             const int R = (int)((t1 - t0) * group);
             if (kv16)
                 attend_tokens(R, group, qrow, kg, vg, L, tail, ntail, hd, scale, scores, L + T, acc, orow, 1);
@@ -400,7 +398,6 @@ AVX2 void tree_attention(const float *q, long q_stride, const void *k, const voi
         tree_attention_shared(q, q_stride, k, v, cap, L, T, nh, nkv, hd, tree, scale, out, nthreads, kv16);
         return;
     }
-    const long esize = kv16 ? 2 : 4;
     const int group = nh / nkv, sg = heads_per_item(T, nkv, group, nthreads), parts = (group + sg - 1) / sg;
 #pragma omp parallel num_threads(nthreads)
     {
@@ -421,8 +418,8 @@ AVX2 void tree_attention(const float *q, long q_stride, const void *k, const voi
                 const long pk = positions ? positions[i] : L + i;
                 if (visible && (window <= 0 || pq - pk < window)) keys[n++] = (int)(L + i);
             }
-            attend_any(rows, q + t * q_stride + (long)h * hd, (const char *)k + g * cap * hd * esize,
-                       (const char *)v + g * cap * hd * esize, keys, n, hd, scale, scores, acc,
+            attend_any(rows, q + t * q_stride + (long)h * hd, kv_head(k, g, cap, hd, kv16),
+                       kv_head(v, g, cap, hd, kv16), keys, n, hd, scale, scores, acc,
                        out + t * (long)nh * hd + (long)h * hd, kv16);
         }
         free(scores);
@@ -448,7 +445,6 @@ AVX2 void keyed_attention(const float *q, long q_stride, const void *k, const vo
                           const int *nextra, long window, const long *positions, float scale, float *out,
                           int nthreads, int kv16) {
     const int group = nh / nkv;
-    const long esize = kv16 ? 2 : 4;
     long most = 1;
     for (long t = 0; t < T; t++) {
         const long n = (last[t] >= first[t] ? last[t] - first[t] + 1 : 0) + (extra ? nextra[t] : 0);
@@ -469,8 +465,8 @@ AVX2 void keyed_attention(const float *q, long q_stride, const void *k, const vo
             for (long j = first[t]; j <= last[t]; j++)
                 if (window <= 0 || positions[t] - (j - first[t]) < window) keys[n++] = (int)j;
             for (long i = 0; extra && i < nextra[t]; i++) keys[n++] = extra[t * max_extra + i];
-            attend_any(rows, q + t * q_stride + (long)h * hd, (const char *)k + g * cap * hd * esize,
-                       (const char *)v + g * cap * hd * esize, keys, n, hd, scale, scores, acc,
+            attend_any(rows, q + t * q_stride + (long)h * hd, kv_head(k, g, cap, hd, kv16),
+                       kv_head(v, g, cap, hd, kv16), keys, n, hd, scale, scores, acc,
                        out + t * (long)nh * hd + (long)h * hd, kv16);
         }
         free(scores);

@@ -181,13 +181,17 @@ tile(const int MR, const int q4, const int8_t *xq, long K, const float *xd, cons
  * registers and a 16-node tree is one tile. Same integers (exact sums), same float steps in the
  * same order as tile(): the same bits.
  *
- * With two rows or more a tile also prefetches the next panel's codes and scales while it
- * computes: a small tree's products then overlap the stream of weights from DRAM instead of
- * following it (one-token steps are left to the hardware prefetcher, which keeps up there).
- * Measured in one process, interleaved (135M model, fast, 2 threads, 300 cached tokens): a
- * 16-node verify 17.9 -> 15.9 ms, 8 nodes 11.8 -> 10.7 ms, 1-4 nodes unchanged.
+ * A tile also prefetches the codes and scales PF_PANELS panels ahead while it computes, so the
+ * products overlap the stream of weights from DRAM instead of following it. Measured in one
+ * process, interleaved (135M model, fast, 2 threads, 300 cached tokens), one panel ahead and from
+ * two rows up: a 16-node verify 17.9 -> 15.9 ms, 8 nodes 11.8 -> 10.7 ms (Zen 4, where one-token
+ * steps gained nothing: its hardware prefetcher keeps up with one row). On the Intel Xeon of
+ * session 24 it did not: one-token steps prefetching two panels ahead took the decoder layers
+ * 3.6-3.8 -> 2.9-3.1 ms (old and new builds alternated, three rounds; two panels ahead against
+ * one: the same at one row, 0.1-0.2 ms less at 2-4 rows), so every tile prefetches.
  */
 #define G32_ROWS 16
+#define PF_PANELS 2
 
 /* One row's group: the eight products as two interleaved chains of four (a chain of eight waited
  * out vpdpbusd's latency: 10% more time per product on the Zen 4 at 2-48 rows, 7% for q8 codes,
@@ -235,11 +239,12 @@ tile_g32(const int MR, const int q4, const int8_t *xq, long K, const float *xd, 
         }
         const __m512 s = _mm512_loadu_ps(sc + g * PANEL);
         const __m512 o = of ? _mm512_loadu_ps(of + g * PANEL) : _mm512_setzero_ps();
-        if (MR > 1) { /* the next panel's codes and scales, a group's worth per group (see above) */
-            const char *nc = (const char *)codes + (q4 ? K * PANEL / 2 : K * PANEL) + g * (q4 ? 256 : 512);
+        { /* a later panel's codes and scales, a group's worth per group (see above); prefetching past
+           * the matrix's end is harmless (a hint never faults) */
+            const char *nc = (const char *)codes + PF_PANELS * (q4 ? K * PANEL / 2 : K * PANEL) + g * (q4 ? 256 : 512);
             for (int l = 0; l < (q4 ? 4 : 8); l++) _mm_prefetch(nc + 64 * l, _MM_HINT_T0);
-            _mm_prefetch((const char *)(sc + (ng + g) * PANEL), _MM_HINT_T0);
-            if (of) _mm_prefetch((const char *)(of + (ng + g) * PANEL), _MM_HINT_T0);
+            _mm_prefetch((const char *)(sc + (PF_PANELS * ng + g) * PANEL), _MM_HINT_T0);
+            if (of) _mm_prefetch((const char *)(of + (PF_PANELS * ng + g) * PANEL), _MM_HINT_T0);
         }
         if (of) { /* the branch out of the row loop: gcc tested it once per row */
 #pragma GCC unroll 16

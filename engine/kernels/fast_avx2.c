@@ -18,6 +18,7 @@
 #include <stdint.h>
 
 #define PANEL 16
+#define PF_PANELS 2
 #define AVX2F __attribute__((target("avx2,fma")))
 
 /* Columns half*8 .. half*8+7 of four q8 k (16 bytes per k in the panel) as four k per 32-bit lane. */
@@ -79,6 +80,13 @@ tile2(const int MR, const int q4, const int8_t *xq, long K, const float *xd, con
                         isum[r] = _mm256_add_epi32(isum[r], _mm256_madd_epi16(prod, ones));
                     }
                 }
+            }
+            if (half == 0) { /* a later panel's group, as fast.c's tile_g32 (which says why) */
+                const long gbytes = q4 ? group * PANEL / 2 : group * PANEL;
+                const char *nc = (const char *)codes + PF_PANELS * ng * gbytes + g * gbytes;
+                for (long l = 0; l < gbytes; l += 64) _mm_prefetch(nc + l, _MM_HINT_T0);
+                _mm_prefetch((const char *)(sc + (PF_PANELS * ng + g) * PANEL), _MM_HINT_T0);
+                if (of) _mm_prefetch((const char *)(of + (PF_PANELS * ng + g) * PANEL), _MM_HINT_T0);
             }
             const __m256 s = _mm256_loadu_ps(sc + g * PANEL + half * 8);
 #pragma GCC unroll 4

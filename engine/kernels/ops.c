@@ -340,8 +340,10 @@ static AVX2 void tree_attention_shared(const float *q, long q_stride, const void
                                        long L, long T, int nh, int nkv, int hd, const unsigned char *tree,
                                        float scale, float *out, int nthreads, int kv16) {
     const int group = nh / nkv;
+    /* enough items that the threads share them evenly: 3 KV heads on 2 threads as whole items
+     * left one thread idle a third of the time, so the tokens are split into runs as well */
     long runs = 1;
-    while (nkv * runs < nthreads && runs < T) runs++;
+    while (runs < T && (nkv * runs) % nthreads != 0 && nkv * runs < 4L * nthreads) runs++;
     while ((T + runs - 1) / runs > SHARED_TOKENS) runs++;
     const long per = (T + runs - 1) / runs;
 #pragma omp parallel num_threads(nthreads)

@@ -462,8 +462,15 @@ def test_a_bf16_head_on_a_stored_target_keeps_16_bit_weights_and_drafts_the_same
     assert torch.equal(outs[0][0], outs[1][0]) and torch.equal(outs[0][1], outs[1][1])
 
 
-def test_a_head_on_a_stored_target_runs_on_8_bit_codes_by_default_and_stays_lossless() -> None:
+@pytest.mark.parametrize("setting,kind", [(None, "q4"), ("q8", "q8")])
+def test_a_head_on_a_stored_target_runs_on_4_bit_codes_by_default_8_bit_when_asked_and_stays_lossless(
+        monkeypatch: pytest.MonkeyPatch, setting: str | None, kind: str) -> None:
     from engine.kernels.stored import StoredLinear
+
+    if setting is None:
+        monkeypatch.delenv("SPECCHAT_HEAD_WEIGHTS", raising=False)
+    else:
+        monkeypatch.setenv("SPECCHAT_HEAD_WEIGHTS", setting)
 
     hf, cfg = hf_model("llama", 0, num_hidden_layers=LAYERS)
     sd = {k: v.detach().clone() for k, v in hf.state_dict().items()}
@@ -472,7 +479,7 @@ def test_a_head_on_a_stored_target_runs_on_8_bit_codes_by_default_and_stays_loss
         pytest.skip("no native kernels on this machine: stored weights are dequantized at load")
     b = load_draft(str(head_dir("eagle3", "specforge", 40)), stored_target, TinyTokenizer())
     drafter = b.factory()
-    assert isinstance(drafter.head.lm_head, StoredLinear) and drafter.head.lm_head.parts[0].kind == "q8"
+    assert isinstance(drafter.head.lm_head, StoredLinear) and drafter.head.lm_head.parts[0].kind == kind
     base = Session(stored_target, TinyTokenizer(), SpecConfig(max_new_tokens=40), drafters={"none": NoDrafter})
     spec = Session(stored_target, TinyTokenizer(), SpecConfig(method="eagle3", max_new_tokens=40, adaptive_draft=False),
                    drafters={"none": NoDrafter, "eagle3": b.factory}, features=b.features)

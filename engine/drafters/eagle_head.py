@@ -49,19 +49,21 @@ class EagleHead:
         dt, dev = self.dtype, self.device
         nh, nkv, hd = spec.num_heads, spec.num_kv_heads, spec.head_dim
 
-        # With a stored-weights target (CPU), the head's matrices stay compact too: 8-bit codes
-        # by default (drafts are verified, so their exact values never reach the output; on the
-        # 2-core VM five levels of the shipped head took 6.7 ms instead of 9.4, tau 1.33 vs 1.35),
-        # or with SPECCHAT_HEAD_WEIGHTS=stored the checkpoint's own values, 16-bit ones kept
-        # 16-bit (our kernels widen them exactly: the same drafts as fp32, half the bytes), or with
-        # SPECCHAT_HEAD_WEIGHTS=q4 4-bit codes (a level streams half the bytes; on 24 MT-bench
-        # prompts, chains of 2: 15% less drafting time, tau 1.59 against 1.61, so q8 stays the default).
+        # With a stored-weights target (CPU), the head's matrices stay compact too: 4-bit codes
+        # by default (drafts are verified, so their exact values never reach the output). A level
+        # of one node streams the head's matrices from memory, since the target's forward evicted
+        # them, so bytes are its price: session 24 (Xeon, fast, 80 MT-bench prompts, the default
+        # budget) measured 0.79 ms of drafting a step against 1.02 with 8-bit codes, tau 1.46 vs
+        # 1.37 in the same kind of run (a static chain of 4 on 40 prompts: tau 1.75 vs 1.79), and
+        # the target's verify forward loses less of the L3 cache to the head. SPECCHAT_HEAD_WEIGHTS
+        # =q8 takes 8-bit codes (the default until then), =stored the checkpoint's own values,
+        # 16-bit ones kept 16-bit (our kernels widen them exactly: the same drafts as fp32).
         stored = getattr(target, "weights", "fp32") == "stored"
 
         def w(key: str) -> torch.Tensor:
             return weights[key].to(device=dev, dtype=dt)
 
-        codes = os.environ.get("SPECCHAT_HEAD_WEIGHTS", "q8") if stored else "stored"
+        codes = os.environ.get("SPECCHAT_HEAD_WEIGHTS", "q4") if stored else "stored"
         q8 = codes in ("q8", "q4")
 
         def matrix(key: str, heads: int = 0) -> Any:

@@ -108,10 +108,17 @@ static inline __attribute__((always_inline)) VNNI __m512i q8_transpose(void) {
                            51, 35, 19, 3, 50, 34, 18, 2, 49, 33, 17, 1, 48, 32, 16, 0);
 }
 
+/* Sixteen scales (or offsets) of a panel's group: fp32, or (hs) the fp16 copy the GGUF kinds'
+ * scales round-trip through exactly, widened exactly: the same floats from half the bytes. */
+static inline __attribute__((always_inline)) VNNI __m512 group_scales(const void *p, long i, int hs) {
+    return hs ? _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)((const uint16_t *)p + i)))
+              : _mm512_loadu_ps((const float *)p + i);
+}
+
 /* One tile of MR rows by one 16-column panel; results to out[MR][16]. */
 static inline __attribute__((always_inline)) VNNI void
 tile(const int MR, const int q4, const int8_t *xq, long K, const float *xd, const int32_t *xs, long group,
-     const void *codes, const float *sc, const float *of, float *out) {
+     const void *codes, const void *sc, const void *of, int hs, float *out) {
     const long ng = K / group;
     const __m512i m4 = _mm512_set1_epi32(0x0F0F0F0F);
     const __m512i flip = _mm512_set1_epi8((char)0x80);
@@ -150,7 +157,7 @@ tile(const int MR, const int q4, const int8_t *xq, long K, const float *xd, cons
 #pragma GCC unroll 12
             for (int r = 0; r < MR; r++) isum[r] = _mm512_sub_epi32(isum[r], _mm512_set1_epi32(128 * xs[r * ng + g]));
         }
-        const __m512 s = _mm512_loadu_ps(sc + g * PANEL);
+        const __m512 s = group_scales(sc, g * PANEL, hs);
 #pragma GCC unroll 12
         for (int r = 0; r < MR; r++) {
             const float dx = xd[r * ng + g];
@@ -158,7 +165,7 @@ tile(const int MR, const int q4, const int8_t *xq, long K, const float *xd, cons
                                                          _mm512_mul_ps(s, _mm512_set1_ps(dx))));
         }
         if (of) {
-            const __m512 o = _mm512_loadu_ps(of + g * PANEL);
+            const __m512 o = group_scales(of, g * PANEL, hs);
 #pragma GCC unroll 12
             for (int r = 0; r < MR; r++) {
                 const float c = xd[r * ng + g] * (float)xs[r * ng + g];
@@ -213,7 +220,7 @@ g32_row(__m512 acc, const int q4, const __m512i *wv, const int8_t *xb, int32_t x
 
 static inline __attribute__((always_inline)) VNNI void
 tile_g32(const int MR, const int q4, const int8_t *xq, long K, const float *xd, const int32_t *xs, const float *xc,
-         const void *codes, const float *sc, const float *of, float *out) {
+         const void *codes, const void *sc, const void *of, int hs, float *out) {
     const long ng = K / 32;
     const __m512i m4 = _mm512_set1_epi32(0x0F0F0F0F);
     const __m512i flip = _mm512_set1_epi8((char)0x80);
@@ -237,14 +244,15 @@ tile_g32(const int MR, const int q4, const int8_t *xq, long K, const float *xd, 
             for (int j = 0; j < 8; j++)
                 wv[j] = _mm512_xor_si512(_mm512_permutexvar_epi8(tr, _mm512_loadu_si512(cb + j * 4 * PANEL)), flip);
         }
-        const __m512 s = _mm512_loadu_ps(sc + g * PANEL);
-        const __m512 o = of ? _mm512_loadu_ps(of + g * PANEL) : _mm512_setzero_ps();
+        const __m512 s = group_scales(sc, g * PANEL, hs);
+        const __m512 o = of ? group_scales(of, g * PANEL, hs) : _mm512_setzero_ps();
         { /* a later panel's codes and scales, a group's worth per group (see above); prefetching past
            * the matrix's end is harmless (a hint never faults) */
             const char *nc = (const char *)codes + PF_PANELS * (q4 ? K * PANEL / 2 : K * PANEL) + g * (q4 ? 256 : 512);
             for (int l = 0; l < (q4 ? 4 : 8); l++) _mm_prefetch(nc + 64 * l, _MM_HINT_T0);
-            _mm_prefetch((const char *)(sc + (PF_PANELS * ng + g) * PANEL), _MM_HINT_T0);
-            if (of) _mm_prefetch((const char *)(of + (PF_PANELS * ng + g) * PANEL), _MM_HINT_T0);
+            const long ahead = (PF_PANELS * ng + g) * PANEL * (hs ? 2 : 4);
+            _mm_prefetch((const char *)sc + ahead, _MM_HINT_T0);
+            if (of) _mm_prefetch((const char *)of + ahead, _MM_HINT_T0);
         }
         if (of) { /* the branch out of the row loop: gcc tested it once per row */
 #pragma GCC unroll 16
@@ -263,15 +271,15 @@ tile_g32(const int MR, const int q4, const int8_t *xq, long K, const float *xd, 
 }
 
 typedef void (*fast_g32_fn)(const int8_t *, long, const float *, const int32_t *, const float *, const void *,
-                            const float *, const float *, float *);
+                            const void *, const void *, int, float *);
 #define GTILE(n)                                                                                                    \
     static VNNI void g32_q4_##n(const int8_t *xq, long K, const float *xd, const int32_t *xs, const float *xc,    \
-                                const void *c, const float *s, const float *o, float *out) {                      \
-        tile_g32(n, 1, xq, K, xd, xs, xc, c, s, o, out);                                                           \
+                                const void *c, const void *s, const void *o, int hs, float *out) {                \
+        tile_g32(n, 1, xq, K, xd, xs, xc, c, s, o, hs, out);                                                       \
     }                                                                                                               \
     static VNNI void g32_q8_##n(const int8_t *xq, long K, const float *xd, const int32_t *xs, const float *xc,    \
-                                const void *c, const float *s, const float *o, float *out) {                      \
-        tile_g32(n, 0, xq, K, xd, xs, xc, c, s, o, out);                                                           \
+                                const void *c, const void *s, const void *o, int hs, float *out) {                \
+        tile_g32(n, 0, xq, K, xd, xs, xc, c, s, o, hs, out);                                                       \
     }
 GTILE(1) GTILE(2) GTILE(3) GTILE(4) GTILE(5) GTILE(6) GTILE(7) GTILE(8) GTILE(9) GTILE(10) GTILE(11) GTILE(12)
 GTILE(13) GTILE(14) GTILE(15) GTILE(16)
@@ -282,16 +290,16 @@ static const fast_g32_fn G32_Q8[G32_ROWS + 1] = {0, g32_q8_1, g32_q8_2, g32_q8_3
                                                  g32_q8_6, g32_q8_7, g32_q8_8, g32_q8_9, g32_q8_10, g32_q8_11,
                                                  g32_q8_12, g32_q8_13, g32_q8_14, g32_q8_15, g32_q8_16};
 
-typedef void (*fast_tile_fn)(const int8_t *, long, const float *, const int32_t *, long, const void *, const float *,
-                             const float *, float *);
+typedef void (*fast_tile_fn)(const int8_t *, long, const float *, const int32_t *, long, const void *, const void *,
+                             const void *, int, float *);
 #define FTILE(n)                                                                                                    \
     static VNNI void ft_q4_##n(const int8_t *xq, long K, const float *xd, const int32_t *xs, long group,          \
-                               const void *c, const float *s, const float *o, float *out) {                       \
-        tile(n, 1, xq, K, xd, xs, group, c, s, o, out);                                                            \
+                               const void *c, const void *s, const void *o, int hs, float *out) {                 \
+        tile(n, 1, xq, K, xd, xs, group, c, s, o, hs, out);                                                        \
     }                                                                                                               \
     static VNNI void ft_q8_##n(const int8_t *xq, long K, const float *xd, const int32_t *xs, long group,          \
-                               const void *c, const float *s, const float *o, float *out) {                       \
-        tile(n, 0, xq, K, xd, xs, group, c, s, o, out);                                                            \
+                               const void *c, const void *s, const void *o, int hs, float *out) {                 \
+        tile(n, 0, xq, K, xd, xs, group, c, s, o, hs, out);                                                        \
     }
 #define FAST_AVX2_ROWS 4
 extern const fast_tile_fn FAST_AVX2_Q4[FAST_AVX2_ROWS + 1], FAST_AVX2_Q8[FAST_AVX2_ROWS + 1]; /* fast_avx2.c */
@@ -302,12 +310,13 @@ static const fast_tile_fn FT_Q8[FAST_ROWS + 1] = {0, ft_q8_1, ft_q8_2, ft_q8_3, 
                                                   ft_q8_7, ft_q8_8, ft_q8_9, ft_q8_10, ft_q8_11, ft_q8_12};
 
 /*
- * Arguments as stored_linear's (stored.c). Returns 0, -1 for a kind or shape this kernel does not
- * take (the caller runs the exact kernel and says so), -2 when out of memory.
+ * Arguments as stored_linear's (stored.c), except that with half != 0 the scales and offsets are
+ * the weight's fp16 copies (same layout, uint16 elements). Returns 0, -1 for a kind or shape this
+ * kernel does not take (the caller runs the exact kernel and says so), -2 when out of memory.
  */
-int stored_linear_fast(const float *x, long M, long K, int kind, long group, const void *codes, const float *scales,
-                       const float *offsets, long N, const float *bias, float *y, long ldy, int accumulate,
-                       int nthreads) {
+int stored_linear_fast(const float *x, long M, long K, int kind, long group, const void *codes, const void *scales,
+                       const void *offsets, long N, const float *bias, float *y, long ldy, int accumulate,
+                       int nthreads, int half) {
     const int q4 = kind == KIND_Q4;
     if ((kind != KIND_Q4 && kind != KIND_Q8) || group <= 0 || K % group || group % (q4 ? 8 : 4) || !fast_supported())
         return -1;
@@ -338,16 +347,17 @@ int stored_linear_fast(const float *x, long M, long K, int kind, long group, con
     for (long p = 0; p < npanels; p++) {
         float out[G32_ROWS * PANEL] __attribute__((aligned(64)));
         const char *pc = (const char *)codes + p * panel_bytes;
-        const float *ps = scales + p * ng * PANEL;
-        const float *po = offsets ? offsets + p * ng * PANEL : 0;
+        const long sbytes = p * ng * PANEL * (half ? 2 : 4);
+        const void *ps = (const char *)scales + sbytes;
+        const void *po = offsets ? (const char *)offsets + sbytes : 0;
         const long col0 = p * PANEL;
         const int ncols = (int)(N - col0 < PANEL ? N - col0 : PANEL);
         for (long m0 = 0; m0 < M; m0 += rows_max) {
             const int mr = (int)(M - m0 < rows_max ? M - m0 : rows_max);
             if (g32)
-                gtiles[mr](xq + m0 * K, K, xd + m0 * ng, xs + m0 * ng, xc + m0 * ng, pc, ps, po, out);
+                gtiles[mr](xq + m0 * K, K, xd + m0 * ng, xs + m0 * ng, xc + m0 * ng, pc, ps, po, half, out);
             else
-                tiles[mr](xq + m0 * K, K, xd + m0 * ng, xs + m0 * ng, group, pc, ps, po, out);
+                tiles[mr](xq + m0 * K, K, xd + m0 * ng, xs + m0 * ng, group, pc, ps, po, half, out);
             for (int r = 0; r < mr; r++) {
                 float *yr = y + (m0 + r) * ldy + col0;
                 for (int j = 0; j < ncols; j++) {

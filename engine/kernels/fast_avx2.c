@@ -19,7 +19,7 @@
 
 #define PANEL 16
 #define PF_PANELS 2
-#define AVX2F __attribute__((target("avx2,fma")))
+#define AVX2F __attribute__((target("avx2,fma,f16c")))
 
 /* Columns half*8 .. half*8+7 of four q8 k (16 bytes per k in the panel) as four k per 32-bit lane. */
 static inline AVX2F __m256i q8_four_k(const int8_t *cb, int half) {
@@ -31,10 +31,16 @@ static inline AVX2F __m256i q8_four_k(const int8_t *cb, int half) {
     return _mm256_set_m128i(_mm_unpackhi_epi16(a, b), _mm_unpacklo_epi16(a, b));
 }
 
+/* Eight scales (or offsets): fp32, or (hs) the exact fp16 copy widened (fast.c's group_scales). */
+static inline __attribute__((always_inline)) AVX2F __m256 scales8(const void *p, long i, int hs) {
+    return hs ? _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)((const uint16_t *)p + i)))
+              : _mm256_loadu_ps((const float *)p + i);
+}
+
 /* MR rows (<= 4) by one 16-column panel, as fast.c's tile(); results to out[MR][16]. */
 static inline __attribute__((always_inline)) AVX2F void
 tile2(const int MR, const int q4, const int8_t *xq, long K, const float *xd, const int32_t *xs, long group,
-      const void *codes, const float *sc, const float *of, float *out) {
+      const void *codes, const void *sc, const void *of, int hs, float *out) {
     const long ng = K / group;
     const __m256i m4 = _mm256_set1_epi32(0x0F0F0F0F), ones = _mm256_set1_epi16(1);
     for (int half = 0; half < 2; half++) {
@@ -85,10 +91,11 @@ tile2(const int MR, const int q4, const int8_t *xq, long K, const float *xd, con
                 const long gbytes = q4 ? group * PANEL / 2 : group * PANEL;
                 const char *nc = (const char *)codes + PF_PANELS * ng * gbytes + g * gbytes;
                 for (long l = 0; l < gbytes; l += 64) _mm_prefetch(nc + l, _MM_HINT_T0);
-                _mm_prefetch((const char *)(sc + (PF_PANELS * ng + g) * PANEL), _MM_HINT_T0);
-                if (of) _mm_prefetch((const char *)(of + (PF_PANELS * ng + g) * PANEL), _MM_HINT_T0);
+                const long ahead = (PF_PANELS * ng + g) * PANEL * (hs ? 2 : 4);
+                _mm_prefetch((const char *)sc + ahead, _MM_HINT_T0);
+                if (of) _mm_prefetch((const char *)of + ahead, _MM_HINT_T0);
             }
-            const __m256 s = _mm256_loadu_ps(sc + g * PANEL + half * 8);
+            const __m256 s = scales8(sc, g * PANEL + half * 8, hs);
 #pragma GCC unroll 4
             for (int r = 0; r < MR; r++) {
                 const float dx = xd[r * ng + g];
@@ -96,7 +103,7 @@ tile2(const int MR, const int q4, const int8_t *xq, long K, const float *xd, con
                                                              _mm256_mul_ps(s, _mm256_set1_ps(dx))));
             }
             if (of) {
-                const __m256 o = _mm256_loadu_ps(of + g * PANEL + half * 8);
+                const __m256 o = scales8(of, g * PANEL + half * 8, hs);
 #pragma GCC unroll 4
                 for (int r = 0; r < MR; r++) {
                     const float c = xd[r * ng + g] * (float)xs[r * ng + g];
@@ -109,16 +116,16 @@ tile2(const int MR, const int q4, const int8_t *xq, long K, const float *xd, con
     }
 }
 
-typedef void (*fast_tile_fn)(const int8_t *, long, const float *, const int32_t *, long, const void *, const float *,
-                             const float *, float *);
+typedef void (*fast_tile_fn)(const int8_t *, long, const float *, const int32_t *, long, const void *, const void *,
+                             const void *, int, float *);
 #define FTILE2(n)                                                                                                   \
     static AVX2F void ft2_q4_##n(const int8_t *xq, long K, const float *xd, const int32_t *xs, long group,        \
-                                 const void *c, const float *s, const float *o, float *out) {                     \
-        tile2(n, 1, xq, K, xd, xs, group, c, s, o, out);                                                           \
+                                 const void *c, const void *s, const void *o, int hs, float *out) {               \
+        tile2(n, 1, xq, K, xd, xs, group, c, s, o, hs, out);                                                       \
     }                                                                                                               \
     static AVX2F void ft2_q8_##n(const int8_t *xq, long K, const float *xd, const int32_t *xs, long group,        \
-                                 const void *c, const float *s, const float *o, float *out) {                     \
-        tile2(n, 0, xq, K, xd, xs, group, c, s, o, out);                                                           \
+                                 const void *c, const void *s, const void *o, int hs, float *out) {               \
+        tile2(n, 0, xq, K, xd, xs, group, c, s, o, hs, out);                                                       \
     }
 FTILE2(1) FTILE2(2) FTILE2(3) FTILE2(4)
 const fast_tile_fn FAST_AVX2_Q4[5] = {0, ft2_q4_1, ft2_q4_2, ft2_q4_3, ft2_q4_4};

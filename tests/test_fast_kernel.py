@@ -102,6 +102,7 @@ def test_the_fp16_copies_of_scales_give_the_bits_of_the_fp32_ones(weight, m: int
     if panels.scales16 is None:
         pytest.skip("this format's scales are not all fp16 values: no copies")
     wide = dataclasses.replace(panels, scales16=None, offsets16=None)
+    assert panels.fast_nbytes < panels.nbytes == wide.nbytes == wide.fast_nbytes  # what each precision reads
     x = torch.randn(m, weight.shape[1], generator=torch.Generator().manual_seed(m)) * 2
     y16, y32 = torch.empty(m, weight.shape[0]), torch.empty(m, weight.shape[0])
     assert KERNEL.stored_linear_fast(x, panels, None, y16, False)

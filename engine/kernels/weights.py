@@ -219,4 +219,12 @@ class StoredPanels:
 
     @property
     def nbytes(self) -> int:
+        """Bytes the exact products read (codes, fp32 scales and offsets)."""
         return sum(t.numel() * t.element_size() for t in (self.codes, self.scales, self.offsets) if t is not None)
+
+    @property
+    def fast_nbytes(self) -> int:
+        """Bytes the fast products read: the fp16 copies of the scales where there are some."""
+        if self.scales16 is None:
+            return self.nbytes
+        return sum(t.numel() * t.element_size() for t in (self.codes, self.scales16, self.offsets16) if t is not None)

@@ -202,10 +202,11 @@ class StoredPanels:
             codes = _pack_q4_words(codes)
         scales = _to_panels(rows.scales, n_pad) if rows.scales is not None else None
         offsets = _to_panels(rows.offsets, n_pad) if rows.offsets is not None else None
-        halves = [_exact_half(t) for t in (scales, offsets)] if rows.kind in ("q4", "q8") else [None, None]
-        if scales is None or halves[0] is None or (offsets is not None and halves[1] is None):
-            halves = [None, None]
-        return cls(rows.kind, rows.group, n, k, codes, scales, offsets, *halves)
+        scales16 = _exact_half(scales) if rows.kind in ("q4", "q8") else None
+        offsets16 = _exact_half(offsets)
+        if scales16 is None or (offsets is not None and offsets16 is None):  # both copies or neither
+            scales16 = offsets16 = None
+        return cls(rows.kind, rows.group, n, k, codes, scales, offsets, scales16, offsets16)
 
     def to_rows(self) -> QuantRows:
         codes = self.codes
@@ -220,11 +221,13 @@ class StoredPanels:
     @property
     def nbytes(self) -> int:
         """Bytes the exact products read (codes, fp32 scales and offsets)."""
-        return sum(t.numel() * t.element_size() for t in (self.codes, self.scales, self.offsets) if t is not None)
+        return _nbytes(self.codes, self.scales, self.offsets)
 
     @property
     def fast_nbytes(self) -> int:
         """Bytes the fast products read: the fp16 copies of the scales where there are some."""
-        if self.scales16 is None:
-            return self.nbytes
-        return sum(t.numel() * t.element_size() for t in (self.codes, self.scales16, self.offsets16) if t is not None)
+        return self.nbytes if self.scales16 is None else _nbytes(self.codes, self.scales16, self.offsets16)
+
+
+def _nbytes(*tensors: torch.Tensor | None) -> int:
+    return sum(t.numel() * t.element_size() for t in tensors if t is not None)

@@ -6,12 +6,13 @@
 source scripts/device/env.sh || exit 1
 SHAPE=${SHAPE:-llama-3.1-8b}
 TOKENS=${TOKENS:-128}
+DTYPES=${DTYPES:-bfloat16 float32}
 log=$OUT/plan1.log
 {
   echo "== pytest tests/gpu (compiled on CUDA tensors when a GPU is present)"
-  timeout 240 "$PY" -m pytest tests/gpu -q -p no:cacheprovider -x -W ignore::pytest.PytestConfigWarning
+  timeout "${PYTEST_S:-240}" "$PY" -m pytest tests/gpu -q -p no:cacheprovider -x -W ignore::pytest.PytestConfigWarning
   echo "pytest exit: $?"
-  for dtype in bfloat16 float32; do
+  for dtype in $DTYPES; do
     echo "== random bench: $SHAPE $dtype"
     timeout 150 "$PY" -m specchat bench --random-weights "$SHAPE" --device "$DEVICE" --dtype "$dtype" \
       --context 512 --max-new-tokens "$TOKENS" --json "$OUT/random-$SHAPE-$dtype.json"

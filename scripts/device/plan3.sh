@@ -8,10 +8,13 @@ source scripts/device/env.sh || exit 1
 [ -n "${SPECCHAT_EMBEDDED_GGUF:-}" ] || { echo "the embedded GGUF is not assembled: run commands 1 and 2 first (each carries a part)"; exit 1; }
 LIMIT=${LIMIT:-24}
 TOKENS=${TOKENS:-128}
+DTYPES=${DTYPES:-bfloat16 float32}
+SETS=${SETS:-rewrite mt_bench}
+CURVE=${CURVE:-1}
 log=$OUT/plan3.log
 {
-  for dtype in bfloat16 float32; do
-    for set in rewrite mt_bench; do
+  for dtype in $DTYPES; do
+    for set in $SETS; do
       echo "== embedded $set $dtype"
       timeout 200 "$PY" -m specchat bench --prompts "scripts/device/prompts/$set.jsonl" --limit "$LIMIT" \
         --methods none,ngram,eagle3 --device "$DEVICE" --dtype "$dtype" --weights fp32 \
@@ -19,7 +22,6 @@ log=$OUT/plan3.log
       echo "bench exit: $?"
     done
   done
-  echo "== embedded cost curve bf16"
-  timeout 100 "$PY" -m specchat bench --cost-curve --device "$DEVICE" --dtype bfloat16 --weights fp32 \
+  [ "$CURVE" = 1 ] && echo "== embedded cost curve bf16" && timeout 100 "$PY" -m specchat bench --cost-curve --device "$DEVICE" --dtype bfloat16 --weights fp32 \
     --json "$OUT/embedded-cost-curve-bf16.json"
 } 2>&1 | tee "$log"

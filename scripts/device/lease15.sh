@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# The device plan cut to a 15-minute lease: two calls back to back (the machine goes back 30 s
+# after a call, and the GGUF parts wait in $SPECCHAT_STASH only while it stays up).
+#
+#   a: carry .device/gguf-1 .device/gguf-2 .device/gguf-3 (the GGUF split in five parts)
+#      pytest tests/gpu compiled on CUDA tensors; the 8B-shaped random bench in bf16.
+#   b: carry .device/gguf-4 .device/gguf-5 assets/eagle3-smollm2-135m
+#      the embedded model's MT-bench rows (none/ngram/eagle3, bf16); self-distilled data and the
+#      EAGLE-3 head trained from the shipped one (train.sh with shorter clocks).
+#
+# At most 8 files come back from $OUT, so the small ones are bundled into results-<part>.tgz.
+# The working tree travels too (64 MiB a call with what is carried): see README.md for how the
+# big tracked files stay behind while these calls run.
+# Dry run here: PY=.venv/bin/python DEVICE=cpu SHAPE=smollm2-135m TOKENS=16 LIMIT=1 \
+#   DATA_S=60 STEPS=2 GEN_BATCH=8 BATCH=2048 bash scripts/device/lease15.sh a   (then b)
+part=${1:?usage: lease15.sh a|b}
+case $part in
+  a)
+    DTYPES=bfloat16 PYTEST_S=${PYTEST_S:-150} bash scripts/device/plan1.sh ;;
+  b)
+    DTYPES=bfloat16 SETS=mt_bench LIMIT=${LIMIT:-12} CURVE=0 bash scripts/device/plan3.sh
+    DATA_S=${DATA_S:-100} HOURS=${HOURS:-0.035} bash scripts/device/train.sh ;;
+  *) echo "lease15.sh: part must be a or b" >&2; exit 2 ;;
+esac
+OUT=${OUT:-.device/out}
+cd "$OUT" && small=$(find . -maxdepth 1 -type f -size -4M ! -name 'head.safetensors.part-*' ! -name '*.tgz' -printf '%P\n') \
+  && [ -n "$small" ] && tar -czf "results-$part.tgz" $small && rm -f $small
+ls -la

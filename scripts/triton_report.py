@@ -260,8 +260,9 @@ def compile_launch(launch: Launch, arch: int) -> Any:
     backend = make_backend(target)
     kwargs = dict(launch.kwargs)
     kwargs["debug"] = kwargs.get("debug", fn.debug) or knobs.runtime.debug  # as JITFunction.run
-    kwargs["instrumentation_mode"] = knobs.compilation.instrumentation_mode
-    kwargs["fpsan_homomorphic_casts"] = knobs.compilation.fpsan_homomorphic_casts
+    for knob in ("instrumentation_mode", "fpsan_homomorphic_casts"):  # as JITFunction.run, where this
+        if hasattr(knobs.compilation, knob):  # triton has the knob (torch 2.11's triton lacks the second)
+            kwargs[knob] = getattr(knobs.compilation, knob)
     binder = create_function_from_signature(fn.signature, fn.params, backend)
     bound, specialization, options = binder(*launch.args, **kwargs)
     options, signature, constexprs, attrs = fn._pack_args(backend, kwargs, bound, specialization, options)

@@ -49,12 +49,14 @@ def capture_verify_graphs(session: Any) -> dict[str, int]:
     session.reset()
     cache = session._cache
     before = static.captures
+    # EAGLE's verify forwards capture target features: their graphs are their own (engine/gpu/static.py)
+    features = session._capture.forward_kwargs
     if cache is not None:
         for b in BUCKETS:
             if b > cache.capacity:
                 break
             model.forward(torch.zeros(b, dtype=torch.int64), cache, positions=torch.arange(b),
-                          tree_mask=torch.ones(b, b, dtype=torch.bool).tril_())
+                          tree_mask=torch.ones(b, b, dtype=torch.bool).tril_(), **features)
         sync(model)
     session.reset()
     return {"captured": static.captures - before, "total": static.captures}

@@ -35,6 +35,7 @@ from engine.models.layer import ForwardOutput
 BUCKETS = (1, 2, 4, 8, 16, 32, 64)
 MAX_TOKENS = BUCKETS[-1]
 Attention = Literal["triton", "torch"]
+Outputs = tuple[torch.Tensor, "torch.Tensor | None", list[torch.Tensor]]  # logits, hidden, captured inputs
 
 
 def bucket_for(n: int) -> int:
@@ -117,12 +118,25 @@ class StaticBuffers:
         return self.views(b)
 
 
-def static_forward(model, cache, inputs: StepInputs, attention: Attention) -> torch.Tensor:
-    """The verify forward with no shape or host value depending on the step: [b, V] float32.
+@dataclass(frozen=True)
+class Wanted:
+    """What a static forward returns besides the logits: the residual entering each layer in
+    ``capture`` (index num_layers: the last layer's output), in layer order, as the eager paths
+    give it (EAGLE-3's features), and the final-normed hidden states (EAGLE-1/2's)."""
+
+    capture: tuple[int, ...] = ()
+    hidden: bool = False
+
+
+def static_forward(model, cache, inputs: StepInputs, attention: Attention, wanted: Wanted = Wanted()
+                   ) -> tuple[torch.Tensor, torch.Tensor | None, list[torch.Tensor]]:
+    """The verify forward with no shape or host value depending on the step: ([b, V] float32
+    logits, the hidden states if wanted, the captured layer inputs).
 
     ``model``: the LlamaModel (its layers, norms, rotary table and LM head); the layer math is
     engine/models/layer.py's, so this differs from the eager forward only in how K/V are written
-    (at the device-side length) and how attention finds them."""
+    (at the device-side length) and how attention finds them. The captured tensors are the
+    stream itself (never written in place), so a graph's outputs stay valid between replays."""
     c = model.config
     b = inputs.tokens.shape[0]
     nh, nkv, hd = c.num_heads, c.num_kv_heads, c.head_dim
@@ -132,7 +146,10 @@ def static_forward(model, cache, inputs: StepInputs, attention: Attention) -> to
     add_mask = _torch_mask(inputs, cache.capacity, c.sliding_window, model.dtype) if attention == "torch" else None
     tree_mask = inputs.mask.to(torch.int8)  # once per forward, not per layer
     x = F.embedding(inputs.tokens, model.embed)
+    aux: list[torch.Tensor] = []
     for li, layer in enumerate(model.layers):
+        if li in wanted.capture:
+            aux.append(x)
         qk, v = layer.project(F.rms_norm(x, (c.hidden_size,), layer.ln_attn, eps), rot, c)
         cache.k[li].index_copy_(1, slots, qk[:, nh:].transpose(0, 1))
         cache.v[li].index_copy_(1, slots, v.transpose(0, 1))
@@ -147,7 +164,10 @@ def static_forward(model, cache, inputs: StepInputs, attention: Attention) -> to
             )[0].transpose(0, 1)
         x = x + layer.o(att.reshape(b, nh * hd))
         x = x + layer.mlp(F.rms_norm(x, (c.hidden_size,), layer.ln_mlp, eps))
-    return model.lm_head(F.rms_norm(x, (c.hidden_size,), model.norm, eps)).float()
+    if len(model.layers) in wanted.capture:
+        aux.append(x)
+    hidden = F.rms_norm(x, (c.hidden_size,), model.norm, eps)
+    return model.lm_head(hidden).float(), (hidden if wanted.hidden else None), aux
 
 
 def _torch_mask(inputs: StepInputs, capacity: int, window: int | None, dtype: torch.dtype) -> torch.Tensor:
@@ -168,8 +188,10 @@ def _torch_mask(inputs: StepInputs, capacity: int, window: int | None, dtype: to
 class StaticDecoder:
     """Runs LlamaModel forwards of up to 64 tokens through bucketed static shapes (graphs on CUDA).
 
-    ``forward`` returns None when a call does not fit (more tokens, hidden states asked for, too
-    little cache room for the bucket); the model then runs its ordinary eager forward.
+    ``forward`` returns None when a call does not fit (more tokens, no logits asked for, too
+    little cache room for the bucket); the model then runs its ordinary eager forward. EAGLE's
+    verify forwards (layer inputs or hidden states wanted) are graphs too, one per bucket and
+    ``Wanted``: eagerly they cost ~10x a replay on a GPU (session 25, H200: 37 ms a step).
     """
 
     def __init__(self, model, *, graphs: bool | None = None, attention: Attention | None = None) -> None:
@@ -183,14 +205,14 @@ class StaticDecoder:
         self.graphs = graphs
         self.attention: Attention = attention or ("triton" if cuda and gpu.triton_available() else "torch")
         self.buffers = StaticBuffers(self.device)
-        self._graphs: dict[int, tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
+        self._graphs: dict[tuple[int, Wanted], tuple[torch.cuda.CUDAGraph, Outputs]] = {}
         self._graph_key: tuple | None = None
         self._pool = None
         self.replays = 0  # forwards served from a captured graph (for tests and the bench)
         self.captures = 0
 
     def forward(self, tokens: torch.Tensor, cache, positions: torch.Tensor | None, tree_mask: torch.Tensor | None,
-                logits: str) -> ForwardOutput | None:
+                logits: str, wanted: Wanted = Wanted()) -> ForwardOutput | None:
         n = tokens.shape[0]
         if n > MAX_TOKENS or logits == "none":
             return None
@@ -205,38 +227,39 @@ class StaticDecoder:
         self.model.rotary.ensure(cache.capacity + MAX_TOKENS)
         padded = pad_tree(tokens.cpu(), positions.cpu(), tree_mask.cpu(), bucket)
         inputs = self.buffers.load(*padded, L)
-        out = self._run(cache, inputs, bucket)
+        out, hidden, aux = self._run(cache, inputs, bucket, wanted)
         rows = out[:n] if logits == "all" else out[n - 1 : n]
-        return ForwardOutput(rows.clone())
+        return ForwardOutput(rows.clone(), hidden[:n].clone() if hidden is not None else None,
+                             [a[:n].clone() for a in aux])
 
-    def _run(self, cache, inputs: StepInputs, bucket: int) -> torch.Tensor:
+    def _run(self, cache, inputs: StepInputs, bucket: int, wanted: Wanted) -> Outputs:
         if not self.graphs:
-            return static_forward(self.model, cache, inputs, self.attention)
+            return static_forward(self.model, cache, inputs, self.attention, wanted)
         key = (id(cache), cache.k.data_ptr(), cache.v.data_ptr(), cache.capacity, self.model.rotary.table.data_ptr())
         if key != self._graph_key:
             self._graphs.clear()
             self._pool = None
             self._graph_key = key
-        if bucket not in self._graphs:
-            self._graphs[bucket] = self._capture(cache, inputs, bucket)
-        graph, output = self._graphs[bucket]
+        if (bucket, wanted) not in self._graphs:
+            self._graphs[bucket, wanted] = self._capture(cache, inputs, wanted)
+        graph, output = self._graphs[bucket, wanted]
         graph.replay()
         self.replays += 1
         return output
 
-    def _capture(self, cache, inputs: StepInputs, bucket: int) -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:
+    def _capture(self, cache, inputs: StepInputs, wanted: Wanted) -> tuple[torch.cuda.CUDAGraph, Outputs]:
         """Warm up on a side stream (builds the Triton kernels, cuBLAS handles), then capture.
         Both write K/V only to scratch slots past the committed prefix."""
         stream = torch.cuda.Stream()
         stream.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(stream):
             for _ in range(2):
-                static_forward(self.model, cache, inputs, self.attention)
+                static_forward(self.model, cache, inputs, self.attention, wanted)
         torch.cuda.current_stream().wait_stream(stream)
         graph = torch.cuda.CUDAGraph()
         if self._pool is None:
             self._pool = torch.cuda.graph_pool_handle()
         with torch.cuda.graph(graph, pool=self._pool):
-            output = static_forward(self.model, cache, inputs, self.attention)
+            output = static_forward(self.model, cache, inputs, self.attention, wanted)
         self.captures += 1
         return graph, output

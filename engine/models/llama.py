@@ -19,7 +19,7 @@ from typing import Any, Literal
 import torch
 import torch.nn.functional as F
 
-from engine.gpu.static import StaticDecoder, cuda_capacity
+from engine.gpu.static import StaticDecoder, Wanted, cuda_capacity
 from engine.kernels.linear import Linear
 from engine.kernels.stored import StoredEmbedding, StoredLinear
 from engine.kernels.weights import QuantRows
@@ -192,8 +192,9 @@ class LlamaModel:
         prefix_mask: [T, L] bool, which cached entries each new token sees (default: all). Draft
         models growing a tree level by level use it to hide sibling branches' scratch entries.
         """
-        if self._static is not None and not (return_hidden or capture_layers) and prefix_mask is None:
-            replayed = self._static.forward(tokens, cache, positions, tree_mask, logits)
+        if self._static is not None and prefix_mask is None:
+            wanted = Wanted(tuple(sorted(set(capture_layers))), return_hidden)
+            replayed = self._static.forward(tokens, cache, positions, tree_mask, logits, wanted)
             if replayed is not None:  # None: the call does not fit a bucket; run it eagerly
                 return replayed
         tokens = tokens.to(self.device)

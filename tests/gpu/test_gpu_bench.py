@@ -256,9 +256,9 @@ def test_the_cuda_warm_up_sizes_the_cache_and_runs_every_verify_bucket(tiny_conf
     seen: list[int] = []
     run = model._static._run
 
-    def recording_run(cache, inputs, bucket: int):
+    def recording_run(cache, inputs, bucket: int, wanted):
         seen.append(bucket)
-        return run(cache, inputs, bucket)
+        return run(cache, inputs, bucket, wanted)
 
     model._static._run = recording_run
     size_cache_for(session, prompts, configs)

@@ -96,6 +96,33 @@ def test_static_forward_with_triton_attention(interpret, family: str) -> None:
     torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)
 
 
+@pytest.mark.parametrize("capture", [(), (1,), (0, 1, 2)])
+def test_static_forward_returns_the_eager_features(capture: tuple[int, ...]) -> None:
+    """EAGLE's verify forwards on the static path: the residual entering each captured layer (2:
+    the last layer's output) and the final-normed hidden states, the eager forward's, real rows
+    only, in layer order whatever order they were asked in (the tiny model has 2 layers)."""
+    model, _ = our_model("llama")
+    prefix = torch.randint(3, 97, (30,), generator=torch.Generator().manual_seed(7))
+    tree = _random_tree(5, seed=7)
+    outs = []
+    for decoder in (None, StaticDecoder(model, graphs=False, attention="torch")):
+        cache = model.new_cache(96)
+        model.forward(prefix, cache, logits="none")
+        cache.commit(len(prefix))
+        model._static = decoder
+        try:
+            outs.append(model.forward(torch.tensor(tree.tokens), cache, positions=torch.tensor(tree.depths) + 30,
+                                      tree_mask=tree.ancestor_mask(), return_hidden=True,
+                                      capture_layers=capture[::-1]))
+        finally:
+            model._static = None
+    want, got = outs
+    assert len(got.aux) == len(want.aux) == len(capture)
+    for g, w in zip([got.logits, got.hidden, *got.aux], [want.logits, want.hidden, *want.aux], strict=True):
+        assert g.shape == w.shape
+        torch.testing.assert_close(g, w, atol=1e-4, rtol=1e-4)
+
+
 def test_static_decoder_declines_what_it_cannot_take() -> None:
     model, _ = our_model("llama")
     decoder = StaticDecoder(model, graphs=False)

@@ -236,7 +236,13 @@ def results_table(report: dict[str, Any]) -> Any:
     weights = report.get("weights")
     if weights:
         kernels += f", weights {'/'.join(weights)}"
-    table = Table(title=f"{report['model']} on {machine['cpu']} ({machine['threads']} threads{kernels})")
+    if machine.get("gpu"):  # the host's CPU only feeds the GPU: name the GPU and the precision
+        graphs = ", CUDA graphs" if report.get("cuda_graphs") else ""
+        where = f"{machine['gpu']} ({report.get('dtype') or 'auto'}{graphs}"
+        where += f", weights {'/'.join(weights)})" if weights else ")"
+    else:
+        where = f"{machine['cpu']} ({machine['threads']} threads{kernels})"
+    table = Table(title=f"{report['model']} on {where}")
     for col in ("method", "tokens/s", "tau", "speedup", "decode tok/s", "decode speedup", "draft|verify ms",
                 "paused", "accept by depth", "identical", "tokens", "seconds"):
         table.add_column(col, justify="left" if col == "method" else "right", no_wrap=col == "method")

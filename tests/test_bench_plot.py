@@ -99,3 +99,15 @@ def test_plot_with_another_benchmark_is_refused(capsys: pytest.CaptureFixture[st
     assert main(["bench", "--train-speed", "--plot", str(tmp_path / "x.svg")]) == 2
     err = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
     assert len(err) == 1 and "--plot" in err[0]
+
+
+def test_a_gpu_run_names_the_gpu_and_its_precision() -> None:
+    """On a GPU the host CPU only feeds it: the title names the GPU, the dtype and the graphs
+    (session 25's first H200 table said 'on Intel(R) Xeon(R) Processor (16 threads ...)')."""
+    from specchat.bench_report import results_table
+
+    cpu = results_table(REPORT).title
+    assert cpu == "tiny-test-model on Test CPU (2 threads, weights stored)"
+    gpu = {**REPORT, "dtype": "bfloat16", "weights": ["fp32"], "cuda_graphs": {"fp32": {"replays": 9}},
+           "machine": {"cpu": "Test CPU", "threads": 16, "gpu": "NVIDIA H200"}}
+    assert results_table(gpu).title == "tiny-test-model on NVIDIA H200 (bfloat16, CUDA graphs, weights fp32)"

@@ -5,6 +5,9 @@
 # runs from this source tree, its cache lives in /tmp, and the embedded GGUF comes in carried parts.
 REPO=$(pwd)
 export PYTHONPATH="$REPO${PYTHONPATH:+:$PYTHONPATH}"
+# the GGUF reader (the `gguf` package, with its dist-info: transformers checks its version) is not
+# on that machine: a call that reads the GGUF carries it in .whl/site (see README.md)
+[ -d "$REPO/.whl/site/gguf" ] && export PYTHONPATH="$PYTHONPATH:$REPO/.whl/site"
 export PYTHONUNBUFFERED=1
 export TQDM_MININTERVAL=${TQDM_MININTERVAL:-20}  # progress bars: a line per 20 s in the logs, not per step
 export SPECCHAT_CACHE_DIR=${SPECCHAT_CACHE_DIR:-/tmp/specchat-cache}

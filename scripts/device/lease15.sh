@@ -4,13 +4,14 @@
 #
 #   a: carry .device/gguf-1 .device/gguf-2 .device/gguf-3 (the GGUF split in five parts)
 #      pytest tests/gpu compiled on CUDA tensors; the 8B-shaped random bench in bf16.
-#   b: carry .device/gguf-4 .device/gguf-5 assets/eagle3-smollm2-135m
-#      the embedded model's MT-bench rows (none/ngram/eagle3, bf16); self-distilled data and the
-#      EAGLE-3 head trained from the shipped one (train.sh with shorter clocks).
+#   b: carry .device/gguf-4 .device/gguf-5 assets/eagle3-smollm2-135m .whl/site
+#      the embedded model's MT-bench rows (none/ngram/eagle3, bf16); where an EAGLE-3 step's time
+#      goes (profile_session.py); self-distilled data and the EAGLE-3 head trained from the shipped
+#      one (train.sh with shorter clocks).
 #
 # At most 8 files come back from $OUT, so the small ones are bundled into results-<part>.tgz.
-# The working tree travels too (64 MiB a call with what is carried): see README.md for how the
-# big tracked files stay behind while these calls run.
+# The working tree travels too (64 MiB a call with what is carried): scripts/device/slim.sh keeps
+# the big tracked files behind while these calls run (README.md).
 # Dry run here: PY=.venv/bin/python DEVICE=cpu SHAPE=smollm2-135m TOKENS=16 LIMIT=1 \
 #   DATA_S=60 STEPS=2 GEN_BATCH=8 BATCH=2048 bash scripts/device/lease15.sh a   (then b)
 part=${1:?usage: lease15.sh a|b}
@@ -19,6 +20,8 @@ case $part in
     DTYPES=bfloat16 PYTEST_S=${PYTEST_S:-150} bash scripts/device/plan1.sh ;;
   b)
     DTYPES=bfloat16 SETS=mt_bench LIMIT=${LIMIT:-12} CURVE=0 bash scripts/device/plan3.sh
+    (source scripts/device/env.sh > /dev/null && timeout 120 "$PY" scripts/device/profile_session.py \
+      --device "$DEVICE" --tokens "${TOKENS:-64}" 2>&1 | tee "$OUT/profile-eagle3.txt")
     DATA_S=${DATA_S:-100} HOURS=${HOURS:-0.035} bash scripts/device/train.sh ;;
   *) echo "lease15.sh: part must be a or b" >&2; exit 2 ;;
 esac

@@ -22,7 +22,7 @@ case $part in
     DTYPES=bfloat16 SETS=mt_bench LIMIT=${LIMIT:-12} CURVE=0 bash scripts/device/plan3.sh
     (source scripts/device/env.sh > /dev/null && timeout 120 "$PY" scripts/device/profile_session.py \
       --device "$DEVICE" --tokens "${TOKENS:-64}" 2>&1 | tee "$OUT/profile-eagle3.txt")
-    DATA_S=${DATA_S:-100} HOURS=${HOURS:-0.035} bash scripts/device/train.sh ;;
+    DATA_S=${DATA_S:-240} HOURS=${HOURS:-0.05} EPOCHS=${EPOCHS:-10} bash scripts/device/train.sh ;;
   *) echo "lease15.sh: part must be a or b" >&2; exit 2 ;;
 esac
 OUT=${OUT:-.device/out}

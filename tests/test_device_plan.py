@@ -59,3 +59,23 @@ def test_prompt_sets_travel_with_the_plan() -> None:
     for name in ("mt_bench.jsonl", "rewrite.jsonl"):
         lines = (DEVICE / "prompts" / name).read_text().splitlines()
         assert lines and all(json.loads(line) for line in lines)
+
+
+def test_the_batch_invariance_probe_runs_and_its_kernel_is_invariant() -> None:
+    """scripts/device/bi_probe.py (lease15.sh a) under Triton's interpreter with tiny fp32 shapes:
+    it runs, its candidate kernel gives every row the bits of the 64-row call and an fp32 product's
+    values; torch's own product is not held to that (it is what the probe measures)."""
+    import ast
+    import os
+    import re
+    import sys
+
+    pytest.importorskip("triton")
+    env = {**os.environ, "TRITON_INTERPRET": "1"}
+    proc = subprocess.run([sys.executable, str(DEVICE / "bi_probe.py"), "--dry"], capture_output=True, text=True,
+                          env=env, cwd=DEVICE.parent.parent, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    found = re.search(r"invariant kernel \(split \d\) (\{.*?\}), rel\. error (\S+)", proc.stdout)
+    assert found, proc.stdout
+    assert set(ast.literal_eval(found.group(1)).values()) == {0}  # {M: differing elements}
+    assert float(found.group(2)) < 1e-5

@@ -3,7 +3,8 @@
 # after a call, and the GGUF parts wait in $SPECCHAT_STASH only while it stays up).
 #
 #   a: carry .device/gguf-1 .device/gguf-2 .device/gguf-3 (the GGUF split in five parts)
-#      pytest tests/gpu compiled on CUDA tensors; the 8B-shaped random bench in bf16.
+#      pytest tests/gpu compiled on CUDA tensors; the 8B-shaped random bench in bf16; whether
+#      cuBLAS's bf16 linears are batch-invariant and what an invariant Triton one costs (bi_probe.py).
 #   b: carry .device/gguf-4 .device/gguf-5 assets/eagle3-smollm2-135m .whl/site
 #      the embedded model's MT-bench rows (none/ngram/eagle3, bf16); where an EAGLE-3 step's time
 #      goes (profile_session.py); self-distilled data and the EAGLE-3 head trained from the shipped
@@ -17,7 +18,9 @@
 part=${1:?usage: lease15.sh a|b}
 case $part in
   a)
-    DTYPES=bfloat16 PYTEST_S=${PYTEST_S:-150} bash scripts/device/plan1.sh ;;
+    DTYPES=bfloat16 PYTEST_S=${PYTEST_S:-150} bash scripts/device/plan1.sh
+    (source scripts/device/env.sh > /dev/null && timeout 120 "$PY" scripts/device/bi_probe.py 2>&1 \
+      | tee "$OUT/bi-probe.txt") ;;
   b)
     DTYPES=bfloat16 SETS=mt_bench LIMIT=${LIMIT:-12} CURVE=0 bash scripts/device/plan3.sh
     (source scripts/device/env.sh > /dev/null && timeout 120 "$PY" scripts/device/profile_session.py \

@@ -230,18 +230,16 @@ def results_table(report: dict[str, Any]) -> Any:
     from rich.table import Table
 
     machine = report["machine"]
-    kernels = f", {machine['kernels']} kernels" if "kernels" in machine else ""
-    if machine.get("kernel_variant"):
-        kernels += f" ({machine['kernel_variant']})"
     weights = report.get("weights")
-    if weights:
-        kernels += f", weights {'/'.join(weights)}"
+    shown = f", weights {'/'.join(weights)}" if weights else ""
     if machine.get("gpu"):  # the host's CPU only feeds the GPU: name the GPU and the precision
         graphs = ", CUDA graphs" if report.get("cuda_graphs") else ""
-        where = f"{machine['gpu']} ({report.get('dtype') or 'auto'}{graphs}"
-        where += f", weights {'/'.join(weights)})" if weights else ")"
+        where = f"{machine['gpu']} ({report.get('dtype') or 'auto'}{graphs}{shown})"
     else:
-        where = f"{machine['cpu']} ({machine['threads']} threads{kernels})"
+        kernels = f", {machine['kernels']} kernels" if "kernels" in machine else ""
+        if machine.get("kernel_variant"):
+            kernels += f" ({machine['kernel_variant']})"
+        where = f"{machine['cpu']} ({machine['threads']} threads{kernels}{shown})"
     table = Table(title=f"{report['model']} on {where}")
     for col in ("method", "tokens/s", "tau", "speedup", "decode tok/s", "decode speedup", "draft|verify ms",
                 "paused", "accept by depth", "identical", "tokens", "seconds"):

@@ -30,7 +30,7 @@ def run_cost_curve(sessions: dict[str, Any], args: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.table import Table
 
-    from specchat.bench_report import machine_info
+    from specchat.bench_report import machine_info, variant_words
 
     first = next(iter(sessions.values()))
     curves = {f"specchat {w}": measure_cost_curve(s.model, args.context) for w, s in sessions.items()}
@@ -41,7 +41,7 @@ def run_cost_curve(sessions: dict[str, Any], args: argparse.Namespace) -> int:
         path = resolve_model(args.model, revision=args.revision, weights="fp32").path
         curves["transformers"] = measure_cost_curve(HFModel.from_pretrained(path), args.context)
     machine = machine_info(first.model)
-    variant = f", {machine['kernel_variant']} kernels" if machine.get("kernel_variant") else ""
+    variant = f", {variant_words(machine)} kernels" if machine.get("kernel_variant") else ""
     table = Table(title=f"one target forward over n tree tokens, {args.context} cached ({first.model_name}{variant})")
     table.add_column("n", justify="right")
     for name in curves:

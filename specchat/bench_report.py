@@ -61,6 +61,9 @@ def machine_info(model: object | None = None) -> dict[str, Any]:
         from engine.kernels import native
 
         info["kernel_variant"] = native.variant() if kernels == "native" else "torch"
+        kernel = native.load() if kernels == "native" else None
+        if kernel is not None and kernel.fast_variant:
+            info["fast_kernel_variant"] = kernel.fast_variant  # the fast precision's tiles: amx, avx512vnni, avx2
     return info
 
 
@@ -225,6 +228,13 @@ def print_table(report: dict[str, Any]) -> None:
     console.print(results_table(report))
 
 
+def variant_words(machine: dict[str, Any]) -> str:
+    """Which tiles ran, for a table title: "avx512" or, where the fast precision has its own
+    (AMX, VNNI), "avx512, fast: amx"."""
+    fast = machine.get("fast_kernel_variant")
+    return machine["kernel_variant"] + (f", fast: {fast}" if fast else "")
+
+
 def results_table(report: dict[str, Any]) -> Any:
     """The results as a rich Table (printed by :func:`print_table`, drawn by ``bench --plot``)."""
     from rich.table import Table
@@ -238,7 +248,7 @@ def results_table(report: dict[str, Any]) -> Any:
     else:
         kernels = f", {machine['kernels']} kernels" if "kernels" in machine else ""
         if machine.get("kernel_variant"):
-            kernels += f" ({machine['kernel_variant']})"
+            kernels += f" ({variant_words(machine)})"
         where = f"{machine['cpu']} ({machine['threads']} threads{kernels}{shown})"
     table = Table(title=f"{report['model']} on {where}")
     for col in ("method", "tokens/s", "tau", "speedup", "decode tok/s", "decode speedup", "draft|verify ms",

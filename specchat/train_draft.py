@@ -54,9 +54,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--eval-every", type=int, default=200, help="measure held-out tau and export every N steps")
     p.add_argument("--checkpoint-every", type=int, default=20)
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--import-data", default=None, metavar="DIR",
+    p.add_argument("--import-data", action="append", default=None, metavar="DIR",
                    help="first copy the id shards (batch-*.npz) of DIR into the data cache (e.g. the shipped "
-                        "assets/train-data/...); their target features are computed here")
+                        "assets/train-data/...; repeat for several folders); their target features are computed "
+                        "here")
     p.add_argument("--data-only", action="store_true",
                    help="generate (or extend) the self-distilled data and stop; --out is not written")
     p.add_argument("--gen-batch", type=int, default=None,
@@ -93,7 +94,7 @@ def run_train_draft(args: argparse.Namespace) -> int:
     print(f"target: {target.name}  device: {device}  threads: {threads}")
     samples, cache = prepare_data(target, GenSettings(seed=args.seed, batch_size=gen_batch), args.tokens, args.prompts,
                                   use_builtin_prompts=not args.no_builtin_prompts, rows=args.rows,
-                                  precision=args.data_precision, import_from=args.import_data,
+                                  precision=args.data_precision, import_from=args.import_data or (),
                                   hidden_only=args.method == "medusa")
     if args.data_only:
         print(f"data: {len(samples)} conversations, {answer_tokens(samples)} answer tokens in {cache.folder}")
@@ -125,8 +126,9 @@ def check_args(args: argparse.Namespace) -> Path:
         raise UsageError("--export-layout and --medusa-train-lm-head go with --method medusa")
     if args.method == "medusa" and (args.medusa_heads < 1 or args.init_from is not None):
         raise UsageError("--method medusa needs --medusa-heads of at least 1 and takes no --init-from (use --resume)")
-    if args.import_data is not None and not Path(args.import_data).is_dir():
-        raise MissingFileError(f"--import-data {args.import_data}: no such folder")
+    for folder in args.import_data or ():
+        if not Path(folder).is_dir():
+            raise MissingFileError(f"--import-data {folder}: no such folder")
     if args.prompts is not None:
         from engine.train.data import load_prompt_list
 

@@ -10,26 +10,28 @@ import torch
 torch.set_num_threads(1)
 
 
-import os  # noqa: E402
 from collections.abc import Iterator  # noqa: E402
 
 import pytest  # noqa: E402
 
 
-@pytest.fixture(params=["cpu", "avx2"])
+@pytest.fixture(params=["cpu", "avx512", "avx2"])
 def kernel_variant(request: pytest.FixtureRequest) -> Iterator[str]:
-    """Run a kernel test with the tiles this CPU picks, then with the AVX2 ones, so every variant's
-    exactness is checked on whatever machine runs the suite (the AVX2 run is skipped where the CPU
-    picks AVX2 anyway). Yields the stored-weight variant in force."""
+    """Run a kernel test with the tiles this CPU picks, then without AMX (the VNNI tiles), then with
+    the AVX2 ones, so every variant's exactness is checked on whatever machine runs the suite (a
+    run that would repeat the CPU's own pick is skipped). Yields the stored-weight variant in force."""
     from engine.kernels import native
 
     kernel = native.load()
     if kernel is None:
         pytest.skip(f"no native kernel here: {native.why_not}")
-    if request.param == "avx2" and kernel.variant == "avx2" and kernel.fast_variant != "avx512vnni":
+    kernel.choose_variant("")
+    if request.param == "avx512" and kernel.fast_variant != "amx":
+        pytest.skip("this CPU has no AMX: its own pick is the VNNI or AVX2 tiles")
+    if request.param == "avx2" and kernel.variant == "avx2" and kernel.fast_variant == "avx2":
         pytest.skip("this CPU runs the AVX2 tiles already")
-    kernel.choose_variant(request.param == "avx2")
+    kernel.choose_variant("" if request.param == "cpu" else request.param)
     try:
         yield kernel.variant
     finally:
-        kernel.choose_variant(os.environ.get(native.VARIANT_SWITCH, "").lower() == "avx2")
+        kernel.choose_variant(native.forced_variant())

@@ -71,23 +71,28 @@ def test_kernel_equals_the_torch_definition_and_is_row_invariant(weight, m: int,
 
 
 @needs_fast
-@pytest.mark.parametrize("m", [1, 4, 7])
-def test_both_variants_give_the_same_bits(weight, m: int) -> None:
-    """The AVX2 tiles (vpmaddubsw + vpmaddwd) and the VNNI ones (vpdpbusd) sum the same exact
-    integers and scale them in the same float steps."""
-    if KERNEL.fast_variant != "avx512vnni":
+@pytest.mark.parametrize("m", [1, 4, 7, 16, 21])
+def test_every_variant_gives_the_same_bits(weight, m: int) -> None:
+    """The AVX2 tiles (vpmaddubsw + vpmaddwd), the VNNI ones (vpdpbusd) and the AMX ones (tdpbsud,
+    tdpbssd) sum the same exact integers and scale them in the same float steps."""
+    KERNEL.choose_variant("")
+    variants = {"amx": ["", "avx512", "avx2"], "avx512vnni": ["", "avx2"]}.get(KERNEL.fast_variant)
+    if variants is None:
         pytest.skip("this CPU has only the AVX2 tiles")
     x = torch.randn(m, weight.shape[1], generator=torch.Generator().manual_seed(9)) * 3
     x[:, :32] *= 1e-3  # a small block beside big ones
     panels = StoredPanels.from_rows(weight)
     outs = []
-    for avx2_only in (False, True):
-        KERNEL.choose_variant(avx2_only)
-        y = torch.empty(m, weight.shape[0])
-        assert KERNEL.stored_linear_fast(x, panels, None, y, False)
-        outs.append(y)
-    KERNEL.choose_variant(False)
-    assert torch.equal(outs[0], outs[1])
+    try:
+        for force in variants:
+            KERNEL.choose_variant(force)
+            y = torch.empty(m, weight.shape[0])
+            assert KERNEL.stored_linear_fast(x, panels, None, y, False)
+            outs.append(y)
+    finally:
+        KERNEL.choose_variant(native.forced_variant())
+    for y in outs[1:]:
+        assert torch.equal(outs[0], y)
 
 
 @needs_fast

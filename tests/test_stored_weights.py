@@ -287,7 +287,9 @@ def test_embedded_model_stored_logits_equal_fp32_path() -> None:
 
 
 def test_kernel_variant_follows_cpu_flags() -> None:
-    """AVX-512 tiles only where /proc/cpuinfo lists avx512f, avx512bw and avx512vl."""
+    """AVX-512 tiles only where /proc/cpuinfo lists avx512f, avx512bw and avx512vl; the fast
+    precision's VNNI tiles only with avx512_vnni and avx512vbmi, and AMX only with amx_tile and
+    amx_int8 (and a Linux that grants the tile state)."""
     if not NATIVE:
         assert native.variant() == "torch"
         return
@@ -298,3 +300,7 @@ def test_kernel_variant_follows_cpu_flags() -> None:
             break
     wide = {"avx512f", "avx512bw", "avx512vl"} <= flags
     assert native.variant() == ("avx512" if wide else "avx2")
+    if native.forced_variant() == "":
+        vnni = wide and {"avx512_vnni", "avx512vbmi"} <= flags
+        amx = vnni and {"amx_tile", "amx_int8"} <= flags
+        assert native.load().fast_variant == ("amx" if amx else "avx512vnni" if vnni else "avx2")

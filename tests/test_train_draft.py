@@ -304,6 +304,27 @@ def test_data_cache_generates_dedups_and_resumes(target, tmp_path: Path) -> None
     assert more[: len(samples)] == samples and len(cache.shard_indices()) > len(shards)
 
 
+def test_importing_two_folders_numbered_alike_keeps_both_and_adds_nothing_twice(tmp_path: Path) -> None:
+    """The CPU's and the GPU's data are both numbered from batch-000000: an import keeps every
+    shard (renumbering a taken name) and a second import of the same folders copies nothing."""
+    from engine.train.pipeline import import_shards
+
+    def folder(name: str, first: int) -> Path:
+        src = DataCache(tmp_path / name, VOCAB)
+        for i in range(3):
+            src.write(i, [Sample(list(range(first + 10 * i, first + 10 * i + 8)), 2, greedy=True)], conversations=[i])
+        return src.folder
+
+    cpu, gpu = folder("cpu", 0), folder("gpu", 500)
+    cache = DataCache(tmp_path / "cache", VOCAB)
+    assert import_shards(cpu, cache) == 3 and import_shards(gpu, cache) == 3
+    assert cache.shard_indices() == list(range(6))
+    firsts = sorted(s.ids[0] for s in cache.samples())
+    assert firsts == [0, 10, 20, 500, 510, 520]
+    assert import_shards(cpu, cache) == 0 and import_shards(gpu, cache) == 0
+    assert not list(cache.folder.glob(".import-*"))  # no half-copied file left behind
+
+
 def test_sample_held_out_split_is_stable() -> None:
     samples = [Sample(list(range(i, i + 10)), 3, greedy=True) for i in range(400)]
     held = [s for s in samples if s.held_out]

@@ -1,7 +1,8 @@
 /*
  * The "fast" precision's matrix product on stored quant weights: activations quantized to 8 bits
  * per block, integer dot products with the weights' own codes (AVX-512 VNNI here; AVX2 in
- * fast_avx2.c, the same bits), one float scaling per block. y[M, N] = x[M, K] @ W[N, K]^T (+ bias).
+ * fast_avx2.c, AMX in fast_amx.c: the same bits), one float scaling per block.
+ * y[M, N] = x[M, K] @ W[N, K]^T (+ bias).
  *
  * Why: on a CPU a forward of many rows (a draft tree, a prefill chunk, the data engine's batch)
  * is bound by multiply-adds, and vpdpbusd does 64 of them per instruction where an fp32 FMA does
@@ -30,9 +31,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define PANEL 16
+#include "fast.h"
+
 #define FAST_ROWS 12
-#define VNNI __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi,avx2,fma")))
 #define AVX2F __attribute__((target("avx2,fma")))
 
 enum { KIND_Q8 = 3, KIND_Q4 = 4 };
@@ -45,14 +46,27 @@ static int has_vnni(void) {
 }
 
 static int variant = -1; /* 512: the VNNI tiles, 2: the AVX2 tiles (fast_avx2.c), 0: none; -1: not chosen */
+static int amx = 0;      /* 1: calls of AMX_MIN_ROWS rows or more take the AMX tile (fast_amx.c) */
 
-/* Choose the tiles for this CPU: 512 (AVX-512 VNNI), 2 (AVX2) or 0 (neither). force 2: AVX2 even
- * where VNNI runs (SPECCHAT_KERNEL_VARIANT=avx2, how the suite tests both on one machine). */
+/* Fewer rows than this stay on the VNNI tile even where AMX runs (set from measurements: see
+ * fast_amx.c and docs/BENCHMARKS.md). */
+#define AMX_MIN_ROWS 12
+
+int fast_amx_available(void); /* fast_amx.c */
+void fast_amx_begin(void);
+void fast_amx_end(void);
+void fast_amx_tile(int mr, int q4, const int8_t *xq, long K, const float *xd, const float *xc, const void *codes,
+                   const void *sc, const void *of, int hs, float *out);
+
+/* Choose the tiles for this CPU: 513 (AVX-512 VNNI, AMX for several rows), 512 (AVX-512 VNNI), 2
+ * (AVX2) or 0 (none). force 2: AVX2 even where VNNI runs; force 1: VNNI without AMX
+ * (SPECCHAT_KERNEL_VARIANT=avx2 / avx512, how the suite tests every variant on one machine). */
 int fast_variant(int force) {
     __builtin_cpu_init();
     const int avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
     variant = has_vnni() && force != 2 ? 512 : avx2 ? 2 : 0;
-    return variant;
+    amx = variant == 512 && force == 0 && fast_amx_available();
+    return variant + amx;
 }
 
 /* Nonzero when some variant runs here (the VNNI one unless fast_variant(2) chose AVX2). */
@@ -98,21 +112,6 @@ static AVX2F void quantize_row(const float *x, long K, long group, int q4_order,
         _mm256_storeu_si256((__m256i *)lanes, sum);
         s[b] = ((lanes[0] + lanes[1]) + (lanes[2] + lanes[3])) + ((lanes[4] + lanes[5]) + (lanes[6] + lanes[7]));
     }
-}
-
-/* The byte shuffle that turns four k of a q8 panel (16 bytes per k) into four k per column lane:
- * byte 4j + i of the result = byte 16i + j of the source. */
-static inline __attribute__((always_inline)) VNNI __m512i q8_transpose(void) {
-    return _mm512_set_epi8(63, 47, 31, 15, 62, 46, 30, 14, 61, 45, 29, 13, 60, 44, 28, 12, 59, 43, 27, 11, 58, 42, 26,
-                           10, 57, 41, 25, 9, 56, 40, 24, 8, 55, 39, 23, 7, 54, 38, 22, 6, 53, 37, 21, 5, 52, 36, 20, 4,
-                           51, 35, 19, 3, 50, 34, 18, 2, 49, 33, 17, 1, 48, 32, 16, 0);
-}
-
-/* Sixteen scales (or offsets) of a panel's group: fp32, or (hs) the fp16 copy the GGUF kinds'
- * scales round-trip through exactly, widened exactly: the same floats from half the bytes. */
-static inline __attribute__((always_inline)) VNNI __m512 group_scales(const void *p, long i, int hs) {
-    return hs ? _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)((const uint16_t *)p + i)))
-              : _mm512_loadu_ps((const float *)p + i);
 }
 
 /* One tile of MR rows by one 16-column panel; results to out[MR][16]. */
@@ -198,7 +197,6 @@ tile(const int MR, const int q4, const int8_t *xq, long K, const float *xd, cons
  * one: the same at one row, 0.1-0.2 ms less at 2-4 rows), so every tile prefetches.
  */
 #define G32_ROWS 16
-#define PF_PANELS 2
 
 /* One row's group: the eight products as two interleaved chains of four (a chain of eight waited
  * out vpdpbusd's latency: 10% more time per product on the Zen 4 at 2-48 rows, 7% for q8 codes,
@@ -215,45 +213,26 @@ g32_row(__m512 acc, const int q4, const __m512i *wv, const int8_t *xb, int32_t x
     }
     __m512i isum = _mm512_add_epi32(ia, ib);
     if (!q4) isum = _mm512_sub_epi32(isum, _mm512_set1_epi32(128 * xsum));
-    return _mm512_add_ps(acc, _mm512_mul_ps(_mm512_cvtepi32_ps(isum), _mm512_mul_ps(s, _mm512_set1_ps(dx))));
+    return g32_scale(acc, isum, s, dx);
 }
 
 static inline __attribute__((always_inline)) VNNI void
 tile_g32(const int MR, const int q4, const int8_t *xq, long K, const float *xd, const int32_t *xs, const float *xc,
          const void *codes, const void *sc, const void *of, int hs, float *out) {
     const long ng = K / 32;
-    const __m512i m4 = _mm512_set1_epi32(0x0F0F0F0F);
     const __m512i flip = _mm512_set1_epi8((char)0x80);
-    const __m512i tr = q8_transpose();
     __m512 acc[G32_ROWS];
 #pragma GCC unroll 16
     for (int r = 0; r < MR; r++) acc[r] = _mm512_setzero_ps();
     for (long g = 0; g < ng; g++) {
         __m512i wv[8]; /* wv[j] pairs with the activation bytes 4j..4j+3 of the group */
-        if (q4) {
-            const uint32_t *cw = (const uint32_t *)codes + g * 4 * PANEL;
-#pragma GCC unroll 4
-            for (int w = 0; w < 4; w++) {
-                const __m512i word = _mm512_loadu_si512(cw + w * PANEL);
-                wv[2 * w] = _mm512_and_si512(word, m4);
-                wv[2 * w + 1] = _mm512_and_si512(_mm512_srli_epi32(word, 4), m4);
-            }
-        } else {
-            const int8_t *cb = (const int8_t *)codes + g * 32 * PANEL;
+        g32_codes(q4, codes, g, wv);
+        if (!q4) /* vpdpbusd takes unsigned weights: w + 128, which the row's block sum corrects */
 #pragma GCC unroll 8
-            for (int j = 0; j < 8; j++)
-                wv[j] = _mm512_xor_si512(_mm512_permutexvar_epi8(tr, _mm512_loadu_si512(cb + j * 4 * PANEL)), flip);
-        }
+            for (int j = 0; j < 8; j++) wv[j] = _mm512_xor_si512(wv[j], flip);
         const __m512 s = group_scales(sc, g * PANEL, hs);
         const __m512 o = of ? group_scales(of, g * PANEL, hs) : _mm512_setzero_ps();
-        { /* a later panel's codes and scales, a group's worth per group (see above); prefetching past
-           * the matrix's end is harmless (a hint never faults) */
-            const char *nc = (const char *)codes + PF_PANELS * (q4 ? K * PANEL / 2 : K * PANEL) + g * (q4 ? 256 : 512);
-            for (int l = 0; l < (q4 ? 4 : 8); l++) _mm_prefetch(nc + 64 * l, _MM_HINT_T0);
-            const long ahead = (PF_PANELS * ng + g) * PANEL * (hs ? 2 : 4);
-            _mm_prefetch((const char *)sc + ahead, _MM_HINT_T0);
-            if (of) _mm_prefetch((const char *)of + ahead, _MM_HINT_T0);
-        }
+        g32_prefetch(q4, codes, sc, of, K, g, hs); /* a later panel's, a group's worth per group */
         if (of) { /* the branch out of the row loop: gcc tested it once per row */
 #pragma GCC unroll 16
             for (int r = 0; r < MR; r++) {
@@ -320,11 +299,13 @@ int stored_linear_fast(const float *x, long M, long K, int kind, long group, con
     const int q4 = kind == KIND_Q4;
     if ((kind != KIND_Q4 && kind != KIND_Q8) || group <= 0 || K % group || group % (q4 ? 8 : 4) || !fast_supported())
         return -1;
-    const int vnni = variant == 512, g32 = vnni && group == 32;
+    const int vnni = variant == 512, g32 = vnni && group == 32, tiles_amx = g32 && amx && M >= AMX_MIN_ROWS;
     const int rows_max = g32 ? G32_ROWS : vnni ? FAST_ROWS : FAST_AVX2_ROWS;
     const long ng = K / group;
     if (M <= 0 || N <= 0) return 0;
-    int8_t *xq = aligned_alloc(64, (size_t)((M * K + 63) / 64 * 64));
+    /* the AMX tile reads 16 rows from every chunk's first: rows past M are padding it ignores */
+    const long xq_rows = tiles_amx ? M + G32_ROWS - 1 : M;
+    int8_t *xq = aligned_alloc(64, (size_t)((xq_rows * K + 63) / 64 * 64));
     float *xd = malloc(sizeof(float) * (size_t)(M * ng) * 2);
     int32_t *xs = malloc(sizeof(int32_t) * (size_t)(M * ng));
     if (!xq || !xd || !xs) {
@@ -334,6 +315,7 @@ int stored_linear_fast(const float *x, long M, long K, int kind, long group, con
         return -2;
     }
     float *xc = xd + M * ng; /* d * (float)sum per row and block: the offset term's factor */
+    memset(xq + M * K, 0, (size_t)((xq_rows - M) * K));
 #pragma omp parallel for num_threads(nthreads) schedule(static) if (M > 1)
     for (long r = 0; r < M; r++) {
         quantize_row(x + r * K, K, group, q4, xq + r * K, xd + r * ng, xs + r * ng);
@@ -343,29 +325,36 @@ int stored_linear_fast(const float *x, long M, long K, int kind, long group, con
     const long panel_bytes = q4 ? K * PANEL / 2 : K * PANEL;
     const fast_tile_fn *tiles = vnni ? (q4 ? FT_Q4 : FT_Q8) : (q4 ? FAST_AVX2_Q4 : FAST_AVX2_Q8);
     const fast_g32_fn *gtiles = q4 ? G32_Q4 : G32_Q8;
-#pragma omp parallel for num_threads(nthreads) schedule(static)
-    for (long p = 0; p < npanels; p++) {
-        float out[G32_ROWS * PANEL] __attribute__((aligned(64)));
-        const char *pc = (const char *)codes + p * panel_bytes;
-        const long sbytes = p * ng * PANEL * (half ? 2 : 4);
-        const void *ps = (const char *)scales + sbytes;
-        const void *po = offsets ? (const char *)offsets + sbytes : 0;
-        const long col0 = p * PANEL;
-        const int ncols = (int)(N - col0 < PANEL ? N - col0 : PANEL);
-        for (long m0 = 0; m0 < M; m0 += rows_max) {
-            const int mr = (int)(M - m0 < rows_max ? M - m0 : rows_max);
-            if (g32)
-                gtiles[mr](xq + m0 * K, K, xd + m0 * ng, xs + m0 * ng, xc + m0 * ng, pc, ps, po, half, out);
-            else
-                tiles[mr](xq + m0 * K, K, xd + m0 * ng, xs + m0 * ng, group, pc, ps, po, half, out);
-            for (int r = 0; r < mr; r++) {
-                float *yr = y + (m0 + r) * ldy + col0;
-                for (int j = 0; j < ncols; j++) {
-                    const float val = bias ? out[r * PANEL + j] + bias[col0 + j] : out[r * PANEL + j];
-                    yr[j] = accumulate ? yr[j] + val : val;
+#pragma omp parallel num_threads(nthreads)
+    {
+        if (tiles_amx) fast_amx_begin(); /* tile state is per thread */
+#pragma omp for schedule(static)
+        for (long p = 0; p < npanels; p++) {
+            float out[G32_ROWS * PANEL] __attribute__((aligned(64)));
+            const char *pc = (const char *)codes + p * panel_bytes;
+            const long sbytes = p * ng * PANEL * (half ? 2 : 4);
+            const void *ps = (const char *)scales + sbytes;
+            const void *po = offsets ? (const char *)offsets + sbytes : 0;
+            const long col0 = p * PANEL;
+            const int ncols = (int)(N - col0 < PANEL ? N - col0 : PANEL);
+            for (long m0 = 0; m0 < M; m0 += rows_max) {
+                const int mr = (int)(M - m0 < rows_max ? M - m0 : rows_max);
+                if (tiles_amx && mr >= AMX_MIN_ROWS)
+                    fast_amx_tile(mr, q4, xq + m0 * K, K, xd + m0 * ng, xc + m0 * ng, pc, ps, po, half, out);
+                else if (g32)
+                    gtiles[mr](xq + m0 * K, K, xd + m0 * ng, xs + m0 * ng, xc + m0 * ng, pc, ps, po, half, out);
+                else
+                    tiles[mr](xq + m0 * K, K, xd + m0 * ng, xs + m0 * ng, group, pc, ps, po, half, out);
+                for (int r = 0; r < mr; r++) {
+                    float *yr = y + (m0 + r) * ldy + col0;
+                    for (int j = 0; j < ncols; j++) {
+                        const float val = bias ? out[r * PANEL + j] + bias[col0 + j] : out[r * PANEL + j];
+                        yr[j] = accumulate ? yr[j] + val : val;
+                    }
                 }
             }
         }
+        if (tiles_amx) fast_amx_end();
     }
     free(xq);
     free(xd);

@@ -23,7 +23,8 @@ if TYPE_CHECKING:
     from engine.kernels.weights import StoredPanels
 
 ENV_SWITCH = "SPECCHAT_LINEAR"  # "torch" turns the native kernel off
-VARIANT_SWITCH = "SPECCHAT_KERNEL_VARIANT"  # "avx2" keeps an AVX-512 CPU on the AVX2 tiles
+VARIANT_SWITCH = "SPECCHAT_KERNEL_VARIANT"  # "avx2": the AVX2 tiles everywhere; "avx512": no AMX
+VARIANTS = ("", "avx2", "avx512")
 
 
 _p, _i, _l, _f = ctypes.c_void_p, ctypes.c_int, ctypes.c_long, ctypes.c_float
@@ -68,16 +69,21 @@ class NativeKernel:
         self._lib.stored_linear_fast.restype = _i
         self._lib.fast_variant.argtypes = [_i]
         self._lib.fast_variant.restype = _i
-        self.fast_variant: str | None = None  # "avx512vnni" | "avx2"; None: no fast kernel on this CPU
+        # the fast precision's tiles: "amx" (AMX-INT8 for several rows, VNNI for one), "avx512vnni",
+        # "avx2"; None: no fast kernel on this CPU
+        self.fast_variant: str | None = None
 
-    def choose_variant(self, avx2_only: bool = False) -> None:
-        """Pick the tiles from the CPU flags (``avx2_only``: the AVX2 ones even on an AVX-512 CPU,
-        what ``SPECCHAT_KERNEL_VARIANT=avx2`` asks and how the tests check both on one machine)."""
+    def choose_variant(self, force: str = "") -> None:
+        """Pick the tiles from the CPU flags. ``force``: "avx2" keeps even an AVX-512 CPU on the
+        AVX2 tiles, "avx512" keeps an AMX CPU's fast products on the VNNI tiles; what
+        ``SPECCHAT_KERNEL_VARIANT`` asks, and how the tests check every variant on one machine."""
+        if force not in VARIANTS:
+            raise ValueError(f"{VARIANT_SWITCH}={force!r}: use one of {', '.join(v for v in VARIANTS if v)}")
         self._lib.stored_variant.argtypes = [_i]
         self._lib.stored_variant.restype = _i
-        force = 2 if avx2_only else 0
-        self.variant = "avx512" if self._lib.stored_variant(force) == 512 else "avx2"
-        self.fast_variant = {512: "avx512vnni", 2: "avx2"}.get(self._lib.fast_variant(force))
+        self.variant = "avx512" if self._lib.stored_variant(2 if force == "avx2" else 0) == 512 else "avx2"
+        code = self._lib.fast_variant({"avx2": 2, "avx512": 1}.get(force, 0))
+        self.fast_variant = {513: "amx", 512: "avx512vnni", 2: "avx2"}.get(code)
 
     def linear(
         self,
@@ -260,12 +266,18 @@ def load() -> NativeKernel | None:
         return None
     why_not = ""
     kernel = NativeKernel(lib, path)
-    forced = os.environ.get(VARIANT_SWITCH, "").lower()
-    kernel.choose_variant(forced == "avx2")
+    kernel.choose_variant(forced_variant())
     return kernel
 
 
 why_not = "not loaded yet"
+
+
+def forced_variant() -> str:
+    """The tiles ``SPECCHAT_KERNEL_VARIANT`` asks for: "avx2", "avx512", or "" (the CPU's own pick,
+    also for any other value)."""
+    forced = os.environ.get(VARIANT_SWITCH, "").lower()
+    return forced if forced in VARIANTS else ""
 
 
 def row_argmax(logits: torch.Tensor) -> list[int]:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import json
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -86,7 +87,7 @@ def prompt_list_and_digest(prompts: str | None, use_builtin: bool = True) -> tup
 
 def prepare_data(target: Target, settings: GenSettings, token_budget: int, prompts: str | None = None,
                  *, use_builtin_prompts: bool = True, aux_layer_ids: list[int] | None = None, rows: int = 48,
-                 precision: str = "auto", import_from: str | Path | None = None, hidden_only: bool = False,
+                 precision: str = "auto", import_from: Sequence[str | Path] = (), hidden_only: bool = False,
                  log=print) -> tuple[list, DataCache]:
     """Generate (resuming) until the cache holds ``token_budget`` answer tokens.
 
@@ -118,8 +119,8 @@ def prepare_data(target: Target, settings: GenSettings, token_budget: int, promp
     (folder / "settings.json").write_text(json.dumps({"model": target.name, "model_id": target.model_id,
                                                       **settings.__dict__}, indent=2))
     log(f"data cache: {folder}")
-    if import_from is not None:
-        log(f"imported {import_shards(Path(import_from), cache)} shards of ids from {import_from}")
+    for source in import_from:
+        log(f"imported {import_shards(Path(source), cache)} shards of ids from {source}")
     bar = tqdm(total=token_budget, desc="generating data (answer tokens)", unit="tok", dynamic_ncols=True)
     start = time.monotonic()
 
@@ -146,15 +147,35 @@ def prepare_data(target: Target, settings: GenSettings, token_budget: int, promp
 
 def import_shards(source: Path, cache: DataCache) -> int:
     """Copy the id shards (``batch-*.npz``) of ``source`` that ``cache`` lacks: data generated on
-    another machine (a GPU, an earlier session), whose features are then computed here."""
+    another machine (a GPU, an earlier session), whose features are then computed here.
+
+    A shard whose bytes the cache already holds is skipped, so importing a folder again adds
+    nothing; one whose name another shard holds (two folders both numbered from 0: the CPU's and
+    the GPU's data) takes the next free number. Each copy is renamed into place whole, since a
+    ``batch-*.npz`` marks a finished shard."""
+    import os
     import shutil
 
     if not source.is_dir():
         raise MissingFileError(f"--import-data {source}: no such folder")
+    held = {_file_digest(p) for p in cache.folder.glob("batch-*.npz")}
+    free = 0
     copied = 0
     for shard in sorted(source.glob("batch-*.npz")):
+        digest = _file_digest(shard)
+        if digest in held:
+            continue
         target = cache.folder / shard.name
-        if not target.exists():
-            shutil.copyfile(shard, target)
-            copied += 1
+        while target.exists():
+            target = cache.folder / f"batch-{free:06d}.npz"
+            free += 1
+        part = cache.folder / f".import-{target.name}.tmp"
+        shutil.copyfile(shard, part)
+        os.replace(part, target)
+        held.add(digest)
+        copied += 1
     return copied
+
+
+def _file_digest(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()

@@ -7,15 +7,19 @@
 #      cuBLAS's bf16 linears are batch-invariant and what an invariant Triton one costs (bi_probe.py).
 #   b: carry .device/gguf-4 .device/gguf-5 assets/eagle3-smollm2-135m .whl/site
 #      the embedded model's MT-bench rows (none/ngram/eagle3, bf16); where an EAGLE-3 step's time
-#      goes (profile_session.py); self-distilled data and the EAGLE-3 head trained from the shipped
-#      one (train.sh with shorter clocks).
+#      goes (profile_session.py).
+#   c: carry assets/train-data assets/eagle3-smollm2-135m .whl/site (the GGUF waits in the stash)
+#      the EAGLE-3 head trained from the shipped one on all the self-distilled data there is: the
+#      CPU's 5.0M answer tokens and the first GPU's 0.56M, imported as ids, their features computed
+#      on the GPU as training reads them (train.sh with IMPORT; HOURS of training, then export).
+#      Before session 26, b generated data and trained on it (DATA_S, HOURS, EPOCHS still do: b2).
 #
 # At most 8 files come back from $OUT, so the small ones are bundled into results-<part>.tgz.
 # The working tree travels too (64 MiB a call with what is carried): scripts/device/slim.sh keeps
 # the big tracked files behind while these calls run (README.md).
 # Dry run here: PY=.venv/bin/python DEVICE=cpu SHAPE=smollm2-135m TOKENS=16 LIMIT=1 \
 #   DATA_S=60 STEPS=2 GEN_BATCH=8 BATCH=2048 bash scripts/device/lease15.sh a   (then b)
-part=${1:?usage: lease15.sh a|b}
+part=${1:?usage: lease15.sh a|b|b2|c}
 case $part in
   a)
     DTYPES=bfloat16 PYTEST_S=${PYTEST_S:-150} bash scripts/device/plan1.sh
@@ -24,9 +28,14 @@ case $part in
   b)
     DTYPES=bfloat16 SETS=mt_bench LIMIT=${LIMIT:-12} CURVE=0 bash scripts/device/plan3.sh
     (source scripts/device/env.sh > /dev/null && timeout 120 "$PY" scripts/device/profile_session.py \
-      --device "$DEVICE" --tokens "${TOKENS:-64}" 2>&1 | tee "$OUT/profile-eagle3.txt")
+      --device "$DEVICE" --tokens "${TOKENS:-64}" 2>&1 | tee "$OUT/profile-eagle3.txt") ;;
+  b2)
     DATA_S=${DATA_S:-240} HOURS=${HOURS:-0.05} EPOCHS=${EPOCHS:-10} bash scripts/device/train.sh ;;
-  *) echo "lease15.sh: part must be a or b" >&2; exit 2 ;;
+  c)
+    IMPORT=${IMPORT:-"assets/train-data/smollm2-135m assets/train-data/smollm2-135m-gpu"} \
+      HOURS=${HOURS:-0.12} EPOCHS=${EPOCHS:-6} LR=${LR:-6e-4} EVAL_EVERY=${EVAL_EVERY:-200} \
+      bash scripts/device/train.sh ;;
+  *) echo "lease15.sh: part must be a, b, b2 or c" >&2; exit 2 ;;
 esac
 OUT=${OUT:-.device/out}
 cd "$OUT" && small=$(find . -maxdepth 1 -type f -size -4M ! -name 'head.safetensors.part-*' ! -name '*.tgz' -printf '%P\n') \

@@ -310,6 +310,12 @@ class Session:
         """Whether this session measures its verify-cost curve (``SPECCHAT_CALIBRATE=0``: not)."""
         return self._calibrate
 
+    @property
+    def measured_cost_shape(self) -> dict[int, float] | None:
+        """The verify-cost curve this session measured, or None before a budget first needed it
+        (reading it measures nothing)."""
+        return self._cost_shape
+
     def cost_shape(self) -> dict[int, float] | None:
         """The relative verify cost by tree size (measured on first use, about a second on the
         embedded model), or None for a session that learns costs from its steps alone."""

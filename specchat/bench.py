@@ -308,6 +308,9 @@ def _report(args: argparse.Namespace, plan: Plan, sessions: dict[str, Any], rows
         "config": {k: v for k, v in plan.config.to_dict().items() if k != "method"},
         "results": [row.result(baselines.get(row.weights, reference), plan.modes[0]) for row in rows],
     }
+    shapes = {w: s.measured_cost_shape for w, s in sessions.items() if getattr(s, "measured_cost_shape", None)}
+    if shapes:  # the verify-cost curve each session's budget planned with (measured at its first drafted step)
+        report["cost_shapes"] = {w: {str(n): round(v, 3) for n, v in sh.items()} for w, sh in shapes.items()}
     cuda_graphs = graph_report(sessions, graphs)
     if cuda_graphs:
         report["cuda_graphs"] = cuda_graphs

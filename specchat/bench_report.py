@@ -82,6 +82,7 @@ class StepSplit:
     paused: int = 0
     widths: int = 0  # drafted steps whose top-k the budget chose
     chains: int = 0  # of those, the ones it drafted as a chain (top-k 1)
+    tree_tokens: int = 0  # tokens verified, the root included: what the budget let through
     depths: Any = None  # engine.stats.RunningTally: attempts and accepts per depth
 
     def add(self, step: Any) -> None:
@@ -94,6 +95,7 @@ class StepSplit:
         self.paused += int(step.draft_paused)
         self.widths += int(step.draft_width > 0)
         self.chains += int(step.draft_width == 1)
+        self.tree_tokens += len(step.tree)
         if self.depths is None:
             self.depths = RunningTally()
         self.depths.add_step(step.tree, step.accepted, 0, 0, step.timing)
@@ -111,6 +113,7 @@ class StepSplit:
             "verify_ms_per_step": round(self.verify_ms / n, 3) if n else None,
             "mean_draft_levels": round(self.levels / n, 3) if n else None,
             "paused_share": round(self.paused / n, 3) if n else None,
+            "mean_tree_tokens": round(self.tree_tokens / n, 3) if n else None,
             "chain_share": round(self.chains / self.widths, 3) if self.widths else None,
             "accept_by_depth": self.accept_by_depth(),
         }

@@ -62,6 +62,10 @@ def test_bench_runs_every_draft_method_against_the_baseline(tiny, tmp_path: Path
         assert rows[kind]["mean_draft_levels"] > 0 and rows["ngram"]["mean_draft_levels"] == 0
         # default top-k 4: the budget measured trees and chains (n-gram has no width to choose)
         assert 0 <= rows[kind]["chain_share"] <= 1 and rows["ngram"]["chain_share"] is None
+        # verified tokens a step: the root alone for the baseline, more where drafts went through
+        assert rows["none"]["mean_tree_tokens"] == 1 and rows[kind]["mean_tree_tokens"] >= 1
+        shapes = json.loads(out.read_text())["cost_shapes"]  # what the budget planned with
+        assert len(shapes) == 1 and next(iter(shapes.values()))["1"] == 1
 
 
 def _one_line_error(capsys, argv: list[str], *needles: str) -> None:

@@ -85,26 +85,24 @@ static inline __attribute__((always_inline)) AMX void unpack(const int q4, const
 }
 
 /* Group products into C tile `slot` (0 or 1): B from an unpacked buffer, A from 16 rows of
- * activations K bytes apart. */
+ * activations K bytes apart. Tile numbers must be constants, hence the macro. */
+#define TILE_PRODUCTS(C, A, B)                                                                                      \
+    do {                                                                                                            \
+        _tile_loadd(B, b, 64);                                                                                      \
+        _tile_loadd(A, xa, K);                                                                                      \
+        _tile_zero(C);                                                                                              \
+        if (q4)                                                                                                     \
+            _tile_dpbsud(C, A, B);                                                                                  \
+        else                                                                                                        \
+            _tile_dpbssd(C, A, B);                                                                                  \
+    } while (0)
+
 static inline __attribute__((always_inline)) AMX void products(const int q4, const int slot, const int8_t *xa, long K,
                                                                 const uint8_t *b) {
-    if (slot) {
-        _tile_loadd(5, b, 64);
-        _tile_loadd(3, xa, K);
-        _tile_zero(1);
-        if (q4)
-            _tile_dpbsud(1, 3, 5);
-        else
-            _tile_dpbssd(1, 3, 5);
-    } else {
-        _tile_loadd(4, b, 64);
-        _tile_loadd(2, xa, K);
-        _tile_zero(0);
-        if (q4)
-            _tile_dpbsud(0, 2, 4);
-        else
-            _tile_dpbssd(0, 2, 4);
-    }
+    if (slot)
+        TILE_PRODUCTS(1, 3, 5);
+    else
+        TILE_PRODUCTS(0, 2, 4);
 }
 
 /*

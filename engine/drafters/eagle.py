@@ -88,9 +88,10 @@ class EagleDrafter:
                 slots[i] = start + j
             # each node sees the committed entries, then its ancestors and itself (never a sibling)
             keys = Keys.build([n] * len(frontier), [[slots[a] for a in cands.ancestors(i)] for i in frontier])
-            tokens = torch.tensor([cands.tokens[i] for i in frontier], device=head.device)
+            # host data goes over without a wait for the device's queue (see EagleHead.run)
+            tokens = torch.tensor([cands.tokens[i] for i in frontier]).to(head.device, non_blocking=True)
             stream = torch.stack([state.get(cands.parent[i], g_last) for i in frontier])
-            positions = torch.tensor([n - 1 + cands.depth[i] for i in frontier], device=head.device)
+            positions = torch.tensor([n - 1 + cands.depth[i] for i in frontier])  # host: see EagleHead.run
             g, logp = head.run(tokens, stream, positions, self.cache, start, keys, logits=len(frontier))
             for row, i in enumerate(frontier):
                 state[i] = g[row]
@@ -114,8 +115,8 @@ class EagleDrafter:
         features = torch.cat(self._pending) if len(self._pending) != 1 else self._pending[0]
         if features.shape[0] != n - first:
             raise RuntimeError(f"EAGLE drafter out of step: {features.shape[0]} features for {n - first} positions")
-        tokens = torch.tensor(self._entry_tokens(first, root), device=head.device)
-        positions = torch.arange(first, n, device=head.device)
+        tokens = torch.tensor(self._entry_tokens(first, root)).to(head.device, non_blocking=True)
+        positions = torch.arange(first, n)
         g, logp = head.run(tokens, features, positions, cache, first, Keys.causal(first, n - first), logits=1)
         cache.commit(n - first)
         self._pending = []

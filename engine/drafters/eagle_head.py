@@ -132,7 +132,13 @@ class EagleHead:
             keys: Keys, logits: int = 0) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Entries ``tokens`` at slots start.. of ``cache``, each attending to the slots ``keys``
         lists; returns their outputs g [T, H] and the log-probabilities of the last ``logits``
-        of them (None for 0). One native call where there is one, the per-op forward otherwise."""
+        of them (None for 0). One native call where there is one, the per-op forward otherwise.
+        ``positions`` may stay on the host (the drafters build them there): the rotary table's
+        size is read from them without waiting on a GPU. Why it matters: on a GPU a level's kernels
+        are tiny, and every host read of a device value or blocking copy to the device drains the
+        queue first (``torch.tensor(data, device=...)`` and ``.to(device)`` copy and then wait), so
+        the host data of a level goes over with ``non_blocking`` copies and the level's one wait is
+        the tree search reading its candidates (tests/gpu/test_fake_cuda.py counts them)."""
         T = tokens.shape[0]
         if cache.capacity < start + T:
             cache.grow(start + T + 256)
@@ -187,7 +193,7 @@ class EagleHead:
         qkv = self.qkv(a)
         k_end = (nh + nkv) * hd
         self.rotary.ensure(int(positions.max()) + 1)
-        rot = self.rotary.lookup(positions)
+        rot = self.rotary.lookup(positions.to(self.device, non_blocking=True))
         qk = apply_rotary_interleaved(qkv[:, :k_end].view(T, nh + nkv, hd), rot)
         if cache.capacity < start + T:
             cache.grow(start + T + 256)
@@ -199,7 +205,7 @@ class EagleHead:
         bias = torch.zeros(T, start + T, dtype=self.dtype).masked_fill_(~key_mask.cpu(), float("-inf"))
         out = F.scaled_dot_product_attention(
             qk[:, :nh].transpose(0, 1).unsqueeze(0), cache.k[:, :, : start + T], cache.v[:, :, : start + T],
-            attn_mask=bias.to(self.device), scale=self.scale, enable_gqa=nkv != nh,
+            attn_mask=bias.to(self.device, non_blocking=True), scale=self.scale, enable_gqa=nkv != nh,
         )[0].transpose(0, 1).reshape(T, nh * hd)
         x = h + self.o(out)
         gate, up = self.gate_up(self._rms(x, self.ln_post)).chunk(2, dim=-1)

@@ -118,18 +118,19 @@ def grow_tree(root: int, root_logp: torch.Tensor, expand: Expand, to_target: ToT
     sampled = sampling is not None and k == 1
     proposals: dict[int, torch.Tensor] = {}  # candidate index (-1 = root) -> q its child came from
     lp, ix = _pick(root_logp[None], k, sampling if sampled else None, [-1], proposals, coupled, 1)
-    lp_list = lp[0].tolist()
-    frontier = cands.add(to_target(ix[0]).tolist(), lp_list, lp_list, [-1] * k, 1)
+    ids, lp_list = _to_host(to_target(ix[0]), lp[0])
+    frontier = cands.add(ids, lp_list, lp_list, [-1] * k, 1)
     for level in range(2, num_steps + 1):
         if stop is not None and stop(cands, frontier):
             break
         logp = expand(frontier, cands)  # [f, vocab]
         lp, ix = _pick(logp, k, sampling if sampled else None, frontier, proposals, coupled, level)  # [f, k]
         # on lp's device: a GPU drafter's log-probs cannot be added to a host tensor
-        parent_scores = torch.tensor([cands.score[i] for i in frontier], dtype=lp.dtype, device=lp.device)
+        parent_scores = torch.tensor([cands.score[i] for i in frontier], dtype=lp.dtype).to(lp.device,
+                                                                                            non_blocking=True)
         cum = parent_scores[:, None] + lp
-        new = cands.add(to_target(ix.flatten()).tolist(), lp.flatten().tolist(), cum.flatten().tolist(),
-                        [p for p in frontier for _ in range(k)], level)
+        ids, lp_list, cum_list = _to_host(to_target(ix.flatten()), lp.flatten(), cum.flatten())
+        new = cands.add(ids, lp_list, cum_list, [p for p in frontier for _ in range(k)], level)
         frontier = _best(new, cands.score, k)
     chosen = sorted(_best(list(range(len(cands.tokens))), cands.score, budget))
     row = {c: r for r, c in enumerate(chosen, start=1)}
@@ -162,6 +163,14 @@ def _pick(logp: torch.Tensor, k: int, sampling: Sampling | None, owners: list[in
     for owner, row in zip(owners, q, strict=True):
         proposals[owner] = sampling.to_target_dist(row)
     return logp.gather(-1, ix), ix
+
+
+def _to_host(ids: torch.Tensor, *values: torch.Tensor) -> tuple[list, ...]:
+    """Token ids and float rows as Python lists in one device-to-host copy: on a GPU each
+    ``.tolist()`` waits for the queue to drain, and a level needed three. float64 holds every id
+    and every float32/bf16 value exactly, so the lists equal the separate ``.tolist()`` ones."""
+    rows = torch.stack([ids.to(torch.float64), *(v.to(torch.float64) for v in values)]).tolist()
+    return ([int(i) for i in rows[0]], *rows[1:])
 
 
 def _best(indices: list[int], score: list[float], n: int) -> list[int]:

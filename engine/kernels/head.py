@@ -58,13 +58,16 @@ class Keys:
                    torch.zeros(T, 1, dtype=torch.int32), torch.zeros(T, dtype=torch.int32))
 
     def mask(self, keys: int) -> torch.Tensor:
-        """The same visibility as a [T, keys] bool mask (the torch path's form)."""
+        """The same visibility as a [T, keys] bool mask (the torch path's form), in a few tensor ops
+        whatever T is (a loop over rows cost four ops and a scalar read per row of every level)."""
         T = self.first.shape[0]
         slot = torch.arange(keys)[None, :]
         m = (slot >= self.first[:, None]) & (slot <= self.last[:, None])
-        for t in range(T):
-            m[t, self.extra[t, :int(self.count[t])].long()] = True
-        return m
+        listed = torch.arange(self.extra.shape[1])[None, :] < self.count[:, None]
+        # unused list entries point at a spare column, dropped after the scatter
+        cols = torch.where(listed, self.extra.long(), keys)
+        extra = torch.zeros(T, keys + 1, dtype=torch.bool).scatter_(1, cols, True)
+        return m | extra[:, :keys]
 
 
 class NativeHead(FastSwitch):

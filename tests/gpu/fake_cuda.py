@@ -84,6 +84,9 @@ class _State:
     launches: dict[str, int] = field(default_factory=dict)  # kernel launches per name (tests)
     captures: int = 0
     replays: int = 0
+    # host syncs and blocking host<->device copies (each waits for the GPU's queue to drain); an
+    # asynchronous copy to the device (non_blocking) does not wait and is not counted
+    syncs: int = 0
 
 
 STATE = _State()
@@ -146,7 +149,8 @@ def _is_host(x: Any) -> bool:
     return isinstance(x, torch.Tensor) and not _is_fake(x) and x.device.type == "cpu"
 
 
-def _sync(what: str) -> None:
+def _sync(what: str, waits: bool = True) -> None:
+    STATE.syncs += waits
     if STATE.capturing:
         raise HostSyncError(f"{what} inside a CUDA-graph capture: the host cannot wait for (or copy to or from) "
                             "the device while a graph is captured")
@@ -325,7 +329,7 @@ class FakeCudaMode(TorchFunctionMode):
             elem = t.elem if _is_fake(t) else t
             out = elem.to(dtype) if dtype is not None else elem
             return t if out is elem else (FakeCudaTensor(out) if to_cuda else out)
-        _sync("a copy " + ("to the device" if to_cuda else "to the host"))
+        _sync("a copy " + ("to the device" if to_cuda else "to the host"), waits=not (to_cuda and non_blocking))
         if to_cuda:
             return FakeCudaTensor(t.to(_CPU, dtype, copy=True))
         return t.elem.to(_CPU, dtype, copy=True)

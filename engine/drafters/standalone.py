@@ -98,7 +98,8 @@ class StandaloneDrafter:
         if cache.capacity < need:
             cache.grow(need + 256)
         first = cache.length
-        new = torch.tensor([*self._tokens[first:], root], device=model.device)
+        # host data goes over without waiting for the device's queue (EagleHead.run says why)
+        new = torch.tensor([*self._tokens[first:], root]).to(model.device, non_blocking=True)
         out = model.forward(new, cache, logits="last")
         cache.commit(n - first)  # the root's entry (slot n) stays scratch: the target has not kept it yet
         root_logp = self._log_probs(out.logits[-1])
@@ -113,8 +114,8 @@ class StandaloneDrafter:
             for row, i in enumerate(frontier):
                 for a in cands.ancestors(i)[:-1]:
                     seen[row, slots[a]] = True
-            tokens = torch.tensor([cands.tokens[i] for i in frontier], device=model.device)
-            positions = torch.tensor([n + cands.depth[i] for i in frontier], device=model.device)
+            tokens = torch.tensor([cands.tokens[i] for i in frontier]).to(model.device, non_blocking=True)
+            positions = torch.tensor([n + cands.depth[i] for i in frontier]).to(model.device, non_blocking=True)
             cache.length = start  # write this level after the scratch entries of earlier levels
             try:
                 res = model.forward(tokens, cache, positions=positions, prefix_mask=seen,

@@ -168,7 +168,10 @@ def _pick(logp: torch.Tensor, k: int, sampling: Sampling | None, owners: list[in
 def _to_host(ids: torch.Tensor, *values: torch.Tensor) -> tuple[list, ...]:
     """Token ids and float rows as Python lists in one device-to-host copy: on a GPU each
     ``.tolist()`` waits for the queue to drain, and a level needed three. float64 holds every id
-    and every float32/bf16 value exactly, so the lists equal the separate ``.tolist()`` ones."""
+    and every float32/bf16 value exactly, so the lists equal the separate ``.tolist()`` ones.
+    On the host there is no copy to save, and the stacking cost 12 us a level against 1."""
+    if ids.device.type == "cpu":
+        return (ids.tolist(), *(v.tolist() for v in values))
     rows = torch.stack([ids.to(torch.float64), *(v.to(torch.float64) for v in values)]).tolist()
     return ([int(i) for i in rows[0]], *rows[1:])
 

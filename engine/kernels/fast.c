@@ -48,10 +48,6 @@ static int has_vnni(void) {
 static int variant = -1; /* 512: the VNNI tiles, 2: the AVX2 tiles (fast_avx2.c), 0: none; -1: not chosen */
 static int amx = 0;      /* 1: calls of AMX_MIN_ROWS rows or more take the AMX tile (fast_amx.c) */
 
-/* Fewer rows than this stay on the VNNI tile even where AMX runs (set from measurements: see
- * fast_amx.c and docs/BENCHMARKS.md). */
-#define AMX_MIN_ROWS 12
-
 int fast_amx_available(void); /* fast_amx.c */
 void fast_amx_begin(void);
 void fast_amx_end(void);

@@ -13,6 +13,9 @@
 #define PF_PANELS 2 /* how many panels ahead a tile prefetches codes and scales (fast.c says why) */
 #define VNNI_TARGETS "avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi,avx2,fma"
 #define VNNI __attribute__((target(VNNI_TARGETS)))
+/* Calls (and row chunks) of fewer rows stay on the VNNI tile even where AMX runs (measured: the
+ * tile's fixed cost a group outweighs the products it saves below this; docs/BENCHMARKS.md). */
+#define AMX_MIN_ROWS 12
 
 /* The byte shuffle that turns four k of a q8 panel (16 bytes per k) into four k per column lane:
  * byte 4j + i of the result = byte 16i + j of the source. */

@@ -171,16 +171,13 @@ typedef void (*amx_fn)(const int8_t *, long, const float *, const float *, const
                                const void *s, const void *o, int hs, float *out) {                                \
         tile_amx(n, 0, xq, K, xd, xc, c, s, o, hs, out);                                                           \
     }
-ATILE(1) ATILE(2) ATILE(3) ATILE(4) ATILE(5) ATILE(6) ATILE(7) ATILE(8) ATILE(9) ATILE(10) ATILE(11) ATILE(12)
-ATILE(13) ATILE(14) ATILE(15) ATILE(16)
-static const amx_fn AMX_Q4[AMX_ROWS + 1] = {0, amx_q4_1, amx_q4_2, amx_q4_3, amx_q4_4, amx_q4_5, amx_q4_6,
-                                            amx_q4_7, amx_q4_8, amx_q4_9, amx_q4_10, amx_q4_11, amx_q4_12,
-                                            amx_q4_13, amx_q4_14, amx_q4_15, amx_q4_16};
-static const amx_fn AMX_Q8[AMX_ROWS + 1] = {0, amx_q8_1, amx_q8_2, amx_q8_3, amx_q8_4, amx_q8_5, amx_q8_6,
-                                            amx_q8_7, amx_q8_8, amx_q8_9, amx_q8_10, amx_q8_11, amx_q8_12,
-                                            amx_q8_13, amx_q8_14, amx_q8_15, amx_q8_16};
+/* Only the row counts that reach this tile (AMX_MIN_ROWS..16, fast.h) are compiled. */
+_Static_assert(AMX_MIN_ROWS == 12, "instantiate tile_amx for every row count from AMX_MIN_ROWS to 16");
+ATILE(12) ATILE(13) ATILE(14) ATILE(15) ATILE(16)
+static const amx_fn AMX_Q4[AMX_ROWS + 1] = {[12] = amx_q4_12, amx_q4_13, amx_q4_14, amx_q4_15, amx_q4_16};
+static const amx_fn AMX_Q8[AMX_ROWS + 1] = {[12] = amx_q8_12, amx_q8_13, amx_q8_14, amx_q8_15, amx_q8_16};
 
-/* mr rows (1..16) of a group-32 panel on the AMX tile (fast_amx_begin first, on this thread). */
+/* mr rows (AMX_MIN_ROWS..16) of a group-32 panel on the AMX tile (fast_amx_begin first, this thread). */
 void fast_amx_tile(int mr, int q4, const int8_t *xq, long K, const float *xd, const float *xc, const void *codes,
                    const void *sc, const void *of, int hs, float *out) {
     (q4 ? AMX_Q4 : AMX_Q8)[mr](xq, K, xd, xc, codes, sc, of, hs, out);

@@ -79,6 +79,8 @@ class CostModel:
     shape: dict[int, float] | None = None
     # with a shape: fading sums for ms = scale * shape(n) + extra * (n - 1), over every step timed
     sums: list[float] = field(default_factory=lambda: [0.0] * 5)  # aa, ab, bb, ay, by
+    # fit()'s answer until the next step: a drafted step asks for a dozen estimates
+    _fitted: tuple[float, float] | None = field(default=None, init=False, repr=False, compare=False)
 
     def observe(self, n: int, ms: float) -> None:
         old = self.ms.get(n)
@@ -86,8 +88,14 @@ class CostModel:
         if self.shape:
             a, b = self.relative(n), float(n - 1)
             self.sums = _fade_in(self.sums, (a * a, a * b, b * b, a * ms, b * ms))
+            self._fitted = None
 
     def fit(self) -> tuple[float, float] | None:
+        if self._fitted is None:
+            self._fitted = self._fit()
+        return self._fitted
+
+    def _fit(self) -> tuple[float, float] | None:
         """(ms of a one-token step, ms each extra node costs beyond the calibrated curve), or None
         before any step. The extra term is what a live verify adds per node that the calibration's
         bare forward does not (capturing features, an argmax per row, bookkeeping: ~5% of a step a

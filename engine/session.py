@@ -84,6 +84,9 @@ class _Answer:
     method: str | None = None  # the method whose drafter and budget are in use
     drafter: Drafter = field(default_factory=NoDrafter)
     budget: DraftBudget = field(default_factory=DraftBudget)
+    # the last (settings, levels, top-k) the budget asked of the drafter, and that request: a validated
+    # copy of the settings costs as much as a tenth of a drafted level, and mostly repeats
+    asked: tuple[SpecConfig, int, int, SpecConfig] | None = None
 
 
 class Session:
@@ -510,7 +513,11 @@ class Session:
             answer.width = budget.draft_width(config.eagle_topk)
             answer.levels = budget.draft_depth(config.num_steps)
             if (answer.levels, answer.width) != (config.num_steps, config.eagle_topk):
-                ask = config.replace(num_steps=answer.levels, eagle_topk=answer.width)
+                last = answer.asked
+                if last is None or last[0] is not config or last[1:3] != (answer.levels, answer.width):
+                    last = answer.asked = (config, answer.levels, answer.width,
+                                           config.replace(num_steps=answer.levels, eagle_topk=answer.width))
+                ask = last[3]
         tree = drafter.propose(self._cached, answer.root, ask, noise=self._noise(config),
                                stop=budget.stop_rule() if gated else None)
         answer.proposed = len(tree)

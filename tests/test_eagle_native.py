@@ -16,6 +16,7 @@ from tiny import hf_model
 
 from engine.drafters.eagle_checkpoint import read_head
 from engine.drafters.eagle_head import EagleHead
+from engine.drafters.tree_search import Level, Picks, grow_tree
 from engine.kernels import native
 from engine.kernels.head import Keys
 from engine.kernels.stored import StoredLinear
@@ -67,7 +68,9 @@ def _per_op(head: EagleHead, tokens, stream, positions, cache, start: int, keys:
     head.down.add_into(x, ops.silu_mul(head.gate_up(ops.rms_norm(x, head.ln_post, eps))))
     y = x[T - logits:].contiguous()
     out = head.lm_head(ops.rms_norm(y, head.norm, eps)) if s.kind == "eagle3" else head.target.lm_head(y)
-    return x, torch.log_softmax(out, -1)
+    out = out.contiguous()
+    ops.log_softmax_topk_(out)
+    return x, out
 
 
 def _set_fast(head: EagleHead, on: bool) -> None:
@@ -100,12 +103,14 @@ def test_native_head_equals_the_per_op_forward(target, kind: str, fast: bool) ->
         for run in ("native", "per-op"):
             cache = head.new_cache(32)
             if run == "native":
-                g0, lp0 = head.run(tokens, stream, torch.arange(n), cache, 0, Keys.causal(0, n), logits=1)
+                g0, lv0 = head.run(tokens, stream, torch.arange(n), cache, 0, Keys.causal(0, n), logits=1)
                 cache.length = n
                 head.run(torch.tensor([1, 2]), torch.randn(2, H, generator=torch.Generator().manual_seed(5)),
                          torch.tensor([n, n]), cache, n, Keys.build([n, n], [[n], [n + 1]]))
-                g1, lp1 = head.run(level_tokens, level_stream, torch.tensor([n + 1, n + 1, n]), cache, n + 2,
+                g1, lv1 = head.run(level_tokens, level_stream, torch.tensor([n + 1, n + 1, n]), cache, n + 2,
                                    level_keys, logits=3)
+                assert lv0 is not None and lv1 is not None
+                lp0, lp1 = lv0.logp, lv1.logp
             else:
                 g0, lp0 = _per_op(head, tokens, stream, torch.arange(n), cache, 0, Keys.causal(0, n), 1)
                 cache.length = n
@@ -126,14 +131,15 @@ def test_native_head_is_close_to_the_torch_path(target) -> None:
     gen = torch.Generator().manual_seed(1)
     tokens = torch.randint(0, 97, (6,), generator=gen)
     stream = torch.randn(6, 3 * head.spec.hidden_size, generator=gen)
-    g, lp = head.run(tokens, stream, torch.arange(6), head.new_cache(16), 0, Keys.causal(0, 6), logits=6)
+    g, lv = head.run(tokens, stream, torch.arange(6), head.new_cache(16), 0, Keys.causal(0, 6), logits=6)
     native, head.native = head.native, None
     try:
-        g_ref, lp_ref = head.run(tokens, stream, torch.arange(6), head.new_cache(16), 0, Keys.causal(0, 6), logits=6)
+        g_ref, lv_ref = head.run(tokens, stream, torch.arange(6), head.new_cache(16), 0, Keys.causal(0, 6), logits=6)
     finally:
         head.native = native
+    assert lv is not None and lv_ref is not None
     torch.testing.assert_close(g, g_ref, rtol=1e-3, atol=1e-3)
-    torch.testing.assert_close(lp, lp_ref, rtol=1e-3, atol=1e-3)
+    torch.testing.assert_close(lv.logp, lv_ref.logp, rtol=1e-3, atol=1e-3)
 
 
 def test_keys_mask_matches_the_key_lists() -> None:
@@ -142,3 +148,67 @@ def test_keys_mask_matches_the_key_lists() -> None:
     assert mask.tolist() == [[True, True, False, False, False, True, False],
                              [True, True, True, False, True, False, True]]
     assert Keys.causal(2, 3).mask(5).tolist() == [[True, True, True, False, False], [True] * 4 + [False], [True] * 5]
+
+
+@pytest.mark.parametrize("kind", ["eagle3", "eagle"])
+def test_native_picks_are_the_top_k_of_the_log_probabilities(target, kind: str) -> None:
+    """The kernel's picks for the greedy search: each row's k best, as target ids, ties to the lower index."""
+    head = _head(target, kind)
+    gen = torch.Generator().manual_seed(3)
+    H = head.spec.hidden_size
+    tokens = torch.randint(0, 97, (5,), generator=gen)
+    stream = torch.randn(5, 3 * H if kind == "eagle3" else H, generator=gen)
+    _, level = head.run(tokens, stream, torch.arange(5), head.new_cache(16), 0, Keys.causal(0, 5), logits=3, picks=4)
+    assert level is not None and level.picks is not None
+    values, index = level.logp.topk(4, dim=-1)
+    assert level.picks.logp == values.tolist()
+    assert level.picks.ids == head.to_target(index).tolist()
+
+
+def test_log_softmax_topk_matches_torch() -> None:
+    ops = native.load()
+    gen = torch.Generator().manual_seed(0)
+    for V in (1, 7, 8, 61, 8192):
+        x = torch.randn(3, V, generator=gen) * 4
+        x[1, V // 2] = x[1].max()  # a tie with the maximum: the lower index first
+        ref = torch.log_softmax(x, -1)
+        ids, vals = ops.log_softmax_topk_(x, min(5, V))
+        torch.testing.assert_close(x, ref, rtol=1e-6, atol=1e-5)
+        assert torch.equal(vals, x.gather(1, ids))
+        for row in range(3):
+            want = sorted(range(V), key=lambda i, r=row: (-x[r, i].item(), i))[:min(5, V)]
+            assert ids[row].tolist() == want
+
+
+@pytest.mark.parametrize("topk", [1, 3])
+def test_greedy_search_on_the_kernels_picks_builds_the_same_tree(topk: int) -> None:
+    """The picks only save the host's top-k: trees, scores and probabilities are the tensor path's."""
+    ops = native.load()
+    gen = torch.Generator().manual_seed(7)
+    vocab = torch.randperm(50, generator=gen)[:40]  # head index -> target id
+    table = torch.randn(60, 40, generator=gen) * 3  # a row of logits per candidate index (+1)
+
+    def level(rows: list[int], picked: bool) -> Level:
+        logp = table[rows].contiguous()
+        top = ops.log_softmax_topk_(logp, topk)
+        assert top is not None
+        ids, vals = top
+        return Level(logp, Picks(vocab[ids].tolist(), vals.tolist()) if picked else None)
+
+    trees = []
+    for picked in (True, False):
+        tree, cands, _ = grow_tree(5, level([0], picked), lambda f, c, p=picked: level([i + 1 for i in f], p),
+                                   lambda ix: vocab[ix], num_steps=4, topk=topk, num_draft_tokens=8)
+        trees.append((tree, cands.score, cands.logp))
+    assert trees[0] == trees[1]
+
+
+def test_native_head_embeds_like_the_target_and_refuses_unknown_positions(target) -> None:
+    model, _ = target
+    tokens = torch.tensor([3, 1, 4])
+    assert torch.equal(model.embed_rows(tokens), model.embed_tokens(tokens).float())
+    head = _head(target, "eagle3")
+    stream = torch.randn(1, 3 * head.spec.hidden_size)
+    head.rotary.ensure(1)
+    with pytest.raises(ValueError, match="rotary table"):
+        head.run(torch.tensor([5]), stream, torch.tensor([10**6]), head.new_cache(8), 0, Keys.causal(0, 1), logits=1)

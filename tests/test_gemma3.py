@@ -233,3 +233,10 @@ def test_a_safetensors_folder_loads_as_gemma3(tmp_path, weights: str) -> None:
         ref = hf(ids[None]).logits[0]
     torch.testing.assert_close(loaded.model.forward(ids, loaded.model.new_cache(32)).logits, ref,
                                atol=1e-4, rtol=1e-4)
+
+
+def test_embed_rows_keep_gemmas_scale() -> None:
+    """The one-call lookup the native EAGLE head reads must be the scaled embedding, not the base class's."""
+    model = cached_model()
+    tokens = torch.tensor([3, 1, 4])
+    assert torch.equal(model.embed_rows(tokens), model.embed_tokens(tokens).float())

@@ -22,7 +22,7 @@ import torch
 
 from engine.config import SpecConfig
 from engine.drafters.eagle_head import EagleHead
-from engine.drafters.tree_search import Candidates, DraftRandom, StopRule, check_topk, coupled_scores, grow_tree
+from engine.drafters.tree_search import Candidates, DraftRandom, Level, StopRule, check_topk, coupled_scores, grow_tree
 from engine.kernels.head import Keys
 from engine.prefix import common_prefix
 from engine.sampling import GumbelNoise
@@ -76,13 +76,16 @@ class EagleDrafter:
                 noise: GumbelNoise | None = None, stop: StopRule | None = None) -> DraftTree:
         head = self.head
         n = len(self._tokens)
-        g_last, root_logp = self._extend(root)
         steps, topk = config.num_steps, config.eagle_topk
         budget = min(config.num_draft_tokens, steps + 1) if topk == 1 else config.num_draft_tokens
+        sampling = self._random.sampling(config, head.to_target_dist)
+        coupled = coupled_scores(config, noise, n, head.vocab_ids)
+        picks = topk if sampling is None and coupled is None else 0  # plain top-k: the kernel picks
+        g_last, root_logp = self._extend(root, picks)
         state: dict[int, torch.Tensor] = {}
         slots: dict[int, int] = {}
 
-        def expand(frontier: list[int], cands: Candidates) -> torch.Tensor:
+        def expand(frontier: list[int], cands: Candidates) -> Level:
             start = n + len(slots)
             for j, i in enumerate(frontier):
                 slots[i] = start + j
@@ -92,21 +95,21 @@ class EagleDrafter:
             tokens = torch.tensor([cands.tokens[i] for i in frontier]).to(head.device, non_blocking=True)
             stream = torch.stack([state.get(cands.parent[i], g_last) for i in frontier])
             positions = torch.tensor([n - 1 + cands.depth[i] for i in frontier])  # host: see EagleHead.run
-            g, logp = head.run(tokens, stream, positions, self.cache, start, keys, logits=len(frontier))
+            g, level = head.run(tokens, stream, positions, self.cache, start, keys, logits=len(frontier), picks=picks)
             for row, i in enumerate(frontier):
                 state[i] = g[row]
-            return logp
+            assert level is not None
+            return level
 
         tree, _, _ = grow_tree(root, root_logp, expand, head.to_target, num_steps=steps, topk=topk,
                                num_draft_tokens=budget,
-                               sampling=self._random.sampling(config, head.to_target_dist),
-                               coupled=coupled_scores(config, noise, n, head.vocab_ids), stop=stop)
+                               sampling=sampling, coupled=coupled, stop=stop)
         return tree
 
     # -- internals --------------------------------------------------------------------------------
-    def _extend(self, root: int) -> tuple[torch.Tensor, torch.Tensor]:
+    def _extend(self, root: int, picks: int = 0) -> tuple[torch.Tensor, Level]:
         """Add head entries for every committed position that lacks one; return the last entry's
-        output and its log-probabilities (the root's children)."""
+        output and its log-probabilities (the root's children, ``picks`` of them picked)."""
         head, cache = self.head, self.cache
         n = len(self._tokens)
         first = cache.length
@@ -117,10 +120,12 @@ class EagleDrafter:
             raise RuntimeError(f"EAGLE drafter out of step: {features.shape[0]} features for {n - first} positions")
         tokens = torch.tensor(self._entry_tokens(first, root)).to(head.device, non_blocking=True)
         positions = torch.arange(first, n)
-        g, logp = head.run(tokens, features, positions, cache, first, Keys.causal(first, n - first), logits=1)
+        g, level = head.run(tokens, features, positions, cache, first, Keys.causal(first, n - first), logits=1,
+                            picks=picks)
         cache.commit(n - first)
         self._pending = []
-        return g[-1], logp[0]
+        assert level is not None
+        return g[-1], level
 
     def _entry_tokens(self, first: int, root: int) -> list[int]:
         """Tokens of the entries from position ``first``: entry p pairs the token at p+1 with the

@@ -25,6 +25,7 @@ import torch
 import torch.nn.functional as F
 
 from engine.drafters.eagle_checkpoint import HeadSpec
+from engine.drafters.tree_search import Level, Picks
 from engine.kernels.head import Keys, NativeHead
 from engine.kernels.linear import Linear
 from engine.kernels.stored import StoredLinear
@@ -129,10 +130,12 @@ class EagleHead:
 
     @torch.inference_mode()
     def run(self, tokens: torch.Tensor, stream: torch.Tensor, positions: torch.Tensor, cache: KVCache, start: int,
-            keys: Keys, logits: int = 0) -> tuple[torch.Tensor, torch.Tensor | None]:
+            keys: Keys, logits: int = 0, picks: int = 0) -> tuple[torch.Tensor, Level | None]:
         """Entries ``tokens`` at slots start.. of ``cache``, each attending to the slots ``keys``
         lists; returns their outputs g [T, H] and the log-probabilities of the last ``logits``
-        of them (None for 0). One native call where there is one, the per-op forward otherwise.
+        of them (None for 0), with each row's ``picks`` best children as target ids where the native
+        kernel runs (the greedy search reads those; tree_search.py says why). One native call where
+        there is one, the per-op forward otherwise.
         ``positions`` may stay on the host (the drafters build them there): the rotary table's
         size is read from them without waiting on a GPU. Why it matters: on a GPU a level's kernels
         are tiny, and every host read of a device value or blocking copy to the device drains the
@@ -144,14 +147,19 @@ class EagleHead:
             cache.grow(start + T + 256)
         if self.native is None:
             g = self.forward(tokens, stream, positions, cache, start, keys.mask(start + T))
-            return g, (self.log_probs(g[T - logits:]) if logits else None)
-        self.rotary.ensure(int(positions.max()) + 1)
-        rot = self.rotary.lookup(positions).contiguous()
-        emb = self.target.embed_tokens(tokens).float().contiguous()
+            return g, (Level(self.log_probs(g[T - logits:])) if logits else None)
+        # positions never pass their entry's slot (a node sits after its ancestors), so the table
+        # is sized without reading them; the kernel checks each against it
+        self.rotary.ensure(start + T)
+        embed_rows = getattr(self.target, "embed_rows", None)
+        emb = embed_rows(tokens) if embed_rows is not None else self.target.embed_tokens(tokens).float().contiguous()
         slots = torch.arange(start, start + T)
-        g, out = self.native.forward(emb, stream.float().contiguous(), rot, cache.k[0], cache.v[0], slots, keys,
-                                     logits)
-        return g, (torch.log_softmax(out, dim=-1) if out is not None else None)
+        if positions.dtype != torch.int64:
+            positions = positions.long()
+        g, logp, top = self.native.forward(emb, stream if stream.dtype == torch.float32 and stream.is_contiguous()
+                                           else stream.float().contiguous(), self.rotary.table, positions,
+                                           cache.k[0], cache.v[0], slots, keys, logits, picks, self.vocab_ids)
+        return g, (None if logp is None else Level(logp, None if top is None else Picks(*top)))
 
     @property
     def vocab_size(self) -> int:

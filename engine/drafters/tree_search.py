@@ -22,6 +22,11 @@ travels with the tree (``DraftTree.proposals``) so verification can accept with 
 far more acceptances than treating an argmax draft as a point mass when the drafter is good.
 Wider trees stay deterministic top-k, verified as point masses (both lossless).
 
+A drafter that computes its log-probabilities in our native kernel also hands over each row's best
+children there (:class:`Level`'s ``picks``), and the greedy search takes them as plain lists: on the
+CPU each torch operation between two levels costs ~10-25 us with the caches cold after the target's
+forward, several times the level's arithmetic of picking.
+
 Selection is closed under parents by construction: a child's cumulative score never exceeds its
 parent's (log-probabilities are <= 0 and float addition is monotonic), and ties go to the lower
 candidate index, which a parent always has.
@@ -31,6 +36,7 @@ from __future__ import annotations
 
 import math
 import random
+import struct
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -71,8 +77,26 @@ class Candidates:
         return out[::-1]
 
 
+@dataclass(frozen=True)
+class Picks:
+    """Each row's best children, best first (ties to the lower index), as target ids and their
+    log-probabilities: what a greedy level keeps, read without a torch operation."""
+
+    ids: list[list[int]]
+    logp: list[list[float]]
+
+
+@dataclass(frozen=True)
+class Level:
+    """A level's log-probabilities [rows, vocab], and where the drafter picked them already, the best
+    children of each row (at least the top-k the search asked the drafter for)."""
+
+    logp: torch.Tensor
+    picks: Picks | None = None
+
+
 # expand(frontier candidate indices) -> [len(frontier), vocab] log-probs of their children
-Expand = Callable[[list[int], Candidates], torch.Tensor]
+Expand = Callable[[list[int], Candidates], "torch.Tensor | Level"]
 # head vocabulary indices -> target token ids
 ToTarget = Callable[[torch.Tensor], torch.Tensor]
 # (candidates, frontier) -> True when another level is not worth a drafter forward (the adaptive
@@ -100,7 +124,7 @@ class Sampling:
     generator: torch.Generator | None = None
 
 
-def grow_tree(root: int, root_logp: torch.Tensor, expand: Expand, to_target: ToTarget, *,
+def grow_tree(root: int, root_logp: torch.Tensor | Level, expand: Expand, to_target: ToTarget, *,
               num_steps: int, topk: int, num_draft_tokens: int, sampling: Sampling | None = None,
               coupled: Coupled | None = None, stop: StopRule | None = None
               ) -> tuple[DraftTree, Candidates, list[int]]:
@@ -109,27 +133,40 @@ def grow_tree(root: int, root_logp: torch.Tensor, expand: Expand, to_target: ToT
 
     ``stop`` is asked before each further level whether the frontier is still worth a forward
     (EAGLE-2's observation: a drafter's own path probability predicts acceptance, so a branch
-    whose probability is already low is not grown); without it all ``num_steps`` levels grow."""
-    k = min(topk, root_logp.shape[-1])
+    whose probability is already low is not grown); without it all ``num_steps`` levels grow.
+    ``root_logp``: the root's children, [vocab] or a one-row :class:`Level`."""
+    first = root_logp if isinstance(root_logp, Level) else Level(root_logp[None])
+    k = min(topk, first.logp.shape[-1])
     budget = num_draft_tokens - 1
     cands = Candidates()
     if budget <= 0:
         return DraftTree.root_only(root), cands, []
     sampled = sampling is not None and k == 1
     proposals: dict[int, torch.Tensor] = {}  # candidate index (-1 = root) -> q its child came from
-    lp, ix = _pick(root_logp[None], k, sampling if sampled else None, [-1], proposals, coupled, 1)
-    ids, lp_list = _to_host(to_target(ix[0]), lp[0])
+    greedy = not sampled and coupled is None
+    picked = _picked(first, k) if greedy else None
+    if picked is None:
+        lp, ix = _pick(first.logp, k, sampling if sampled else None, [-1], proposals, coupled, 1)
+        picked = _to_host(to_target(ix[0]), lp[0])
+    ids, lp_list = picked
     frontier = cands.add(ids, lp_list, lp_list, [-1] * k, 1)
     for level in range(2, num_steps + 1):
         if stop is not None and stop(cands, frontier):
             break
-        logp = expand(frontier, cands)  # [f, vocab]
-        lp, ix = _pick(logp, k, sampling if sampled else None, frontier, proposals, coupled, level)  # [f, k]
-        # on lp's device: a GPU drafter's log-probs cannot be added to a host tensor
-        parent_scores = torch.tensor([cands.score[i] for i in frontier], dtype=lp.dtype).to(lp.device,
-                                                                                            non_blocking=True)
-        cum = parent_scores[:, None] + lp
-        ids, lp_list, cum_list = _to_host(to_target(ix.flatten()), lp.flatten(), cum.flatten())
+        out = expand(frontier, cands)
+        grown = out if isinstance(out, Level) else Level(out)  # [f, vocab]
+        picked = _picked(grown, k) if greedy else None
+        if picked is not None:  # the drafter's own picks; each sum rounded as float32, as below
+            ids, lp_list = picked
+            cum_list = [_f32(cands.score[p] + v) for p, v in zip((p for p in frontier for _ in range(k)), lp_list,
+                                                                 strict=True)]
+        else:
+            lp, ix = _pick(grown.logp, k, sampling if sampled else None, frontier, proposals, coupled, level)  # [f, k]
+            # on lp's device: a GPU drafter's log-probs cannot be added to a host tensor
+            parent_scores = torch.tensor([cands.score[i] for i in frontier], dtype=lp.dtype).to(lp.device,
+                                                                                                non_blocking=True)
+            cum = parent_scores[:, None] + lp
+            ids, lp_list, cum_list = _to_host(to_target(ix.flatten()), lp.flatten(), cum.flatten())
         new = cands.add(ids, lp_list, cum_list, [p for p in frontier for _ in range(k)], level)
         frontier = _best(new, cands.score, k)
     chosen = sorted(_best(list(range(len(cands.tokens))), cands.score, budget))
@@ -163,6 +200,19 @@ def _pick(logp: torch.Tensor, k: int, sampling: Sampling | None, owners: list[in
     for owner, row in zip(owners, q, strict=True):
         proposals[owner] = sampling.to_target_dist(row)
     return logp.gather(-1, ix), ix
+
+
+def _picked(level: Level, k: int) -> tuple[list[int], list[float]] | None:
+    """The first k picks of every row, flattened, when the drafter made at least k (else None)."""
+    picks = level.picks
+    if picks is None or any(len(row) < k for row in picks.ids):
+        return None
+    return [i for row in picks.ids for i in row[:k]], [v for row in picks.logp for v in row[:k]]
+
+
+def _f32(x: float) -> float:
+    """``x`` rounded to float32: what the tensor path's float32 sum of two float32 scores gives."""
+    return struct.unpack("f", struct.pack("f", x))[0]
 
 
 def _to_host(ids: torch.Tensor, *values: torch.Tensor) -> tuple[list, ...]:

@@ -14,7 +14,8 @@
  *   EAGLE-1/2: h = a = fc([e | stream])
  *   then qkv(a), rotation, K/V to the head cache at slots[t], attention over each entry's listed
  *   keys, x = h + o(att), g = x + down(silu(gate) * up)(rms(x, ln_post)); logits = lm_head(rms(g,
- *   norm)) (EAGLE-3) or lm_head(g) when asked for (the caller takes their log-softmax).
+ *   norm)) (EAGLE-3) or lm_head(g) when asked for, as log-probabilities, with each row's best topk
+ *   (log_softmax_topk in ops.c says why they are picked here).
  */
 #include <stdlib.h>
 #include <string.h>
@@ -25,6 +26,7 @@ void keyed_attention(const float *q, long q_stride, const void *k, const void *v
                      int nkv, int hd, const long *first, const long *last, const int *extra, long max_extra,
                      const int *nextra, long window, const long *positions, float scale, float *out, int nthreads,
                      int kv16);
+void log_softmax_topk(float *x, long R, long V, long k, const long *vocab, long *ids, float *vals);
 
 typedef struct {
     const float *ln_in, *ln_hidden, *ln_post, *norm; /* NULL where the head has none (EAGLE-1/2) */
@@ -34,21 +36,29 @@ typedef struct {
 
 /*
  * emb: [T, H] token embeddings; stream: [T, F]; kc, vc: the head's one-layer cache
- * [kv_heads, cap, head_dim]; slots: where each entry's K/V go; rot: [T][head_dim] (cos, sin);
+ * [kv_heads, cap, head_dim]; slots: where each entry's K/V go; table: the rotary factors of positions
+ * 0..table_len-1, [table_len][head_dim] (cos, sin pairs); positions: [T] each entry's;
  * first / last / extra / nextra: the keys each entry sees (keyed_attention; no window). g_out: [T, H];
- * logits_out: [nlogits, vocab] for the last nlogits entries (0: none). Returns 0, or -1 when out of memory.
+ * logp_out: [nlogits, vocab] log-probabilities for the last nlogits entries (0: none); with topk > 0,
+ * each of those rows' topk best as target ids (through vocab[], or head indices where it is NULL) in
+ * top_ids and their log-probabilities in top_vals, [nlogits, topk]. Returns 0, -1 when out of memory, -2
+ * for a position outside the table (nothing written).
  */
 int eagle_head_forward(const head_t *hd_, const dims_t *d, const float *emb, const float *stream, long F, long T,
-                       float *kc, float *vc, long cap, const long *slots, const float *rot, const long *first,
+                       float *kc, float *vc, long cap, const long *slots, const float *table, long table_len,
+                       const long *positions, const long *first,
                        const long *last, const int *extra, long max_extra, const int *nextra, float *g_out, long nlogits,
-                       float *logits_out) {
+                       float *logp_out, long topk, const long *vocab, long *top_ids, float *top_vals) {
     const long H = d->hidden, nh = d->heads, nkv = d->kv_heads, hd = d->head_dim, I = d->inter;
     const int nt = (int)d->nthreads, fast = (int)d->fast;
     const long qkv_w = (nh + 2 * nkv) * hd;
-    float *buf = malloc(sizeof(float) * (size_t)(T * (2 * H + qkv_w + nh * hd + 3 * I + H)));
+    for (long t = 0; t < T; t++)
+        if (positions[t] < 0 || positions[t] >= table_len) return -2;
+    float *buf = malloc(sizeof(float) * (size_t)(T * (2 * H + qkv_w + nh * hd + 3 * I + H + hd)));
     if (!buf) return -1;
     float *a = buf, *qkv = a + T * 2 * H, *att = qkv + T * qkv_w, *gu = att + T * nh * hd, *act = gu + T * 2 * I;
-    float *h = act + T * I;
+    float *h = act + T * I, *rot = h + T * H;
+    for (long t = 0; t < T; t++) memcpy(rot + t * hd, table + positions[t] * hd, sizeof(float) * (size_t)hd);
     if (hd_->eagle3) {
         if (F != H)
             linear(&hd_->fc, stream, T, h, 0, nt, fast);
@@ -91,7 +101,8 @@ int eagle_head_forward(const head_t *hd_, const dims_t *d, const float *emb, con
             rms_norm(y, nlogits, H, hd_->norm, d->eps, a);
             y = a;
         }
-        linear(&hd_->lm_head, y, nlogits, logits_out, 0, nt, fast);
+        linear(&hd_->lm_head, y, nlogits, logp_out, 0, nt, fast);
+        log_softmax_topk(logp_out, nlogits, hd_->lm_head.n, topk, vocab, top_ids, top_vals);
     }
     free(buf);
     return 0;

@@ -37,7 +37,9 @@ _SIGNATURES = {
     "decoder_layers": [_p, _l, _p, _p, _l, _p, _p, _l, _l, _l, _p, _p, _p, _p, _l, _p],
     "decoder_rows": [_p, _l, _p, _p, _l, _p, _p, _l, _l, _p, _p, _p, _p, _p, _l, _p],
     "keyed_attention": [_p, _l, _p, _p, _l, _l, _i, _i, _i, _p, _p, _p, _l, _p, _l, _p, _f, _p, _i, _i],
-    "eagle_head_forward": [_p, _p, _p, _p, _l, _l, _p, _p, _l, _p, _p, _p, _p, _p, _l, _p, _p, _l, _p],
+    "eagle_head_forward": [_p, _p, _p, _p, _l, _l, _p, _p, _l, _p, _p, _l, _p, _p, _p, _p, _l, _p, _p, _l, _p, _l,
+                           _p, _p, _p],
+    "log_softmax_topk": [_p, _l, _l, _l, _p, _p, _p],
     "argmax_rows": [_p, _l, _l, _p],
     "dequantize_rows": [_i, _l, _p, _p, _p, _l, _l, _p, _l, _p],
 }
@@ -173,6 +175,15 @@ class NativeKernel:
         out = torch.empty(rows, dtype=torch.int64)
         self._lib.argmax_rows(x.data_ptr(), rows, n, out.data_ptr())
         return out.tolist()
+
+    def log_softmax_topk_(self, x: torch.Tensor, k: int = 0) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """x: [rows, n] contiguous fp32, made its log-softmax in place; with k > 0 also each row's k
+        largest values' indices and values ([rows, k], best first, ties to the lower index)."""
+        rows, n = x.shape
+        ids = torch.empty(rows, max(k, 0), dtype=torch.int64)
+        vals = torch.empty(rows, max(k, 0), dtype=torch.float32)
+        self._lib.log_softmax_topk(x.data_ptr(), rows, n, k, None, ids.data_ptr(), vals.data_ptr())
+        return (ids, vals) if k > 0 else None
 
     def dequantize_rows(self, kind_id: int, group: int, codes: torch.Tensor, scales: torch.Tensor,
                         offsets: torch.Tensor | None, ids: torch.Tensor) -> torch.Tensor:

@@ -91,6 +91,15 @@ class StoredEmbedding:
     def shape(self) -> tuple[int, int]:
         return self.rows.shape
 
+    def flat(self, ids: torch.Tensor) -> torch.Tensor | None:
+        """Rows for 1-D int64 CPU ``ids`` as fp32 [len(ids), K] in one kernel call, or None where the
+        kernel does not take these rows (then call the embedding): an EAGLE level's lookup, where
+        every torch operation around the call costs more than the call."""
+        if self._kernel is None:
+            return None
+        return self._kernel.dequantize_rows(KIND_IDS[self.rows.kind], self.rows.group, self.rows.codes, self._scales,
+                                            self._offsets, ids)
+
     def __call__(self, tokens: torch.Tensor) -> torch.Tensor:
         flat = tokens.reshape(-1).to("cpu", torch.int64)
         if self._kernel is not None:

@@ -81,6 +81,8 @@ class CostModel:
     sums: list[float] = field(default_factory=lambda: [0.0] * 5)  # aa, ab, bb, ay, by
     # fit()'s answer until the next step: a drafted step asks for a dozen estimates
     _fitted: tuple[float, float] | None = field(default=None, init=False, repr=False, compare=False)
+    # (shape, its sizes sorted): the shape is set once, and relative() runs a dozen times a step
+    _sizes: tuple[dict[int, float], list[int]] | None = field(default=None, init=False, repr=False, compare=False)
 
     def observe(self, n: int, ms: float) -> None:
         old = self.ms.get(n)
@@ -133,7 +135,9 @@ class CostModel:
         """The measured shape at n: linear between measured sizes, and beyond the largest along
         the line through the last two (the curve is close to linear there: arithmetic-bound)."""
         assert self.shape
-        sizes = sorted(self.shape)
+        if self._sizes is None or self._sizes[0] is not self.shape:
+            self._sizes = (self.shape, sorted(self.shape))
+        sizes = self._sizes[1]
         if n in self.shape or len(sizes) == 1 or n < sizes[0]:
             return self.shape.get(n, self.shape[sizes[0]] if n < sizes[0] else self.shape[sizes[-1]])
         i = min(bisect.bisect(sizes, n), len(sizes) - 1)  # sizes[i - 1] < n < sizes[i], or beyond the last

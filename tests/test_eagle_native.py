@@ -212,3 +212,23 @@ def test_native_head_embeds_like_the_target_and_refuses_unknown_positions(target
     head.rotary.ensure(1)
     with pytest.raises(ValueError, match="rotary table"):
         head.run(torch.tensor([5]), stream, torch.tensor([10**6]), head.new_cache(8), 0, Keys.causal(0, 1), logits=1)
+
+
+def test_a_catch_up_without_keys_is_the_causal_one(target) -> None:
+    """``positions``/``keys`` None (built in the kernel) mean each entry at its slot, seeing slots up to its own."""
+    head = _head(target, "eagle3")
+    gen = torch.Generator().manual_seed(2)
+    tokens = torch.randint(0, 97, (4,), generator=gen)
+    stream = torch.randn(4, 3 * head.spec.hidden_size, generator=gen)
+    outs = []
+    for explicit in (True, False):
+        cache = head.new_cache(16)
+        head.run(tokens[:2], stream[:2], None, cache, 0, None)  # two committed entries first
+        cache.length = 2
+        if explicit:
+            outs.append(head.run(tokens[2:], stream[2:], torch.arange(2, 4), cache, 2, Keys.causal(2, 2), logits=2))
+        else:
+            outs.append(head.run(tokens[2:], stream[2:], None, cache, 2, None, logits=2))
+    (g0, l0), (g1, l1) = outs
+    assert l0 is not None and l1 is not None
+    assert torch.equal(g0, g1) and torch.equal(l0.logp, l1.logp)

@@ -118,10 +118,11 @@ class EagleDrafter:
         features = torch.cat(self._pending) if len(self._pending) != 1 else self._pending[0]
         if features.shape[0] != n - first:
             raise RuntimeError(f"EAGLE drafter out of step: {features.shape[0]} features for {n - first} positions")
-        tokens = torch.tensor(self._entry_tokens(first, root)).to(head.device, non_blocking=True)
-        positions = torch.arange(first, n)
-        g, level = head.run(tokens, features, positions, cache, first, Keys.causal(first, n - first), logits=1,
-                            picks=picks)
+        tokens = torch.tensor(self._entry_tokens(first, root))
+        if tokens.device != head.device:
+            tokens = tokens.to(head.device, non_blocking=True)
+        # entry p at slot p and position p, seeing every entry up to its own
+        g, level = head.run(tokens, features, None, cache, first, None, logits=1, picks=picks)
         cache.commit(n - first)
         self._pending = []
         assert level is not None

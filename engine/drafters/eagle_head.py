@@ -129,13 +129,15 @@ class EagleHead:
                                eagle3=self.spec.kind == "eagle3")
 
     @torch.inference_mode()
-    def run(self, tokens: torch.Tensor, stream: torch.Tensor, positions: torch.Tensor, cache: KVCache, start: int,
-            keys: Keys, logits: int = 0, picks: int = 0) -> tuple[torch.Tensor, Level | None]:
+    def run(self, tokens: torch.Tensor, stream: torch.Tensor, positions: torch.Tensor | None, cache: KVCache,
+            start: int, keys: Keys | None, logits: int = 0, picks: int = 0) -> tuple[torch.Tensor, Level | None]:
         """Entries ``tokens`` at slots start.. of ``cache``, each attending to the slots ``keys``
         lists; returns their outputs g [T, H] and the log-probabilities of the last ``logits``
         of them (None for 0), with each row's ``picks`` best children as target ids where the native
         kernel runs (the greedy search reads those; tree_search.py says why). One native call where
-        there is one, the per-op forward otherwise.
+        there is one, the per-op forward otherwise. ``positions`` None: each entry's slot; ``keys``
+        None: each entry sees every slot up to its own (both: a catch-up of committed positions,
+        which then needs no host tensors beyond the tokens).
         ``positions`` may stay on the host (the drafters build them there): the rotary table's
         size is read from them without waiting on a GPU. Why it matters: on a GPU a level's kernels
         are tiny, and every host read of a device value or blocking copy to the device drains the
@@ -146,6 +148,8 @@ class EagleHead:
         if cache.capacity < start + T:
             cache.grow(start + T + 256)
         if self.native is None:
+            positions = torch.arange(start, start + T) if positions is None else positions
+            keys = Keys.causal(start, T) if keys is None else keys
             g = self.forward(tokens, stream, positions, cache, start, keys.mask(start + T))
             return g, (Level(self.log_probs(g[T - logits:])) if logits else None)
         # positions never pass their entry's slot (a node sits after its ancestors), so the table
@@ -154,7 +158,9 @@ class EagleHead:
         embed_rows = getattr(self.target, "embed_rows", None)
         emb = embed_rows(tokens) if embed_rows is not None else self.target.embed_tokens(tokens).float().contiguous()
         slots = torch.arange(start, start + T)
-        if positions.dtype != torch.int64:
+        if positions is None:
+            positions = slots
+        elif positions.dtype != torch.int64:
             positions = positions.long()
         g, logp, top = self.native.forward(emb, stream if stream.dtype == torch.float32 and stream.is_contiguous()
                                            else stream.float().contiguous(), self.rotary.table, positions,

@@ -38,7 +38,8 @@ typedef struct {
  * emb: [T, H] token embeddings; stream: [T, F]; kc, vc: the head's one-layer cache
  * [kv_heads, cap, head_dim]; slots: where each entry's K/V go; table: the rotary factors of positions
  * 0..table_len-1, [table_len][head_dim] (cos, sin pairs); positions: [T] each entry's;
- * first / last / extra / nextra: the keys each entry sees (keyed_attention; no window). g_out: [T, H];
+ * first / last / extra / nextra: the keys each entry sees (keyed_attention; no window), or first NULL for
+ * a catch-up: entry t sees slots 0..slots[t]. g_out: [T, H];
  * logp_out: [nlogits, vocab] log-probabilities for the last nlogits entries (0: none); with topk > 0,
  * each of those rows' topk best as target ids (through vocab[], or head indices where it is NULL) in
  * top_ids and their log-probabilities in top_vals, [nlogits, topk]. Returns 0, -1 when out of memory, -2
@@ -59,6 +60,16 @@ int eagle_head_forward(const head_t *hd_, const dims_t *d, const float *emb, con
     float *a = buf, *qkv = a + T * 2 * H, *att = qkv + T * qkv_w, *gu = att + T * nh * hd, *act = gu + T * 2 * I;
     float *h = act + T * I, *rot = h + T * H;
     for (long t = 0; t < T; t++) memcpy(rot + t * hd, table + positions[t] * hd, sizeof(float) * (size_t)hd);
+    long *causal = NULL;
+    if (!first) { /* keys 0..slots[t]: built here, not as four host tensors a step */
+        causal = calloc((size_t)(2 * T), sizeof(long));
+        if (!causal) {
+            free(buf);
+            return -1;
+        }
+        memcpy(causal + T, slots, sizeof(long) * (size_t)T);
+        first = causal, last = causal + T, extra = NULL, max_extra = 0, nextra = NULL;
+    }
     if (hd_->eagle3) {
         if (F != H)
             linear(&hd_->fc, stream, T, h, 0, nt, fast);
@@ -105,5 +116,6 @@ int eagle_head_forward(const head_t *hd_, const dims_t *d, const float *emb, con
         log_softmax_topk(logp_out, nlogits, hd_->lm_head.n, topk, vocab, top_ids, top_vals);
     }
     free(buf);
+    free(causal);
     return 0;
 }

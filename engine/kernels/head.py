@@ -101,12 +101,13 @@ class NativeHead(FastSwitch):
         return cls(kernel, struct, _Dims.of(shape, intermediate), keep, lm_head.out_features)
 
     def forward(self, emb: torch.Tensor, stream: torch.Tensor, table: torch.Tensor, positions: torch.Tensor,
-                k: torch.Tensor, v: torch.Tensor, slots: torch.Tensor, keys: Keys, logits: int, picks: int = 0,
+                k: torch.Tensor, v: torch.Tensor, slots: torch.Tensor, keys: Keys | None, logits: int, picks: int = 0,
                 vocab: torch.Tensor | None = None
                 ) -> tuple[torch.Tensor, torch.Tensor | None, tuple[list[list[int]], list[list[float]]] | None]:
         """emb [T, H], stream [T, F] fp32 contiguous; table: the rotary factors by position [L, hd/2]
         complex64, contiguous; positions [T] int64 (each < L, or ValueError); k, v: the head cache's
-        one layer [nkv, cap, hd]; slots [T] int64. Returns (g [T, H], the log-probabilities of the last
+        one layer [nkv, cap, hd]; slots [T] int64; ``keys`` None: entry t sees slots 0..slots[t] (a
+        catch-up of committed entries, built in the kernel). Returns (g [T, H], the log-probabilities of the last
         ``logits`` entries [logits, vocab] or None for 0, and with ``picks`` > 0 each of those rows'
         ``picks`` best as (ids, log-probabilities) lists, the ids mapped through ``vocab`` (int64 [vocab]:
         target ids) where given)."""
@@ -118,9 +119,10 @@ class NativeHead(FastSwitch):
         self._dims.nthreads = torch.get_num_threads()
         rc = self._fn(ctypes.addressof(self._head), ctypes.addressof(self._dims), emb.data_ptr(), stream.data_ptr(),
                       stream.shape[1], T, k.data_ptr(), v.data_ptr(), k.shape[1], slots.data_ptr(),
-                      table.data_ptr(), table.shape[0], positions.data_ptr(), keys.first.data_ptr(),
-                      keys.last.data_ptr(), keys.extra.data_ptr(), keys.extra.shape[1],
-                      keys.count.data_ptr(), g.data_ptr(), logits, ptr(out), picks if n else 0, ptr(vocab),
+                      table.data_ptr(), table.shape[0], positions.data_ptr(),
+                      *((None, None, None, 0, None) if keys is None else
+                        (keys.first.data_ptr(), keys.last.data_ptr(), keys.extra.data_ptr(), keys.extra.shape[1],
+                         keys.count.data_ptr())), g.data_ptr(), logits, ptr(out), picks if n else 0, ptr(vocab),
                       top_ids, top_vals)
         if rc == -2:
             raise ValueError(f"a draft position outside the rotary table of {table.shape[0]} positions")

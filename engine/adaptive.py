@@ -38,15 +38,12 @@ import statistics
 from collections import deque
 from dataclasses import dataclass, field
 
+from engine.acceptance import AcceptanceModel, ConfidenceModel, contested_children
 from engine.drafters.tree_search import Candidates, StopRule
 from engine.tree import DraftTree
 
-_PRIOR = 0.5  # optimistic acceptance before any evidence
-_RECOVER = 0.02  # per step, how far an untested estimate drifts back to the prior
-_LEARN = 0.1  # weight of a new observation in the acceptance average
 _COST_LEARN = 0.2  # weight of a new timing in the per-size cost average
 _LEVEL_FADE = 0.95  # weight of a drafted step's timing against the next one's in the level-cost fit
-_MAX_DEPTH = 64
 _GATE_WINDOW = 32  # drafted steps the gate judges together (a ratio of sums)
 _GATE_PROBE = 8  # drafted steps after a (re)start before the gate judges
 # standard errors a window's rate must be below plain decoding's to pause (0 paused a paying EAGLE-3
@@ -181,100 +178,6 @@ class LevelCost:
     def per_level(self) -> float | None:
         fit = self.line()
         return None if fit is None else fit[1]
-
-
-@dataclass
-class AcceptanceModel:
-    """P(node accepted | parent accepted), by depth, first-child-or-not and the last step's run."""
-
-    rate: dict[tuple[int, bool, bool], float] = field(default_factory=dict)
-    hot: bool = False  # the previous step accepted two drafts or more
-
-    def get(self, depth: int, first: bool) -> float:
-        """Unseen depths borrow the nearest shallower estimate: deep nodes only get tested if
-        they are kept, so a fixed pessimistic prior for them would never be corrected."""
-        depth = min(depth, _MAX_DEPTH)
-        for d in range(depth, 0, -1):
-            rate = self.rate.get((d, first, self.hot))
-            if rate is not None:
-                return rate
-        return _PRIOR
-
-    def observe(self, tree: DraftTree, accepted: tuple[int, ...]) -> None:
-        """Record, for every node whose parent was on the accepted path, whether it was kept."""
-        self._record(tree, accepted)
-        if len(tree) > 1:
-            self.hot = len(accepted) >= 2
-
-    def _record(self, tree: DraftTree, accepted: tuple[int, ...]) -> None:
-        on_path = {0, *accepted}
-        seen: set[tuple[int, bool, bool]] = set()
-        first_child: dict[int, int] = {}
-        for i in range(1, len(tree)):
-            parent = tree.parents[i]
-            first_child.setdefault(parent, i)
-            if parent not in on_path:
-                continue
-            key = (min(tree.depths[i], _MAX_DEPTH), first_child[parent] == i, self.hot)
-            old = self.rate.get(key, _PRIOR)
-            self.rate[key] = old + _LEARN * ((i in on_path) - old)
-            seen.add(key)
-        for key, value in self.rate.items():
-            if key not in seen and value < _PRIOR:  # only pessimism fades: confidence waits for evidence
-                self.rate[key] = value + _RECOVER * (_PRIOR - value)
-
-
-_CONFIDENCE_EDGES = (0.05, 0.15, 0.3, 0.5, 0.7, 0.85, 0.95)  # buckets of a draft's own probability
-
-
-@dataclass
-class ConfidenceModel:
-    """P(node accepted | parent accepted) as a function of the drafter's own probability for it.
-
-    EAGLE-2's observation: a draft head's confidence predicts acceptance well, and it is known
-    per node before verifying, where the depth model only knows averages. Each bucket starts at
-    its midpoint (trusting the drafter) and learns from what verification keeps, so an over- or
-    under-confident head is corrected within an answer.
-    """
-
-    rate: dict[int, float] = field(default_factory=dict)
-
-    @staticmethod
-    def bucket(p: float) -> int:
-        return sum(p >= edge for edge in _CONFIDENCE_EDGES)
-
-    def get(self, p: float) -> float:
-        b = self.bucket(p)
-        return self.rate.get(b, self.prior(b))
-
-    @staticmethod
-    def prior(b: int) -> float:
-        """A bucket's midpoint: the head taken at its word."""
-        lo = _CONFIDENCE_EDGES[b - 1] if b else 0.0
-        hi = _CONFIDENCE_EDGES[b] if b < len(_CONFIDENCE_EDGES) else 1.0
-        return (lo + hi) / 2
-
-    def observe(self, tree: DraftTree, accepted: tuple[int, ...]) -> None:
-        """Learn from the nodes whose parent was kept; buckets left untested drift back up to their
-        prior, since pruning by this model stops testing the drafts it has come to distrust."""
-        on_path = {0, *accepted}
-        seen: set[int] = set()
-        for i in range(1, len(tree)):
-            if tree.parents[i] in on_path:
-                b = self.bucket(tree.draft_probs[i])
-                old = self.get(tree.draft_probs[i])
-                self.rate[b] = old + _LEARN * ((i in on_path) - old)
-                seen.add(b)
-        for b, value in self.rate.items():
-            if b not in seen and value < self.prior(b):
-                self.rate[b] = value + _RECOVER * (self.prior(b) - value)
-
-    def path(self, cands: Candidates, i: int) -> float:
-        """Estimated probability that candidate ``i`` and all its ancestors are accepted."""
-        prob = 1.0
-        for a in cands.ancestors(i):
-            prob *= self.get(math.exp(cands.logp[a]))
-        return prob
 
 
 @dataclass
@@ -454,7 +357,8 @@ class DraftBudget:
         # level whose nodes pruning drops is not worth drafting (the depth choice reads this one;
         # `acceptance` alone counts only verified nodes and called such levels as good as any)
         self.drafted = AcceptanceModel()
-        self._proposed: tuple[DraftTree, list[int] | None] | None = None
+        # what was drafted, which of its nodes are verified (None: all), and its contested children
+        self._proposed: tuple[DraftTree, list[int] | None, frozenset[int]] | None = None
         self.confidence = ConfidenceModel()
         self.gate = DraftGate()
         self.width = WidthChoice()
@@ -517,7 +421,8 @@ class DraftBudget:
         return stop
 
     def prune(self, tree: DraftTree) -> DraftTree:
-        self._proposed = (tree, None)  # what was drafted, and which of its nodes are verified (None: all)
+        contested = contested_children(tree)
+        self._proposed = (tree, None, contested)
         if len(tree) == 1:
             return tree
         # path probability of each node = product of conditional acceptances along its path: by the
@@ -530,7 +435,7 @@ class DraftBudget:
             first = parent not in seen_parent
             seen_parent.add(parent)
             accept = (self.confidence.get(tree.draft_probs[i]) if tree.has_probs
-                      else self.acceptance.get(tree.depths[i], first))
+                      else self.acceptance.get(tree.depths[i], first, i in contested))
             prob[i] = prob[parent] * accept
         # nodes by probability; ties keep tree order, so parents (never less likely) come first
         order = sorted(range(1, len(tree)), key=lambda i: (-prob[i], i))
@@ -547,7 +452,7 @@ class DraftBudget:
         if best_n == len(tree):
             return tree
         keep = sorted([0, *order[: best_n - 1]])
-        self._proposed = (tree, keep)
+        self._proposed = (tree, keep, contested)
         return subtree(tree, keep)
 
     def observe(self, tree: DraftTree, accepted: tuple[int, ...], verify_ms: float,
@@ -556,13 +461,16 @@ class DraftBudget:
         ``levels``, ``width``: the levels the drafter grew and the top-k it was asked for, when it
         pays per level and the budget chose them (else 0)."""
         self.cost.observe(len(tree), verify_ms)
-        self.acceptance.observe(tree, accepted)
         proposed, self._proposed = self._proposed, None
-        drafted, keep = proposed if proposed is not None else (tree, None)
-        if keep is not None and len(keep) == len(tree):  # what each drafted level delivered
-            self.drafted.observe(drafted, tuple(keep[i] for i in accepted))
+        drafted, keep, contested = proposed if proposed is not None else (tree, None, contested_children(tree))
+        mapped = keep is not None and len(keep) == len(tree)
+        # contested as proposed: pruning may have dropped the siblings that made a child contested
+        self.acceptance.observe(tree, accepted, frozenset(j for j, i in enumerate(keep) if i in contested)
+                                if mapped and keep is not None else contested)
+        if mapped and keep is not None:  # what each drafted level delivered
+            self.drafted.observe(drafted, tuple(keep[i] for i in accepted), contested)
         else:  # verified as drafted (or a plain step, where pessimism fades as in `acceptance`)
-            self.drafted.observe(tree, accepted)
+            self.drafted.observe(tree, accepted, contested)
         if tree.has_probs or len(tree) == 1:  # a plain step tests nothing: pessimism fades
             self.confidence.observe(tree, accepted)
         if draft_ms is not None:

@@ -353,3 +353,19 @@ def test_an_only_child_and_a_contested_one_are_priced_apart() -> None:
     assert budget.acceptance.get(1, True, contested=True) < 0.2
     assert budget.prune(alone).tokens == (7, 10)
     assert budget.prune(contested).tokens == (7,)
+
+
+def test_later_children_start_and_fade_back_below_first_ones() -> None:
+    """A sibling is retried after a refusal, but towards 15%, not the 50% a first child gets."""
+    from engine.acceptance import AcceptanceModel
+
+    model = AcceptanceModel()
+    assert model.get(1, True) == 0.5 and model.get(1, False) == 0.15
+    siblings = DraftTree((7, 10, 11), (-1, 0, 0), (1.0, 1.0, 1.0), has_probs=False)
+    for _ in range(30):
+        model.observe(siblings, (), contested=frozenset({1}))
+    assert model.get(1, False) < 0.01 and model.get(1, True, contested=True) < 0.05
+    assert model.get(1, True) == 0.5  # the contested first child is not an only child's evidence
+    for _ in range(300):
+        model.observe(DraftTree.root_only(7), ())
+    assert 0.13 < model.get(1, False) <= 0.15 and 0.13 < model.get(1, True, contested=True) <= 0.15

@@ -143,8 +143,8 @@ def grow_tree(root: int, root_logp: torch.Tensor | Level, expand: Expand, to_tar
         return DraftTree.root_only(root), cands, []
     sampled = sampling is not None and k == 1
     proposals: dict[int, torch.Tensor] = {}  # candidate index (-1 = root) -> q its child came from
-    greedy = not sampled and coupled is None
-    picked = _picked(first, k) if greedy else None
+    plain_topk = not sampled and coupled is None  # the children are each row's top-k: the picks are those
+    picked = _picked(first, k) if plain_topk else None
     if picked is None:
         lp, ix = _pick(first.logp, k, sampling if sampled else None, [-1], proposals, coupled, 1)
         picked = _to_host(to_target(ix[0]), lp[0])
@@ -155,7 +155,7 @@ def grow_tree(root: int, root_logp: torch.Tensor | Level, expand: Expand, to_tar
             break
         out = expand(frontier, cands)
         grown = out if isinstance(out, Level) else Level(out)  # [f, vocab]
-        picked = _picked(grown, k) if greedy else None
+        picked = _picked(grown, k) if plain_topk else None
         if picked is not None:  # the drafter's own picks; each sum rounded as float32, as below
             ids, lp_list = picked
             cum_list = [_f32(cands.score[p] + v) for p, v in zip((p for p in frontier for _ in range(k)), lp_list,

@@ -14,14 +14,16 @@ import torch
 from heads import head_config, head_state
 from tiny import hf_model
 
+from engine.config import SpecConfig
 from engine.drafters.eagle_checkpoint import read_head
 from engine.drafters.eagle_head import EagleHead
-from engine.drafters.tree_search import Level, Picks, grow_tree
+from engine.drafters.tree_search import Coupled, Level, Picks, coupled_scores, grow_tree
 from engine.kernels import native
 from engine.kernels.head import Keys
 from engine.kernels.stored import StoredLinear
 from engine.models.llama import LlamaConfig, LlamaModel
 from engine.models.rope import apply_rotary_interleaved
+from engine.sampling import GumbelNoise
 
 pytestmark = pytest.mark.skipif(native.load() is None, reason=f"no native kernel: {native.why_not}")
 LAYERS = 6
@@ -232,3 +234,25 @@ def test_a_catch_up_without_keys_is_the_causal_one(target) -> None:
     (g0, l0), (g1, l1) = outs
     assert l0 is not None and l1 is not None
     assert torch.equal(g0, g1) and torch.equal(l0.logp, l1.logp)
+
+
+@pytest.mark.parametrize("topk", [1, 3])
+@pytest.mark.parametrize("temperature", [0.7, 1.0])
+def test_coupled_picks_build_the_tree_the_perturbed_scores_do(topk: int, temperature: float) -> None:
+    """The kernel's coupled top-k (logp / T + noise) is the tensor path's log(softmax(logp / T)) + noise."""
+    ops = native.load()
+    gen = torch.Generator().manual_seed(11)
+    vocab = torch.randperm(50, generator=gen)[:40]
+    table = torch.log_softmax(torch.randn(60, 40, generator=gen) * 3, -1)
+    noise = GumbelNoise(5, 50)
+    config = SpecConfig(temperature=temperature)
+    fast = coupled_scores(config, noise, 10, vocab, ops)
+    assert fast is not None and fast.picks is not None
+    trees = []
+    for coupled in (fast, Coupled(fast.scores)):
+        tree, cands, _ = grow_tree(5, table[0], lambda f, c: table[[i + 1 for i in f]], lambda ix: vocab[ix],
+                                   num_steps=4, topk=topk, num_draft_tokens=8, coupled=coupled)
+        trees.append((tree, cands.tokens, cands.logp))
+    assert trees[0] == trees[1]
+    processed = coupled_scores(SpecConfig(temperature=temperature, top_p=0.9), noise, 10, vocab, ops)
+    assert processed is not None and processed.picks is None  # top-p reorders: the tensor path

@@ -79,7 +79,7 @@ class EagleDrafter:
         steps, topk = config.num_steps, config.eagle_topk
         budget = min(config.num_draft_tokens, steps + 1) if topk == 1 else config.num_draft_tokens
         sampling = self._random.sampling(config, head.to_target_dist)
-        coupled = coupled_scores(config, noise, n, head.vocab_ids)
+        coupled = coupled_scores(config, noise, n, head.vocab_ids, head.kernel)
         picks = topk if sampling is None and coupled is None else 0  # plain top-k: the kernel picks
         g_last, root_logp = self._extend(root, picks)
         state: dict[int, torch.Tensor] = {}

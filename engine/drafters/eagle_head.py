@@ -114,6 +114,7 @@ class EagleHead:
         # a level in one native call where the target runs our CPU kernels (SPECCHAT_NATIVE_HEAD=0: per op)
         ops = getattr(target, "ops", None)
         self.native = self._bind_native(ops) if os.environ.get("SPECCHAT_NATIVE_HEAD", "1") != "0" else None
+        self.kernel = ops if self.native is not None else None  # also picks coupled drafts (tree_search.py)
         if self.native is not None and q8 and ops.fast_variant is not None:
             # drafts are verified, so their arithmetic never reaches the output: the head takes the
             # fast precision's integer products on its 8-bit codes wherever the CPU has them

@@ -39,6 +39,7 @@ import random
 import struct
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
@@ -110,9 +111,12 @@ ToTargetDist = Callable[[torch.Tensor], torch.Tensor]
 
 @dataclass
 class Coupled:
-    """Coupled sampling: ``scores(logp rows, child depth)`` -> perturbed scores to take the top-k of."""
+    """Coupled sampling: ``scores(logp rows, child depth)`` -> perturbed scores to take the top-k of;
+    ``picks(logp rows, child depth, k)``, where our kernel can, the same top-k as (ids, log-probs)
+    lists per row, or None where it cannot (then the scores are used)."""
 
     scores: Callable[[torch.Tensor, int], torch.Tensor]
+    picks: Callable[[torch.Tensor, int, int], tuple[list[list[int]], list[list[float]]] | None] | None = None
 
 
 @dataclass
@@ -122,6 +126,9 @@ class Sampling:
     process: Processor
     to_target_dist: ToTargetDist
     generator: torch.Generator | None = None
+
+
+_KERNEL_MAX_K = 64  # the widest top-k the kernel's perturbed picks take (ops.c)
 
 
 def grow_tree(root: int, root_logp: torch.Tensor | Level, expand: Expand, to_target: ToTarget, *,
@@ -143,8 +150,7 @@ def grow_tree(root: int, root_logp: torch.Tensor | Level, expand: Expand, to_tar
         return DraftTree.root_only(root), cands, []
     sampled = sampling is not None and k == 1
     proposals: dict[int, torch.Tensor] = {}  # candidate index (-1 = root) -> q its child came from
-    plain_topk = not sampled and coupled is None  # the children are each row's top-k: the picks are those
-    picked = _picked(first, k) if plain_topk else None
+    picked = None if sampled else _picked(first, k, coupled, 1)
     if picked is None:
         lp, ix = _pick(first.logp, k, sampling if sampled else None, [-1], proposals, coupled, 1)
         picked = _to_host(to_target(ix[0]), lp[0])
@@ -155,7 +161,7 @@ def grow_tree(root: int, root_logp: torch.Tensor | Level, expand: Expand, to_tar
             break
         out = expand(frontier, cands)
         grown = out if isinstance(out, Level) else Level(out)  # [f, vocab]
-        picked = _picked(grown, k) if plain_topk else None
+        picked = None if sampled else _picked(grown, k, coupled, level)
         if picked is not None:  # the drafter's own picks; each sum rounded as float32, as below
             ids, lp_list = picked
             cum_list = [_f32(cands.score[p] + v) for p, v in zip((p for p in frontier for _ in range(k)), lp_list,
@@ -202,12 +208,18 @@ def _pick(logp: torch.Tensor, k: int, sampling: Sampling | None, owners: list[in
     return logp.gather(-1, ix), ix
 
 
-def _picked(level: Level, k: int) -> tuple[list[int], list[float]] | None:
-    """The first k picks of every row, flattened, when the drafter made at least k (else None)."""
-    picks = level.picks
-    if picks is None or any(len(row) < k for row in picks.ids):
+def _picked(level: Level, k: int, coupled: Coupled | None, depth: int) -> tuple[list[int], list[float]] | None:
+    """Each row's k children as flat (target ids, log-probabilities) lists without a torch operation:
+    the drafter's own picks for a plain top-k, the kernel's perturbed top-k when coupled; None where
+    neither is at hand (the caller then takes the tensor path)."""
+    if coupled is not None:
+        got = coupled.picks(level.logp, depth, k) if coupled.picks is not None else None
+        ids, logp = got if got is not None else (None, None)
+    else:
+        ids, logp = (level.picks.ids, level.picks.logp) if level.picks is not None else (None, None)
+    if ids is None or logp is None or any(len(row) < k for row in ids):
         return None
-    return [i for row in picks.ids for i in row[:k]], [v for row in picks.logp for v in row[:k]]
+    return [i for row in ids for i in row[:k]], [v for row in logp for v in row[:k]]
 
 
 def _f32(x: float) -> float:
@@ -255,12 +267,14 @@ class DraftRandom:
         return Sampling(process, to_target_dist, self.generator)
 
 
-def coupled_scores(config: SpecConfig, noise: GumbelNoise | None, first_position: int, head_ids: torch.Tensor | None
-                   ) -> Coupled | None:
+def coupled_scores(config: SpecConfig, noise: GumbelNoise | None, first_position: int, head_ids: torch.Tensor | None,
+                   kernel: Any = None) -> Coupled | None:
     """Coupled drafting for a tree whose depth-d children sit at ``first_position + d``.
 
     ``noise``: the session's engine.sampling.GumbelNoise (None: not coupled). ``head_ids``: the
-    target id of each drafter vocabulary index (None when they coincide)."""
+    target id of each drafter vocabulary index (None when they coincide). ``kernel``: our native
+    kernel where the drafter's log-probabilities are host tensors: without top-k or top-p processing
+    it picks the children itself (``NativeKernel.perturbed_topk``)."""
     if noise is None or config.greedy:
         return None
 
@@ -269,7 +283,14 @@ def coupled_scores(config: SpecConfig, noise: GumbelNoise | None, first_position
         g = g[head_ids.to(g.device)] if head_ids is not None else g[: logp.shape[-1]]
         return perturbed_scores(logp, config.temperature, config.top_p, config.top_k, g)
 
-    return Coupled(scores)
+    def picks(logp: torch.Tensor, depth: int, k: int) -> tuple[list[list[int]], list[list[float]]] | None:
+        if 0 < config.top_k < logp.shape[-1] or k > _KERNEL_MAX_K or logp.device.type != "cpu":
+            return None  # processed, too wide, or on a device: the tensor path
+        return kernel.perturbed_topk(logp.contiguous(), k, config.temperature, noise.at(first_position + depth),
+                                     head_ids)
+
+    plain = config.top_p >= 1.0 and kernel is not None
+    return Coupled(scores, picks if plain else None)
 
 
 def check_topk(config: SpecConfig, vocab_size: int, drafter: str) -> None:

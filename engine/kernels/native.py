@@ -40,6 +40,7 @@ _SIGNATURES = {
     "eagle_head_forward": [_p, _p, _p, _p, _l, _l, _p, _p, _l, _p, _p, _l, _p, _p, _p, _p, _l, _p, _p, _l, _p, _l,
                            _p, _p, _p],
     "log_softmax_topk": [_p, _l, _l, _l, _p, _p, _p],
+    "perturbed_topk": [_p, _l, _l, _l, _f, _p, _p, _p, _p],
     "argmax_rows": [_p, _l, _l, _p],
     "dequantize_rows": [_i, _l, _p, _p, _p, _l, _l, _p, _l, _p],
 }
@@ -184,6 +185,18 @@ class NativeKernel:
         vals = torch.empty(rows, max(k, 0), dtype=torch.float32)
         self._lib.log_softmax_topk(x.data_ptr(), rows, n, k, None, ids.data_ptr(), vals.data_ptr())
         return (ids, vals) if k > 0 else None
+
+    def perturbed_topk(self, logp: torch.Tensor, k: int, temperature: float, noise: torch.Tensor,
+                       vocab: torch.Tensor | None) -> tuple[list[list[int]], list[list[float]]]:
+        """Coupled drafting's top-k (ops.c): for [rows, V] contiguous fp32 log-probabilities, each row's
+        k largest ``logp / temperature + noise[vocab]`` (noise: fp32 over the target's vocabulary;
+        vocab: int64 [V] head index -> target id, or None), as target ids and log-probabilities."""
+        rows, n = logp.shape
+        ids, vals = (ctypes.c_long * (rows * k))(), (ctypes.c_float * (rows * k))()
+        self._lib.perturbed_topk(logp.data_ptr(), rows, n, k, 1.0 / temperature, noise.data_ptr(), ptr(vocab), ids,
+                                 vals)
+        flat_ids, flat_vals = list(ids), list(vals)
+        return ([flat_ids[r * k:(r + 1) * k] for r in range(rows)], [flat_vals[r * k:(r + 1) * k] for r in range(rows)])
 
     def dequantize_rows(self, kind_id: int, group: int, codes: torch.Tensor, scales: torch.Tensor,
                         offsets: torch.Tensor | None, ids: torch.Tensor) -> torch.Tensor:

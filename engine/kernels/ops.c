@@ -590,3 +590,41 @@ AVX2 void log_softmax_topk(float *x, long R, long V, long k, const long *vocab, 
             for (long j = 0; j < k; j++) ir[j] = vocab[ir[j]];
     }
 }
+
+/*
+ * Coupled drafting's picks (engine/sampling.py): for each of R rows of V log-probabilities, the k
+ * largest logp[i] / T + noise[vocab[i]] (noise over the target's vocabulary; vocab NULL: i itself),
+ * as target ids in ids[r * k..] and their log-probabilities (not the scores) in vals[r * k..], best
+ * first, ties to the lower index. This is the top-k of log(softmax(logp / T)) + noise without top-k
+ * or top-p processing: the softmax's normaliser is the same for every entry of a row, so it does not
+ * reorder them. Why in C: the tensor path is ten operations a level (log_softmax_topk says why that
+ * costs more than the arithmetic).
+ */
+void perturbed_topk(const float *logp, long R, long V, long k, float inv_t, const float *noise, const long *vocab,
+                    long *ids, float *vals) {
+    for (long r = 0; r < R; r++) {
+        const float *xr = logp + r * V;
+        long *ir = ids + r * k;
+        float *vr = vals + r * k;
+        float best[64];
+        const long kk = k < 64 ? k : 64;
+        long filled = 0;
+        for (long a = 0; a < V; a++) {
+            const long t = vocab ? vocab[a] : a;
+            const float s = xr[a] * inv_t + noise[t];
+            if (s != s || (filled == kk && !(s > best[kk - 1]))) continue;
+            long p = filled < kk ? filled++ : kk - 1;
+            while (p > 0 && best[p - 1] < s) {
+                best[p] = best[p - 1];
+                ir[p] = ir[p - 1];
+                p--;
+            }
+            best[p] = s;
+            ir[p] = a;
+        }
+        for (long j = 0; j < filled; j++) vr[j] = xr[ir[j]];
+        for (long j = filled; j < k; j++) vr[j] = -INFINITY, ir[j] = 0;
+        if (vocab)
+            for (long j = 0; j < filled; j++) ir[j] = vocab[ir[j]];
+    }
+}

@@ -191,6 +191,8 @@ class NativeKernel:
         """Coupled drafting's top-k (ops.c): for [rows, V] contiguous fp32 log-probabilities, each row's
         k largest ``logp / temperature + noise[vocab]`` (noise: fp32 over the target's vocabulary;
         vocab: int64 [V] head index -> target id, or None), as target ids and log-probabilities."""
+        if not 0 < k <= 64:
+            raise ValueError(f"perturbed_topk takes 1 to 64 picks a row, not {k}")
         rows, n = logp.shape
         ids, vals = (ctypes.c_long * (rows * k))(), (ctypes.c_float * (rows * k))()
         self._lib.perturbed_topk(logp.data_ptr(), rows, n, k, 1.0 / temperature, noise.data_ptr(), ptr(vocab), ids,

@@ -531,6 +531,19 @@ void argmax_rows(const float *x, long rows, long n, long *out) {
     for (long r = 0; r < rows; r++) out[r] = argmax_row(x + r * n, n);
 }
 
+/* Value v at index a into the k best so far (best[0..*filled-1], descending): a value equal to one
+ * kept goes after it, so equals keep the lower index when indices come in order. */
+static inline void keep_best(float *best, long *idx, long *filled, long k, float v, long a) {
+    long p = *filled < k ? (*filled)++ : k - 1;
+    while (p > 0 && best[p - 1] < v) {
+        best[p] = best[p - 1];
+        idx[p] = idx[p - 1];
+        p--;
+    }
+    best[p] = v;
+    idx[p] = a;
+}
+
 /*
  * In place, each of R rows of V floats becomes its log-softmax, x - (max + log(sum exp(x - max)));
  * with k > 0 each row's k largest (ties: the lower index; NaN never) go to ids[r * k..] (mapped through
@@ -575,14 +588,7 @@ AVX2 void log_softmax_topk(float *x, long R, long V, long k, const long *vocab, 
             const float v = xr[a];
             if (!(v > floor_) && filled == k) continue;
             if (v != v) continue;
-            long p = filled < k ? filled++ : k - 1;
-            while (p > 0 && vr[p - 1] < v) {
-                vr[p] = vr[p - 1];
-                ir[p] = ir[p - 1];
-                p--;
-            }
-            vr[p] = v;
-            ir[p] = a;
+            keep_best(vr, ir, &filled, k, v, a);
             if (filled == k) floor_ = vr[k - 1];
         }
         for (long j = filled; j < k; j++) vr[j] = -INFINITY, ir[j] = 0; /* fewer than k numbers */
@@ -613,14 +619,7 @@ void perturbed_topk(const float *logp, long R, long V, long k, float inv_t, cons
             const long t = vocab ? vocab[a] : a;
             const float s = xr[a] * inv_t + noise[t];
             if (s != s || (filled == kk && !(s > best[kk - 1]))) continue;
-            long p = filled < kk ? filled++ : kk - 1;
-            while (p > 0 && best[p - 1] < s) {
-                best[p] = best[p - 1];
-                ir[p] = ir[p - 1];
-                p--;
-            }
-            best[p] = s;
-            ir[p] = a;
+            keep_best(best, ir, &filled, kk, s, a);
         }
         for (long j = 0; j < filled; j++) vr[j] = xr[ir[j]];
         for (long j = filled; j < k; j++) vr[j] = -INFINITY, ir[j] = 0;

@@ -463,13 +463,12 @@ class DraftBudget:
         self.cost.observe(len(tree), verify_ms)
         proposed, self._proposed = self._proposed, None
         drafted, keep, contested = proposed if proposed is not None else (tree, None, contested_children(tree))
-        mapped = keep is not None and len(keep) == len(tree)
-        # contested as proposed: pruning may have dropped the siblings that made a child contested
-        self.acceptance.observe(tree, accepted, frozenset(j for j, i in enumerate(keep) if i in contested)
-                                if mapped and keep is not None else contested)
-        if mapped and keep is not None:  # what each drafted level delivered
-            self.drafted.observe(drafted, tuple(keep[i] for i in accepted), contested)
+        if keep is not None and len(keep) == len(tree):  # pruned: map the verified nodes to the proposal's
+            # contested as proposed: pruning may have dropped the siblings that made a child contested
+            self.acceptance.observe(tree, accepted, frozenset(j for j, i in enumerate(keep) if i in contested))
+            self.drafted.observe(drafted, tuple(keep[i] for i in accepted), contested)  # what each level delivered
         else:  # verified as drafted (or a plain step, where pessimism fades as in `acceptance`)
+            self.acceptance.observe(tree, accepted, contested)
             self.drafted.observe(tree, accepted, contested)
         if tree.has_probs or len(tree) == 1:  # a plain step tests nothing: pessimism fades
             self.confidence.observe(tree, accepted)

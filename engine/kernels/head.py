@@ -18,7 +18,7 @@ import torch
 
 from engine.kernels.decoder import FastSwitch, _describe, _Dims, _Lin
 from engine.kernels.linear import Linear
-from engine.kernels.native import ptr
+from engine.kernels.native import ptr, split_rows
 from engine.kernels.stored import StoredLinear
 
 if TYPE_CHECKING:
@@ -130,6 +130,4 @@ class NativeHead(FastSwitch):
             raise MemoryError("the native EAGLE head could not allocate its scratch buffers")
         if not n:
             return g, out, None
-        ids, vals = list(top_ids), list(top_vals)
-        return g, out, ([ids[r * picks:(r + 1) * picks] for r in range(logits)],
-                        [vals[r * picks:(r + 1) * picks] for r in range(logits)])
+        return g, out, (split_rows(top_ids, logits, picks), split_rows(top_vals, logits, picks))

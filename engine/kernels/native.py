@@ -13,7 +13,7 @@ import ctypes
 import os
 from functools import cache
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -48,6 +48,12 @@ _SIGNATURES = {
 
 def ptr(t: torch.Tensor | None) -> int | None:
     return None if t is None else t.data_ptr()
+
+
+def split_rows(flat: Any, rows: int, k: int) -> list[list[Any]]:
+    """A ctypes array of rows * k values as ``rows`` lists of k (the kernels' picks, read without torch)."""
+    values = list(flat)
+    return [values[r * k:(r + 1) * k] for r in range(rows)]
 
 
 class NativeKernel:
@@ -197,8 +203,7 @@ class NativeKernel:
         ids, vals = (ctypes.c_long * (rows * k))(), (ctypes.c_float * (rows * k))()
         self._lib.perturbed_topk(logp.data_ptr(), rows, n, k, 1.0 / temperature, noise.data_ptr(), ptr(vocab), ids,
                                  vals)
-        flat_ids, flat_vals = list(ids), list(vals)
-        return ([flat_ids[r * k:(r + 1) * k] for r in range(rows)], [flat_vals[r * k:(r + 1) * k] for r in range(rows)])
+        return split_rows(ids, rows, k), split_rows(vals, rows, k)
 
     def dequantize_rows(self, kind_id: int, group: int, codes: torch.Tensor, scales: torch.Tensor,
                         offsets: torch.Tensor | None, ids: torch.Tensor) -> torch.Tensor:

@@ -24,7 +24,7 @@ Wider trees stay deterministic top-k, verified as point masses (both lossless).
 
 A drafter that computes its log-probabilities in our native kernel also hands over each row's best
 children there (:class:`Level`'s ``picks``), and the greedy search takes them as plain lists: on the
-CPU each torch operation between two levels costs ~10-25 us with the caches cold after the target's
+CPU each torch operation between two levels costs ~15-20 us with the caches cold after the target's
 forward, several times the level's arithmetic of picking.
 
 Selection is closed under parents by construction: a child's cumulative score never exceeds its

@@ -38,6 +38,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--prompts", default=None,
                    help="extra user prompts, JSON lines (messages | turns | prompt); mixed with self-written ones")
     p.add_argument("--no-builtin-prompts", action="store_true", help="do not mix in specchat's own prompt list")
+    p.add_argument("--magpie-share", type=float, default=0.7,
+                   help="share of conversations whose first user turn the model writes itself (Magpie); the rest "
+                        "come from the prompt lists (0: prompt lists only)")
     p.add_argument("--tokens", type=int, default=300_000,
                    help="answer tokens of self-distilled data to generate (medusa: and to train on)")
     p.add_argument("--draft-vocab-size", type=int, default=8192,
@@ -92,7 +95,8 @@ def run_train_draft(args: argparse.Namespace) -> int:
     gen_batch = args.gen_batch or (256 if device.type == "cuda" else 32)
     target = load_target(args.model, device=str(device), revision=args.revision)
     print(f"target: {target.name}  device: {device}  threads: {threads}")
-    samples, cache = prepare_data(target, GenSettings(seed=args.seed, batch_size=gen_batch), args.tokens, args.prompts,
+    settings = GenSettings(seed=args.seed, batch_size=gen_batch, magpie_fraction=args.magpie_share)
+    samples, cache = prepare_data(target, settings, args.tokens, args.prompts,
                                   use_builtin_prompts=not args.no_builtin_prompts, rows=args.rows,
                                   precision=args.data_precision, import_from=args.import_data or (),
                                   hidden_only=args.method == "medusa")
@@ -122,6 +126,10 @@ def check_args(args: argparse.Namespace) -> Path:
             or args.rows < 1 or (args.gen_batch is not None and args.gen_batch < 1):
         raise UsageError("--tokens, --draft-vocab-size, --ttt-steps, --rows, --gen-batch and --batch-tokens "
                          "must be positive (batch-tokens at least 16)")
+    if not 0.0 <= args.magpie_share <= 1.0:
+        raise UsageError(f"--magpie-share {args.magpie_share}: give a share between 0 and 1")
+    if args.magpie_share < 1.0 and args.no_builtin_prompts and args.prompts is None:
+        raise UsageError("--magpie-share below 1 needs prompts: drop --no-builtin-prompts or give --prompts FILE")
     if args.method != "medusa" and (args.export_layout or args.medusa_train_lm_head):
         raise UsageError("--export-layout and --medusa-train-lm-head go with --method medusa")
     if args.method == "medusa" and (args.medusa_heads < 1 or args.init_from is not None):

@@ -1,4 +1,4 @@
-"""The native attention kernels (engine/kernels/ops.c): the query heads of one KV head run together.
+"""The native attention kernels (engine/kernels/attention.c): the query heads of one KV head run together.
 
 The promises: a row's bits do not depend on how many heads share its item (a grouped-query model
 gives every head exactly what the same head gets with its K/V copied per head), nor on the thread
@@ -127,6 +127,30 @@ def test_an_fp16_cache_reads_as_the_fp32_cache_of_its_values(nh: int, nkv: int, 
             torch.tensor([keys.shape[1]], dtype=torch.int32), 0.125)
     assert torch.equal(KERNEL.keyed_attention(q[:1].contiguous(), k16, v16, *args),
                        KERNEL.keyed_attention(q[:1].contiguous(), k32, v32, *args))
+
+
+@pytest.mark.parametrize("kv16", [False, True])
+@pytest.mark.parametrize("nh,nkv,hd,L,T", [(9, 3, 64, 300, 16), (9, 3, 64, 77, 2), (9, 3, 64, 131, 5),
+                                           (4, 1, 128, 200, 3), (8, 8, 64, 64, 7), (4, 2, 192, 95, 9)])
+def test_the_16_lane_loops_give_the_8_lane_loops_bits(nh: int, nkv: int, hd: int, L: int, T: int,
+                                                      kv16: bool) -> None:
+    """Where the CPU has AVX-512F a tree's cached keys and values go through 16-lane loops (two
+    rows a register, wider value rows); each lane runs the 8-lane loop's FMA chain, so forcing
+    the 8-lane loops (the AVX2 variant) must not change a bit, odd row counts included."""
+    q, k, v, tree, pos = _inputs(nh, nkv, hd, L, T, seed=L + T + hd)
+    if kv16:
+        k, v = k.half(), v.half()
+    try:
+        KERNEL.choose_variant("")
+        if not KERNEL.attention_wide:
+            pytest.skip("no AVX-512F here: only the 8-lane loops run")
+        wide = _attend(q, k, v, L, tree, pos)
+        KERNEL.choose_variant("avx2")
+        assert not KERNEL.attention_wide
+        narrow = _attend(q, k, v, L, tree, pos)
+    finally:
+        KERNEL.choose_variant(native.forced_variant())
+    assert torch.equal(wide, narrow)
 
 
 def test_other_cache_types_are_refused() -> None:

@@ -114,6 +114,9 @@ def test_missing_files_the_user_named_are_one_line(tmp_path: Path, capsys) -> No
     _one_line(capsys, ["train-draft", "--out", str(tmp_path / "out"), "--init-from", str(nope)], "--init-from")
     _one_line(capsys, ["train-draft", "--out", str(tmp_path / "out"), "--prompts", str(nope)], str(nope))
     _one_line(capsys, ["train-draft", "--out", str(tmp_path / "out"), "--import-data", str(nope)], "--import-data")
+    _one_line(capsys, ["train-draft", "--out", str(tmp_path / "out"), "--magpie-share", "1.5"], "--magpie-share")
+    _one_line(capsys, ["train-draft", "--out", str(tmp_path / "out"), "--magpie-share", "0", "--no-builtin-prompts"],
+              "--prompts")
     bad = tmp_path / "bad.jsonl"
     bad.write_text(json.dumps({"prompt": "ok"}) + "\n" + json.dumps({"turns": [3]}) + "\n")
     _one_line(capsys, ["train-draft", "--out", str(tmp_path / "out"), "--prompts", str(bad)], "bad.jsonl:2")

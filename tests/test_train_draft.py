@@ -304,6 +304,20 @@ def test_data_cache_generates_dedups_and_resumes(target, tmp_path: Path) -> None
     assert more[: len(samples)] == samples and len(cache.shard_indices()) > len(shards)
 
 
+def test_a_magpie_share_of_zero_answers_only_the_prompt_list(target, tmp_path: Path) -> None:
+    """``--magpie-share 0``: every conversation opens with a listed prompt (task-style data), none
+    with a user turn the model wrote itself."""
+    hf, _ = target
+    tok = _CharTokenizer()
+    settings = GenSettings(batch_size=6, max_user_tokens=8, max_answer_tokens=12, multi_turn_fraction=0.0,
+                           magpie_fraction=0.0)
+    prompts = [[{"role": "user", "content": "hello"}], [{"role": "user", "content": "bye"}]]
+    samples = generate_data(hf, tok, DataCache(tmp_path / "data", VOCAB), token_budget=30, settings=settings,
+                            prompt_list=prompts)
+    listed = [tok.encode(tok.apply_chat_template(p)) for p in prompts]
+    assert samples and all(s.ids[:s.answer_start] in listed for s in samples)
+
+
 def test_importing_two_folders_numbered_alike_keeps_both_and_adds_nothing_twice(tmp_path: Path) -> None:
     """The CPU's and the GPU's data are both numbered from batch-000000: an import keeps every
     shard (renumbering a taken name) and a second import of the same folders copies nothing."""

@@ -1,5 +1,5 @@
-"""The Python bindings of our native CPU kernels (``skinny.c``, ``ops.c``, ``stored.c``, ``fast.c``,
-``decoder.c``, ``head.c``): one loaded library, its C signatures, and thin typed wrappers.
+"""The Python bindings of our native CPU kernels (``skinny.c``, ``ops.c``, ``attention.c``, ``stored.c``,
+``fast.c``, ``decoder.c``, ``head.c``): one loaded library, its C signatures, and thin typed wrappers.
 
 ``build.py`` compiles and caches the library; here it is loaded once per process. Where it
 cannot run (no compiler, no AVX2/FMA, a failed build, or ``SPECCHAT_LINEAR=torch``) ``load()``
@@ -62,6 +62,7 @@ class NativeKernel:
     def __init__(self, lib: ctypes.CDLL, path: Path) -> None:
         self.path = path
         self.variant = "avx2"  # "avx512" where stored.c's wide tiles run (set by load())
+        self.attention_wide = False  # attention's 16-lane loops run (AVX-512F; set by choose_variant)
         for name, args in _SIGNATURES.items():
             fn = getattr(lib, name)
             fn.argtypes = args
@@ -93,6 +94,10 @@ class NativeKernel:
         self.variant = "avx512" if self._lib.stored_variant(2 if force == "avx2" else 0) == 512 else "avx2"
         code = self._lib.fast_variant({"avx2": 2, "avx512": 1}.get(force, 0))
         self.fast_variant = {513: "amx", 512: "avx512vnni", 2: "avx2"}.get(code)
+        # attention's 16-lane loops (the same bits as its 8-lane ones): off under "avx2"
+        self._lib.attention_variant.argtypes = [_i]
+        self._lib.attention_variant.restype = _i
+        self.attention_wide = bool(self._lib.attention_variant(2 if force == "avx2" else 0))
 
     def linear(
         self,

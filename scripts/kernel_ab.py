@@ -6,6 +6,7 @@ the variants do; here every timed forward alternates variants, so drift lands on
 variants give the same bits (tests/test_fast_kernel.py), so only their time differs.
 
     .venv/bin/python scripts/kernel_ab.py --sizes 1,4,8,12,16,32,64 --reps 30
+    .venv/bin/python scripts/kernel_ab.py --variants cpu,attn8 --context 1000   # attention's 16 vs 8 lanes
 """
 
 from __future__ import annotations
@@ -28,15 +29,16 @@ def main() -> int:
     parser.add_argument("--reps", type=int, default=30, help="timed forwards per size and variant")
     parser.add_argument("--context", type=int, default=300, help="cached tokens under the tree")
     parser.add_argument("--variants", default="cpu,avx512",
-                        help="cpu (this CPU's pick), avx512 (VNNI, no AMX), avx2; the first is the reference")
+                        help="cpu (this CPU's pick), avx512 (VNNI, no AMX), avx2, attn8 (this CPU's pick with "
+                             "attention's 8-lane loops); the first is the reference")
     args = parser.parse_args()
     kernel = native.load()
     if kernel is None:
         raise SystemExit(f"no native kernel here: {native.why_not}")
     variants = [v.strip() for v in args.variants.split(",")]
     for v in variants:
-        if v not in ("cpu", *native.VARIANTS[1:]):
-            raise SystemExit(f"--variants: {v!r} is not one of cpu, avx512, avx2")
+        if v not in ("cpu", "attn8", *native.VARIANTS[1:]):
+            raise SystemExit(f"--variants: {v!r} is not one of cpu, avx512, avx2, attn8")
     model = load_session(None, SpecConfig(), precision="fast", weights="stored").model
     gen = torch.Generator().manual_seed(0)
     sizes = [int(n) for n in args.sizes.split(",")]
@@ -53,8 +55,10 @@ def main() -> int:
     for r in range(args.reps + 1):  # the first round warms every path up and is not kept
         for n in sizes:
             for v in variants[r % len(variants):] + variants[:r % len(variants)]:  # each goes first in turn
-                kernel.choose_variant("" if v == "cpu" else v)
-                names[v] = kernel.fast_variant
+                kernel.choose_variant("" if v in ("cpu", "attn8") else v)
+                if v == "attn8":
+                    kernel.use_wide_attention(False)
+                names[v] = f"{kernel.fast_variant}/attn8" if v == "attn8" else str(kernel.fast_variant)
                 tokens, positions, mask = calls[n]
                 t0 = time.perf_counter()
                 model.forward(tokens, cache, positions=positions, tree_mask=mask)

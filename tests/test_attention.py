@@ -136,17 +136,16 @@ def test_the_16_lane_loops_give_the_8_lane_loops_bits(nh: int, nkv: int, hd: int
                                                       kv16: bool) -> None:
     """Where the CPU has AVX-512F a tree's cached keys and values go through 16-lane loops (two
     rows a register, wider value rows); each lane runs the 8-lane loop's FMA chain, so forcing
-    the 8-lane loops (the AVX2 variant) must not change a bit, odd row counts included."""
+    the 8-lane loops (as the AVX2 variant runs) must not change a bit, odd row counts included."""
     q, k, v, tree, pos = _inputs(nh, nkv, hd, L, T, seed=L + T + hd)
     if kv16:
         k, v = k.half(), v.half()
     try:
-        KERNEL.choose_variant("")
+        KERNEL.use_wide_attention(True)
         if not KERNEL.attention_wide:
             pytest.skip("no AVX-512F here: only the 8-lane loops run")
         wide = _attend(q, k, v, L, tree, pos)
-        KERNEL.choose_variant("avx2")
-        assert not KERNEL.attention_wide
+        KERNEL.use_wide_attention(False)
         narrow = _attend(q, k, v, L, tree, pos)
     finally:
         KERNEL.choose_variant(native.forced_variant())

@@ -95,9 +95,14 @@ class NativeKernel:
         code = self._lib.fast_variant({"avx2": 2, "avx512": 1}.get(force, 0))
         self.fast_variant = {513: "amx", 512: "avx512vnni", 2: "avx2"}.get(code)
         # attention's 16-lane loops (the same bits as its 8-lane ones): off under "avx2"
+        self.use_wide_attention(force != "avx2")
+
+    def use_wide_attention(self, on: bool) -> None:
+        """Attention's 16-lane loops where the CPU has AVX-512F (``on``), else its 8-lane ones: the
+        same bits either way; how scripts/kernel_ab.py times the two against each other."""
         self._lib.attention_variant.argtypes = [_i]
         self._lib.attention_variant.restype = _i
-        self.attention_wide = bool(self._lib.attention_variant(2 if force == "avx2" else 0))
+        self.attention_wide = bool(self._lib.attention_variant(0 if on else 2))
 
     def linear(
         self,

@@ -32,7 +32,7 @@ case $part in
   b2)
     DATA_S=${DATA_S:-240} HOURS=${HOURS:-0.05} EPOCHS=${EPOCHS:-10} bash scripts/device/train.sh ;;
   c)
-    IMPORT=${IMPORT:-"assets/train-data/smollm2-135m assets/train-data/smollm2-135m-gpu"} \
+    IMPORT=${IMPORT:-"assets/train-data/smollm2-135m assets/train-data/smollm2-135m-gpu assets/train-data/smollm2-135m-tasks"} \
       HOURS=${HOURS:-0.11} EPOCHS=${EPOCHS:-6} LR=${LR:-6e-4} EVAL_EVERY=${EVAL_EVERY:-0} \
       bash scripts/device/train.sh ;;
   *) echo "lease15.sh: part must be a, b, b2 or c" >&2; exit 2 ;;

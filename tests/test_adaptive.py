@@ -369,3 +369,24 @@ def test_later_children_start_and_fade_back_below_first_ones() -> None:
     for _ in range(300):
         model.observe(DraftTree.root_only(7), ())
     assert 0.13 < model.get(1, False) <= 0.15 and 0.13 < model.get(1, True, contested=True) <= 0.15
+
+
+def test_a_refused_second_draft_recovers_towards_a_trusted_first_one() -> None:
+    """Depth one lands 80% (rewrite prompts): a second draft refused early drifts back towards
+    that, not only to the 50% prior at which it would never be verified again; where depth one is
+    below 70% (chat) it drifts only to the prior."""
+    from engine.acceptance import AcceptanceModel
+
+    for first_lands, ceiling in ((True, 0.9), (False, 0.5)):
+        model = AcceptanceModel()
+        two = DraftTree((7, 10, 11), (-1, 0, 1), (1.0, 1.0, 1.0), has_probs=False)
+        for _ in range(20):
+            model.observe(two, (1,))  # the first draft lands, the second is refused
+        assert model.get(2, True) < 0.2
+        one = DraftTree((7, 10), (-1, 0), (1.0, 1.0), has_probs=False)
+        for k in range(400):  # then only depth one is verified: it lands 80% or 20% of the time
+            model.observe(one, (1,) if (k % 5 != 0) == first_lands else ())
+        above = model.get(1, True)
+        assert (above > 0.7) == first_lands
+        assert model.get(2, True) > (0.6 if first_lands else 0.45)
+        assert model.get(2, True) <= min(ceiling, max(above, 0.5)) + 1e-9

@@ -78,6 +78,8 @@ class NativeKernel:
         self._lib.stored_linear_fast.argtypes = [*_SIGNATURES["stored_linear"], _i]  # and half
         self._lib.stored_linear_fast.restype = _i
         self._lib.fast_variant.argtypes = [_i]
+        self._lib.attention_variant.argtypes = [_i]
+        self._lib.attention_variant.restype = _i
         self._lib.fast_variant.restype = _i
         # the fast precision's tiles: "amx" (AMX-INT8 for several rows, VNNI for one), "avx512vnni",
         # "avx2"; None: no fast kernel on this CPU
@@ -100,8 +102,6 @@ class NativeKernel:
     def use_wide_attention(self, on: bool) -> None:
         """Attention's 16-lane loops where the CPU has AVX-512F (``on``), else its 8-lane ones: the
         same bits either way; how scripts/kernel_ab.py times the two against each other."""
-        self._lib.attention_variant.argtypes = [_i]
-        self._lib.attention_variant.restype = _i
         self.attention_wide = bool(self._lib.attention_variant(0 if on else 2))
 
     def linear(

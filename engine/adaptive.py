@@ -13,7 +13,8 @@ Both estimates are learned online, per session:
   (acceptance comes in runs: while an answer copies from the prompt nearly everything is kept, in
   free text nearly nothing); estimates drift back towards an optimistic prior while unused, so a
   budget that shrank to nothing re-tests the drafter now and then;
-- cost: the verify time of an n-node tree, an average per n, filled in by a line fit where unseen.
+- cost: the verify time of an n-node tree, the session's calibrated curve scaled to the live steps
+  and corrected where they timed a size (engine/costs.py).
 
 Pruning bounds the verify cost, but the drafting itself is paid before anything is known: a
 drafter that rarely lands (a weak EAGLE head on free text) makes every step slower than a plain
@@ -32,18 +33,16 @@ outputs, and keeps the target distribution under sampling: this is a speed choic
 
 from __future__ import annotations
 
-import bisect
 import math
 import statistics
 from collections import deque
 from dataclasses import dataclass, field
 
 from engine.acceptance import AcceptanceModel, ConfidenceModel, contested_children
+from engine.costs import CostModel, LevelCost
 from engine.drafters.tree_search import Candidates, StopRule
 from engine.tree import DraftTree
 
-_COST_LEARN = 0.2  # weight of a new timing in the per-size cost average
-_LEVEL_FADE = 0.95  # weight of a drafted step's timing against the next one's in the level-cost fit
 _GATE_WINDOW = 32  # drafted steps the gate judges together (a ratio of sums)
 _GATE_PROBE = 8  # drafted steps after a (re)start before the gate judges
 # standard errors a window's rate must be below plain decoding's to pause (0 paused a paying EAGLE-3
@@ -53,131 +52,6 @@ _WIDTH_RETRY, _WIDTH_MAX_WAIT = 32, 256  # drafted steps before the losing width
 _GATE_MARGIN = 0.9  # drafting must keep at least this share of plain decoding's rate
 _CHEAP_DRAFT = 0.05  # drafting cheaper than this share of a plain step is never paused
 _MIN_PAUSE, _MAX_PAUSE = 4, 128  # steps without drafting after a losing drafted step
-
-
-def _fade_in(sums: list[float], terms: tuple[float, ...]) -> list[float]:
-    """Least-squares sums with older observations fading: each weighs ``_LEVEL_FADE`` times the next."""
-    return [_LEVEL_FADE * v + t for v, t in zip(sums, terms, strict=True)]
-
-
-@dataclass
-class CostModel:
-    """Milliseconds as a function of a size n: a verify's tree size (root included), or the
-    number of levels a drafter grew.
-
-    ``shape``: the relative cost by size measured for this session (engine/calibrate.py), or
-    None. With it, every size is the measured curve scaled to the live steps, plus what each node
-    costs live beyond it (:meth:`fit`): the steps give the level, the calibration the shape.
-    Without it, a size seen keeps its own average, and the others lie on a least-squares line
-    through the sizes seen."""
-
-    ms: dict[int, float] = field(default_factory=dict)
-    lone_slope: float = 0.05  # with one size seen: relative cost per extra unit (verify: CPU-typical)
-    shape: dict[int, float] | None = None
-    # with a shape: fading sums for ms = scale * shape(n) + extra * (n - 1), over every step timed
-    sums: list[float] = field(default_factory=lambda: [0.0] * 5)  # aa, ab, bb, ay, by
-    # fit()'s answer until the next step: a drafted step asks for a dozen estimates
-    _fitted: tuple[float, float] | None = field(default=None, init=False, repr=False, compare=False)
-    # (shape, its sizes sorted): the shape is set once, and relative() runs a dozen times a step
-    _sizes: tuple[dict[int, float], list[int]] | None = field(default=None, init=False, repr=False, compare=False)
-
-    def observe(self, n: int, ms: float) -> None:
-        old = self.ms.get(n)
-        self.ms[n] = ms if old is None else old + _COST_LEARN * (ms - old)
-        if self.shape:
-            a, b = self.relative(n), float(n - 1)
-            self.sums = _fade_in(self.sums, (a * a, a * b, b * b, a * ms, b * ms))
-            self._fitted = None
-
-    def fit(self) -> tuple[float, float] | None:
-        if self._fitted is None:
-            self._fitted = self._fit()
-        return self._fitted
-
-    def _fit(self) -> tuple[float, float] | None:
-        """(ms of a one-token step, ms each extra node costs beyond the calibrated curve), or None
-        before any step. The extra term is what a live verify adds per node that the calibration's
-        bare forward does not (capturing features, an argmax per row, bookkeeping: ~5% of a step a
-        node on the 2-core EPYC); it stays 0 until the sizes verified vary."""
-        aa, ab, bb, ay, by = self.sums
-        if aa <= 0:
-            return None
-        det = aa * bb - ab * ab
-        if bb > 1e-9 and det > 1e-6 * aa * bb:
-            scale, extra = (ay * bb - by * ab) / det, (aa * by - ab * ay) / det
-            if extra >= 0:
-                return scale, extra
-        return ay / aa, 0.0
-
-    def estimate(self, n: int) -> float | None:
-        if self.shape:  # every size from one fit that every step refreshes: per-size averages of
-            # sizes the budget stopped choosing go stale, and a stale price keeps them unchosen
-            fit = self.fit()
-            return None if fit is None else max(1e-3, fit[0] * self.relative(n) + fit[1] * (n - 1))
-        if n in self.ms:
-            return max(1e-3, self.ms[n])
-        if not self.ms:
-            return None
-        # least-squares line through the sizes seen; with one size, assume the CPU-typical slope
-        xs, ys = zip(*sorted(self.ms.items()), strict=True)
-        if len(xs) == 1:
-            s = self.lone_slope
-            return max(1e-3, ys[0] * (1.0 + s * (n - 1)) / (1.0 + s * (xs[0] - 1)))
-        mx, my = sum(xs) / len(xs), sum(ys) / len(ys)
-        sxx = sum((x - mx) ** 2 for x in xs)
-        slope = max(0.0, sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True)) / sxx)
-        return max(1e-3, my + slope * (n - mx))
-
-    def relative(self, n: int) -> float:
-        """The measured shape at n: linear between measured sizes, and beyond the largest along
-        the line through the last two (the curve is close to linear there: arithmetic-bound)."""
-        assert self.shape
-        if self._sizes is None or self._sizes[0] is not self.shape:
-            self._sizes = (self.shape, sorted(self.shape))
-        sizes = self._sizes[1]
-        if n in self.shape or len(sizes) == 1 or n < sizes[0]:
-            return self.shape.get(n, self.shape[sizes[0]] if n < sizes[0] else self.shape[sizes[-1]])
-        i = min(bisect.bisect(sizes, n), len(sizes) - 1)  # sizes[i - 1] < n < sizes[i], or beyond the last
-        lo, hi = sizes[i - 1], sizes[i]
-        return self.shape[lo] + (n - lo) / (hi - lo) * (self.shape[hi] - self.shape[lo])
-
-
-@dataclass
-class LevelCost:
-    """Milliseconds to draft a number of levels: a line a + b * levels, fitted by least squares over
-    the drafted steps with older ones fading (each weighs ``_LEVEL_FADE`` times the next).
-
-    Why a fit over steps, not an average per level count: the budget mostly drafts the depth it
-    believes pays, so an average for another depth goes stale, and a stale price would keep that
-    depth unchosen. Until the levels drafted vary, the line goes through the origin and the mean."""
-
-    sums: list[float] = field(default_factory=lambda: [0.0] * 5)  # weight, x, y, xx, xy
-    ms: dict[int, float] = field(default_factory=dict)  # the last average per level count (for display)
-
-    def observe(self, levels: int, ms: float) -> None:
-        old = self.ms.get(levels)
-        self.ms[levels] = ms if old is None else old + _COST_LEARN * (ms - old)
-        self.sums = _fade_in(self.sums, (1.0, levels, ms, levels * levels, levels * ms))
-
-    def line(self) -> tuple[float, float] | None:
-        """(intercept, ms per level), or None before any step."""
-        w, sx, sy, sxx, sxy = self.sums
-        if w <= 0:
-            return None
-        mx, my = sx / w, sy / w
-        var = sxx / w - mx * mx
-        if var < 0.05:  # (nearly) one level count seen: proportional to levels
-            return 0.0, my / max(mx, 1.0)
-        slope = max(0.0, (sxy / w - mx * my) / var)
-        return my - slope * mx, slope
-
-    def estimate(self, levels: int) -> float | None:
-        fit = self.line()
-        return None if fit is None else max(1e-3, fit[0] + fit[1] * levels)
-
-    def per_level(self) -> float | None:
-        fit = self.line()
-        return None if fit is None else fit[1]
 
 
 @dataclass

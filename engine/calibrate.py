@@ -7,7 +7,8 @@ arithmetic does: 16 tokens cost ~3x one, 64 cost ~10x). Every new size it tried 
 step, and which sizes it tried depended on timing noise, so the same code pruned differently from
 run to run. The shape of the curve is a property of the kernels and the model, stable where the
 machine's absolute speed drifts, so it is measured once per session on a scratch cache and the
-budget only learns its scale from live steps (:class:`engine.adaptive.CostModel`).
+budget learns its scale from live steps, and its shape only where the steps have timed a size often
+enough to outvote a noisy calibration (:class:`engine.costs.CostModel`).
 
 ``bench --cost-curve`` reports the same measurement.
 """

@@ -319,6 +319,13 @@ class Session:
         (reading it measures nothing)."""
         return self._cost_shape
 
+    @property
+    def learned_cost_curves(self) -> dict[str, dict[int, float]]:
+        """Each method's verify-cost curve as its budget plans with it now: the measured one,
+        corrected where the live steps timed a size often enough (engine/costs.py); methods whose
+        steps have not corrected it yet are left out."""
+        return {m: dict(b.cost.curve) for m, b in self._budgets.items() if b.cost.curve}
+
     def cost_shape(self) -> dict[int, float] | None:
         """The relative verify cost by tree size (measured on first use, about a second on the
         embedded model), or None for a session that learns costs from its steps alone."""

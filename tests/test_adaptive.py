@@ -8,7 +8,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from engine.adaptive import _GATE_PROBE, DraftBudget, LevelCost, subtree
+from engine.adaptive import _GATE_PROBE, DraftBudget, subtree
+from engine.costs import LevelCost
 from engine.tree import DraftTree
 
 

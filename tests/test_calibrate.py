@@ -10,9 +10,10 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from engine.adaptive import CostModel, DraftBudget
+from engine.adaptive import DraftBudget
 from engine.calibrate import CALIBRATION_SIZES, measure_verify_costs, relative_shape, threads_for_calibration
 from engine.config import SpecConfig
+from engine.costs import CostModel
 from engine.events import Started, Step
 from engine.session import Session
 from engine.tree import DraftTree

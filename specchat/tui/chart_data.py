@@ -7,7 +7,7 @@ engine and draw the same pictures for all three.
 * Acceptance by depth is counted exactly as :class:`engine.stats.RunningTally` counts it for the
   stats panel (a depth was "attempted" when the accepted path reached the level above it and the
   tree had children there), once for the current answer and once for the whole session.
-* The verify-cost curve is the adaptive budget's own :class:`engine.adaptive.CostModel`, given the
+* The verify-cost curve is the adaptive budget's own :class:`engine.costs.CostModel`, given the
   cost shape the session calibrated (``Started.cost_shape``) and fed the same observations the
   session feeds it (each step's tree size and verify time, per method; an answer's step 0 is the
   prefill's own token, which the budget never observes), so the curve drawn is the curve the
@@ -22,7 +22,7 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from engine.adaptive import CostModel
+from engine.costs import CostModel
 from engine.events import ConfigApplied, Finished, Started, Step
 from engine.stats import RunningTally
 

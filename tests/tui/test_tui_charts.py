@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from engine.adaptive import CostModel
+from engine.costs import CostModel
 from engine.events import CommittedToken, Finished, Started, Step, StepTiming
 from engine.tree import DraftTree
 from specchat.tui import testing

@@ -19,6 +19,7 @@ _COST_LEARN = 0.2  # weight of a new timing in the per-size cost average
 _LEVEL_FADE = 0.95  # weight of a step's timing against the next one's in the fading fits
 # The live correction of the calibrated curve (CostModel.observe):
 _SHAPE_WINDOW = 16  # a size's last timings, whose median is its live price (one slow step is not)
+_LEVEL_LEARN = 0.2  # weight of a step in the running level its timing is read against
 _SHAPE_MIN = 6  # timings a size, and the one-token step, need before they correct the calibration
 _SHAPE_PRIOR = 4  # the calibration's weight against a size's live timings, counted in timings
 _SHAPE_EVERY = 8  # steps between two corrections (each re-reads the fit's recent steps)
@@ -49,8 +50,10 @@ class CostModel:
     curve: dict[int, float] | None = None
     # with a shape: fading sums for ms = scale * curve(n) + extra * (n - 1), over every step timed
     sums: list[float] = field(default_factory=lambda: [0.0] * 5)  # aa, ab, bb, ay, by
-    # each size's last timings, and the last steps' (size, ms) the sums are re-read from
+    # each size's last timings over the calibration's price at the level of the moment, and the
+    # last steps' (size, ms) the sums are re-read from
     live: dict[int, deque[float]] = field(default_factory=dict, repr=False)
+    level: float | None = field(default=None, repr=False)  # a running ms / shape(n): one token's ms lately
     recent: deque[tuple[int, float]] = field(default_factory=lambda: deque(maxlen=_RECENT), repr=False)
     # fit()'s answer until the next step: a drafted step asks for a dozen estimates
     _fitted: tuple[float, float] | None = field(default=None, init=False, repr=False, compare=False)
@@ -72,7 +75,12 @@ class CostModel:
         self.ms[n] = ms if old is None else old + _COST_LEARN * (ms - old)
         if not self.shape:
             return
-        self.live.setdefault(n, deque(maxlen=_SHAPE_WINDOW)).append(ms)
+        # each timing against the calibrated price at the level of the moment: sizes timed at
+        # different times (a longer context, a slower stretch of the machine) stay comparable
+        calibrated = ms / _interpolate(self.shape, sorted(self.shape), n)
+        if self.level is not None:
+            self.live.setdefault(n, deque(maxlen=_SHAPE_WINDOW)).append(calibrated / self.level)
+        self.level = calibrated if self.level is None else self.level + _LEVEL_LEARN * (calibrated - self.level)
         self.recent.append((n, ms))
         self._fitted = None
         self._since += 1
@@ -141,11 +149,11 @@ class CostModel:
         """Re-read the curve from the live timings; True when it moved.
 
         Each size timed at least ``_SHAPE_MIN`` times (and the one-token step as often) gets the
-        factor between its live price and the calibration's, relative to one token's live price
-        (medians of the last ``_SHAPE_WINDOW``), shrunk towards 1 by ``_SHAPE_PRIOR`` timings'
-        worth of trust in the calibration; sizes between two timed ones take the interpolated
-        factor, sizes beyond the largest timed one its factor where that is below 1 and the
-        calibration's price otherwise. Why lean towards the cheaper: a size priced too low gets
+        factor between its live price and the calibration's, relative to one token's (medians of
+        its last ``_SHAPE_WINDOW`` timings, each read against the running level of its moment, over
+        one token's), shrunk towards 1 by ``_SHAPE_PRIOR`` timings' worth of trust in the
+        calibration; sizes between two timed ones take the interpolated factor, sizes beyond the
+        largest timed one its factor where that is below 1 and the calibration's price otherwise. Why lean towards the cheaper: a size priced too low gets
         chosen, timed and corrected; a size priced too high is never chosen again."""
         assert self.shape
         one = self.live.get(1)
@@ -157,8 +165,7 @@ class CostModel:
         for n, times in self.live.items():
             if n > 1 and len(times) >= _SHAPE_MIN:
                 trust = len(times) / (len(times) + _SHAPE_PRIOR)
-                live = statistics.median(times) / base
-                factors[n] = 1.0 - trust + trust * live / _interpolate(self.shape, calibrated, n)
+                factors[n] = 1.0 - trust + trust * statistics.median(times) / base
         curve = None
         if len(factors) > 1:
             timed = sorted(factors)

@@ -153,8 +153,9 @@ class CostModel:
         its last ``_SHAPE_WINDOW`` timings, each read against the running level of its moment, over
         one token's), shrunk towards 1 by ``_SHAPE_PRIOR`` timings' worth of trust in the
         calibration; sizes between two timed ones take the interpolated factor, sizes beyond the
-        largest timed one its factor where that is below 1 and the calibration's price otherwise. Why lean towards the cheaper: a size priced too low gets
-        chosen, timed and corrected; a size priced too high is never chosen again."""
+        largest timed one its factor where that is below 1 and the calibration's price otherwise.
+        Why lean towards the cheaper: a size priced too low gets chosen, timed and corrected; a
+        size priced too high is never chosen again (DraftBudget.prune's retry is the last resort)."""
         assert self.shape
         one = self.live.get(1)
         if one is None or len(one) < _SHAPE_MIN:

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from engine.adaptive import _GATE_PROBE, DraftBudget, subtree
+from engine.adaptive import _EXPLORE, _GATE_PROBE, DraftBudget, subtree
 from engine.costs import LevelCost
 from engine.tree import DraftTree
 
@@ -51,6 +51,20 @@ def test_useless_drafts_shrink_to_a_plain_step_then_get_retried() -> None:
     assert len(budget.prune(tree)) == 1
     for _ in range(200):  # plain steps test nothing: estimates drift back to the optimistic prior
         budget.observe(DraftTree.root_only(1), (), 10.0)
+    assert len(budget.prune(tree)) > 1
+
+
+def test_a_budget_stuck_at_the_root_verifies_its_likeliest_draft_now_and_then() -> None:
+    """A second node priced above what the 50% prior pays for (a noisy calibration) would keep
+    every tree at its root forever, the estimates never tested: every ``_EXPLORE``-th drafted
+    step in a row that pruned to the root verifies the likeliest draft instead."""
+    budget = DraftBudget(cost_shape={1: 1.0, 2: 1.7, 3: 2.0, 8: 3.0})
+    budget.cost.observe(1, 10.0)
+    tree = DraftTree(chain(4).tokens, chain(4).parents, chain(4).draft_probs, has_probs=False)  # n-gram's kind
+    kept = [len(budget.prune(tree)) for _ in range(2 * _EXPLORE)]
+    assert kept == ([1] * (_EXPLORE - 1) + [2]) * 2
+    assert budget.prune(tree).tokens == tree.tokens[:1]  # the count starts again
+    budget.acceptance.rate = {(1, True, False): 0.9}  # the drafts land: the budget keeps them itself
     assert len(budget.prune(tree)) > 1
 
 

@@ -24,6 +24,7 @@ _SHAPE_MIN = 6  # timings a size, and the one-token step, need before they corre
 _SHAPE_PRIOR = 4  # the calibration's weight against a size's live timings, counted in timings
 _SHAPE_EVERY = 8  # steps between two corrections (each re-reads the fit's recent steps)
 _RECENT = 64  # steps the fit is re-read from when the curve moves (older ones weigh under 4%)
+_MOVED = 0.01  # a correction that moves no size's price by more than this share is not taken
 
 
 def _fade_in(sums: list[float], terms: tuple[float, ...]) -> list[float]:
@@ -59,6 +60,8 @@ class CostModel:
     _fitted: tuple[float, float] | None = field(default=None, init=False, repr=False, compare=False)
     # (curve, its sizes sorted): the curve changes rarely, and relative() runs a dozen times a step
     _sizes: tuple[dict[int, float], list[int]] | None = field(default=None, init=False, repr=False, compare=False)
+    _shape_sizes: tuple[dict[int, float], list[int]] | None = field(default=None, init=False, repr=False,
+                                                                     compare=False)
     _since: int = field(default=0, init=False, repr=False, compare=False)  # steps since the last correction
 
     def observe(self, n: int, ms: float) -> None:
@@ -77,7 +80,7 @@ class CostModel:
             return
         # each timing against the calibrated price at the level of the moment: sizes timed at
         # different times (a longer context, a slower stretch of the machine) stay comparable
-        calibrated = ms / _interpolate(self.shape, sorted(self.shape), n)
+        calibrated = ms / self._calibrated(n)
         if self.level is not None:
             self.live.setdefault(n, deque(maxlen=_SHAPE_WINDOW)).append(calibrated / self.level)
         self.level = calibrated if self.level is None else self.level + _LEVEL_LEARN * (calibrated - self.level)
@@ -161,7 +164,6 @@ class CostModel:
         if one is None or len(one) < _SHAPE_MIN:
             return False
         base = statistics.median(one)
-        calibrated = sorted(self.shape)
         factors = {1: 1.0}
         for n, times in self.live.items():
             if n > 1 and len(times) >= _SHAPE_MIN:
@@ -171,14 +173,23 @@ class CostModel:
         if len(factors) > 1:
             timed = sorted(factors)
             last = timed[-1]
-            curve = {n: _interpolate(self.shape, calibrated, n) * _interpolate(factors, timed, n)
-                     for n in sorted(set(calibrated) | set(timed)) if n <= last}
-            for n in calibrated:  # beyond: see the docstring, and never below the last timed size
+            curve = {n: self._calibrated(n) * _interpolate(factors, timed, n)
+                     for n in sorted(set(self.shape) | set(timed)) if n <= last}
+            for n in sorted(self.shape):  # beyond: see the docstring, and never below the last timed size
                 if n > last:
                     curve[n] = max(self.shape[n] * min(1.0, factors[last]), curve[last])
             curve = relative_shape(curve)
-        moved, self.curve = curve != self.curve, curve
-        return moved
+        if not _moved(self.curve, curve):
+            return False
+        self.curve = curve
+        return True
+
+    def _calibrated(self, n: int) -> float:
+        """The calibration's price at n, relative to one token (not the corrected curve's)."""
+        assert self.shape
+        if self._shape_sizes is None or self._shape_sizes[0] is not self.shape:
+            self._shape_sizes = (self.shape, sorted(self.shape))
+        return _interpolate(self.shape, self._shape_sizes[1], n)
 
 
 @dataclass
@@ -228,3 +239,11 @@ def _interpolate(points: dict[int, float], sizes: list[int], n: int) -> float:
     i = min(bisect.bisect(sizes, n), len(sizes) - 1)  # sizes[i - 1] < n < sizes[i], or beyond the last
     lo, hi = sizes[i - 1], sizes[i]
     return points[lo] + (n - lo) / (hi - lo) * (points[hi] - points[lo])
+
+
+def _moved(old: dict[int, float] | None, new: dict[int, float] | None) -> bool:
+    """Whether a correction changes some size's price by more than ``_MOVED`` (each taken one costs a
+    re-read of the recent steps, and the medians shift a little at every correction)."""
+    if old is None or new is None or old.keys() != new.keys():
+        return old != new
+    return any(abs(new[n] - old[n]) > _MOVED * old[n] for n in old)

@@ -56,7 +56,8 @@ def test_every_size_follows_the_measured_curve_at_the_level_every_step_refreshes
     for _ in range(60):  # the conversation grew: 4 ms a token on the curve, nothing beyond it
         cost.observe(1, 4.0)
         cost.observe(4, 4.0 * 1.3)
-    assert cost.estimate(1) == pytest.approx(4.0, rel=1e-3) and cost.estimate(16) == pytest.approx(4.0 * 3.4, rel=1e-3)
+    # within the 1% a correction of the curve from the steps must move a price before it is taken
+    assert cost.estimate(1) == pytest.approx(4.0, rel=0.01) and cost.estimate(16) == pytest.approx(4.0 * 3.4, rel=0.01)
 
 
 def test_a_line_through_cheap_small_trees_keeps_trees_the_measured_curve_prunes() -> None:

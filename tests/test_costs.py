@@ -95,3 +95,20 @@ def test_a_session_reports_each_methods_corrected_curve() -> None:
         cost.observe(2, 3.6)
     learned = session.learned_cost_curves
     assert set(learned) == {"ngram"} and learned["ngram"] == cost.curve and learned["ngram"][2] < NOISY[2]
+
+
+def test_a_correction_that_moves_no_price_by_1_percent_is_not_taken() -> None:
+    """Each taken correction re-reads the recent steps; the medians shift a little at every one."""
+    cost = CostModel(shape=dict(NOISY))
+    for _ in range(24):
+        cost.observe(1, 3.0)
+        cost.observe(2, 3.6)
+    taken = cost.curve
+    for _ in range(_SHAPE_EVERY):
+        cost.observe(1, 3.0 * 1.004)
+        cost.observe(2, 3.6)
+    assert cost.curve is taken
+    for _ in range(_SHAPE_EVERY * 2):  # 2 nodes now 8% dearer: taken
+        cost.observe(1, 3.0)
+        cost.observe(2, 3.6 * 1.08)
+    assert cost.curve is not taken and cost.curve[2] > taken[2] * 1.01

@@ -41,7 +41,7 @@ from engine.events import (
 from engine.features import FeatureCaptures, FeatureSpec
 from engine.prefill import ChunkedPrefill
 from engine.prefix import common_prefix
-from engine.sampling import GumbelNoise, coupled_predictions, perturbed_scores, target_probs
+from engine.sampling import GumbelNoise, coupled_predictions, coupled_sample, target_probs
 from engine.stats import RunningTally
 from engine.threads import ThreadGovernor
 from engine.tree import DraftTree, Verdict
@@ -365,8 +365,7 @@ class Session:
             return int(logits.argmax())
         noise = self._noise(config)
         if noise is not None:
-            scores = perturbed_scores(logits, config.temperature, config.top_p, config.top_k, noise.at(position))
-            return int(scores.argmax())
+            return coupled_sample(logits, config.temperature, config.top_p, config.top_k, noise.at(position))
         return sample_from(target_probs(logits, config.temperature, config.top_p, config.top_k), self._generator)
 
     # -- the step loop -----------------------------------------------------------------------------

@@ -42,6 +42,7 @@ _SIGNATURES = {
     "log_softmax_topk": [_p, _l, _l, _l, _p, _p, _p],
     "perturbed_topk": [_p, _l, _l, _l, _f, _p, _p, _p, _p],
     "argmax_rows": [_p, _l, _l, _p],
+    "perturbed_argmax_rows": [_p, _l, _l, _f, _p, _p],
     "dequantize_rows": [_i, _l, _p, _p, _p, _l, _l, _p, _l, _p],
 }
 
@@ -193,6 +194,14 @@ class NativeKernel:
         self._lib.argmax_rows(x.data_ptr(), rows, n, out.data_ptr())
         return out.tolist()
 
+    def perturbed_argmax_rows(self, x: torch.Tensor, scale: float, noise: torch.Tensor) -> list[int]:
+        """x: [rows, n] contiguous fp32, noise: [n] contiguous fp32 -> each row's first index of the
+        largest ``x * scale + noise`` (each step rounded to fp32; NaN as in :meth:`argmax_rows`)."""
+        rows, n = x.shape
+        out = torch.empty(rows, dtype=torch.int64)
+        self._lib.perturbed_argmax_rows(x.data_ptr(), rows, n, scale, noise.data_ptr(), out.data_ptr())
+        return out.tolist()
+
     def log_softmax_topk_(self, x: torch.Tensor, k: int = 0) -> tuple[torch.Tensor, torch.Tensor] | None:
         """x: [rows, n] contiguous fp32, made its log-softmax in place; with k > 0 also each row's k
         largest values' indices and values ([rows, k], best first, ties to the lower index)."""
@@ -328,6 +337,18 @@ def row_argmax(logits: torch.Tensor) -> list[int]:
     if kernel is None or logits.shape[1] == 0:
         return logits.argmax(dim=-1).tolist()
     return kernel.argmax_rows(logits.contiguous())
+
+
+def perturbed_argmax(logits: torch.Tensor, scale: float, noise: torch.Tensor) -> int | None:
+    """``int((logits * scale + noise).argmax())`` for a [vocab] fp32 row, in our kernel where it runs;
+    None where it does not (a device tensor, another dtype, no kernel): the caller computes it."""
+    if (logits.device.type != "cpu" or logits.dtype != torch.float32 or logits.dim() != 1 or noise.device.type != "cpu"
+            or noise.dtype != torch.float32 or noise.shape != logits.shape or logits.shape[0] == 0):
+        return None
+    kernel = load()
+    if kernel is None:
+        return None
+    return kernel.perturbed_argmax_rows(logits.contiguous()[None], scale, noise.contiguous())[0]
 
 
 def variant() -> str:

@@ -54,29 +54,45 @@ AVX2 void silu_mul(const float *gu, long T, long I, float *out) {
 /*
  * The index of each row's largest value: [rows, n] -> out[rows], the first index where the
  * maximum occurs, and the first NaN where a row has one (torch.argmax's answer in both cases).
+ * With noise (perturbed_argmax_rows), of each row's x[i] * scale + noise[i] instead: coupled
+ * sampling's draw (engine/sampling.py), the product and the sum each rounded once, as torch's
+ * ``logits * scale + noise`` rounds them (this library is built without FMA contraction).
  *
  * Why: greedy verification takes the argmax of every verified row over the whole vocabulary
  * (49,152 floats on the embedded model), and torch's CPU argmax reads ~1 float per ns there:
- * ~45 us a row, ~1% of a plain step; eight lanes at a time it is a few microseconds.
+ * ~45 us a row, ~1% of a plain step; eight lanes at a time it is a few microseconds. A sampled
+ * step's three torch passes (scale, add, argmax) cost ~130 us a row.
  */
-static AVX2 long argmax_row(const float *x, long n) {
+static inline __attribute__((always_inline)) AVX2 __m256 score8(const float *x, const float *g, __m256 s, long i) {
+    const __m256 v = _mm256_loadu_ps(x + i);
+    return g ? _mm256_add_ps(_mm256_mul_ps(v, s), _mm256_loadu_ps(g + i)) : v;
+}
+
+static inline __attribute__((always_inline)) float score1(const float *x, const float *g, float s, long i) {
+    return g ? x[i] * s + g[i] : x[i];
+}
+
+static inline __attribute__((always_inline)) AVX2 long argmax_row(const float *x, long n, const float *g, float s) {
     long i = 0, best_i = 0;
-    float best = x[0];
+    float best = score1(x, g, s, 0);
     if (n >= 8) {
-        __m256 vmax = _mm256_loadu_ps(x), nan = _mm256_cmp_ps(vmax, vmax, _CMP_UNORD_Q);
+        const __m256 vs = _mm256_set1_ps(s);
+        __m256 vmax = score8(x, g, vs, 0), nan = _mm256_cmp_ps(vmax, vmax, _CMP_UNORD_Q);
         __m256i vidx = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7), cur = vidx;
         const __m256i eight = _mm256_set1_epi32(8);
         for (i = 8; i + 8 <= n; i += 8) {
             cur = _mm256_add_epi32(cur, eight);
-            const __m256 v = _mm256_loadu_ps(x + i);
+            const __m256 v = score8(x, g, vs, i);
             nan = _mm256_or_ps(nan, _mm256_cmp_ps(v, v, _CMP_UNORD_Q));
             const __m256 gt = _mm256_cmp_ps(v, vmax, _CMP_GT_OQ); /* strictly greater: a lane keeps its first */
             vmax = _mm256_blendv_ps(vmax, v, gt);
             vidx = _mm256_blendv_epi8(vidx, cur, _mm256_castps_si256(gt));
         }
         if (_mm256_movemask_ps(nan)) { /* rare: the first NaN, as torch answers */
-            for (long j = 0; j < n; j++)
-                if (x[j] != x[j]) return j;
+            for (long j = 0; j < n; j++) {
+                const float v = score1(x, g, s, j);
+                if (v != v) return j;
+            }
         }
         float m[8];
         int ix[8];
@@ -87,14 +103,19 @@ static AVX2 long argmax_row(const float *x, long n) {
             if (m[l] > best || (m[l] == best && ix[l] < best_i)) best = m[l], best_i = ix[l];
     }
     for (; i < n; i++) {
-        if (x[i] != x[i]) return i;
-        if (x[i] > best) best = x[i], best_i = i;
+        const float v = score1(x, g, s, i);
+        if (v != v) return i;
+        if (v > best) best = v, best_i = i;
     }
     return best_i;
 }
 
-void argmax_rows(const float *x, long rows, long n, long *out) {
-    for (long r = 0; r < rows; r++) out[r] = argmax_row(x + r * n, n);
+AVX2 void argmax_rows(const float *x, long rows, long n, long *out) {
+    for (long r = 0; r < rows; r++) out[r] = argmax_row(x + r * n, n, NULL, 1.0f);
+}
+
+AVX2 void perturbed_argmax_rows(const float *x, long rows, long n, float scale, const float *noise, long *out) {
+    for (long r = 0; r < rows; r++) out[r] = argmax_row(x + r * n, n, noise, scale);
 }
 
 /* Value v at index a into the k best so far (best[0..*filled-1], descending): a value equal to one

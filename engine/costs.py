@@ -73,7 +73,8 @@ class CostModel:
         one where its neighbours measured 1.11-1.24x); scaling can only move the whole curve, so
         the budget priced a second node above what a chat draft earns for the whole process, and
         every method's tau fell to ~1.0 (about one process in ten). The budget still verifies a
-        size it overprices when a draft is sure enough, and those timings now fix its price."""
+        size it overprices when a draft is sure enough, or when it retries after a run of bare
+        steps (DraftBudget.prune), and those timings now fix its price."""
         old = self.ms.get(n)
         self.ms[n] = ms if old is None else old + _COST_LEARN * (ms - old)
         if not self.shape:

@@ -123,6 +123,25 @@ def test_gate_keeps_a_drafter_that_pays_and_never_pauses_cheap_drafting() -> Non
         assert cheap.gate.should_draft()
 
 
+def test_gate_judges_drafting_against_undrafted_steps_not_verifies_that_drafting_slowed() -> None:
+    """Plain steps take 10 ms; after drafting (1.5 ms) even a one-token verify takes 12 (the weights
+    left the cache meanwhile). Drafting delivers 1.25 tokens a step: 0.089 tokens/ms against plain
+    decoding's 0.1. The cost model, fitted to the slowed verifies, prices a plain step at ~12 ms, at
+    which drafting would look like a win; the gate reads the undrafted steps and pauses."""
+    budget = DraftBudget()
+    for _ in range(8):
+        budget.observe(DraftTree.root_only(7), (), verify_ms=10.0)  # undrafted steps
+    steps = [(DraftTree.root_only(7), (), 12.0), (chain(2), (1,), 13.0), (DraftTree.root_only(7), (), 12.0),
+             (chain(2), (), 13.0)]
+    for i in range(64):
+        if not budget.gate.should_draft():
+            break
+        tree, accepted, verify = steps[i % 4]
+        budget.observe(tree, accepted, verify_ms=verify, draft_ms=1.5)
+    assert budget.gate.pause > 0, "drafting at 0.89x plain decoding was not paused"
+    assert budget.cost.estimate(1) > 11.0 and budget._plain_ms() == pytest.approx(10.0)
+
+
 def test_gate_resumes_after_the_drafter_lands_again() -> None:
     budget = DraftBudget()
     budget.cost.observe(1, 10.0)

@@ -206,7 +206,13 @@ class DraftGate:
 
     def observe(self, tokens: int, draft_ms: float, verify_ms: float, plain_ms: float | None) -> bool:
         """A drafted step committed ``tokens``; ``plain_ms``: the estimated time of a plain step.
-        Returns whether the step was judged (False for a settling step)."""
+        Returns whether the step was judged (False for a settling step).
+
+        A window below plain decoding's rate but within its chance spread drafts on without
+        resetting the pauses' doubling; only a window at or above that rate does. Why: a losing
+        drafter's short windows are often within the spread, and each reset sent it back to
+        4-step pauses and another probe (Medusa on MT-bench: 0.92-0.93x -> 0.95x, 40 prompts,
+        alternating; EAGLE-3 unchanged)."""
         if self.settling:
             self.settling = False
             return False
@@ -214,8 +220,10 @@ class DraftGate:
         rate, drafting = self.window.rate, self.window.draft_ms
         if plain_ms is None or rate is None or drafting is None:
             return True
-        if drafting < _CHEAP_DRAFT * plain_ms or rate + _GATE_DOUBT * self.window.stderr() >= _GATE_MARGIN / plain_ms:
-            self.next_pause = _MIN_PAUSE  # not clearly losing: pauses start short again
+        cheap, par = drafting < _CHEAP_DRAFT * plain_ms, _GATE_MARGIN / plain_ms
+        if cheap or rate + _GATE_DOUBT * self.window.stderr() >= par:  # not clearly losing: draft on
+            if cheap or rate >= par:  # and not losing at all: pauses start short again
+                self.next_pause = _MIN_PAUSE
             return True
         self.pause = self.next_pause
         self.next_pause = min(_MAX_PAUSE, 2 * self.next_pause)

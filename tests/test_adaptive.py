@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from engine.adaptive import _EXPLORE, _GATE_PROBE, DraftBudget, subtree
+from engine.adaptive import _EXPLORE, _GATE_PROBE, DraftBudget, DraftGate, subtree
 from engine.costs import LevelCost
 from engine.tree import DraftTree
 
@@ -140,6 +140,18 @@ def test_gate_judges_drafting_against_undrafted_steps_not_verifies_that_drafting
         budget.observe(tree, accepted, verify_ms=verify, draft_ms=1.5)
     assert budget.gate.pause > 0, "drafting at 0.89x plain decoding was not paused"
     assert budget.cost.estimate(1) > 11.0 and budget._plain_ms() == pytest.approx(10.0)
+
+
+def test_a_window_losing_within_its_spread_drafts_on_without_shortening_the_pauses() -> None:
+    """9 tokens in 96 ms against 1 in 10 plain: behind, but within the window's chance spread, so
+    drafting goes on; the pauses' doubling is kept, and only a window at par resets it."""
+    gate = DraftGate(settling=False, next_pause=16)
+    for tokens in (1, 1, 1, 1, 1, 1, 1, 2):
+        gate.observe(tokens, 2.0, 10.0, plain_ms=10.0)
+    assert gate.pause == 0 and gate.rate is not None and gate.rate < 0.1 and gate.next_pause == 16
+    for _ in range(8):  # the drafts land: 2 tokens in 12 ms
+        gate.observe(2, 2.0, 10.0, plain_ms=10.0)
+    assert gate.pause == 0 and gate.next_pause == 4
 
 
 def test_gate_resumes_after_the_drafter_lands_again() -> None:

@@ -21,9 +21,9 @@ drafter that rarely lands (a weak EAGLE head on free text) makes every step slow
 one. :class:`DraftGate` compares the measured rate of the last drafted steps (tokens per ms,
 drafting included, over a window of up to 32) with plain decoding's (the undrafted steps' where
 that is lower than the cost model's price: :meth:`DraftBudget._plain_ms` says why) and pauses
-drafting while it loses, retrying after a pause that doubles each time it still loses (4 steps up to 128), so a
-useless drafter costs a few percent instead of half the speed, and a drafter that starts landing
-again is back within a pause. For a drafter that pays a forward per level,
+drafting while it loses, retrying after a pause that doubles each time it still loses (4 steps up
+to 128), so a useless drafter costs a few percent instead of half the speed, and a drafter that
+starts landing again is back within a pause. For a drafter that pays a forward per level,
 :meth:`DraftBudget.draft_depth` also picks how many levels to draft (measured on the 2-core VM:
 a weak EAGLE-3 head drafts one level in ~2 ms instead of five in ~9 ms, since deeper levels would
 mostly be pruned or rejected anyway).

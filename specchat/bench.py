@@ -293,6 +293,11 @@ def _time_prompts(prompts: list[Prompt], runners: list[Runner]) -> None:
 
 
 # reporting ------------------------------------------------------------------------------------
+def _curve_json(curve: dict[int, float]) -> dict[str, float]:
+    """A verify-cost curve (relative cost by tree size) as the JSON report writes it."""
+    return {str(n): round(v, 3) for n, v in curve.items()}
+
+
 def _report(args: argparse.Namespace, plan: Plan, sessions: dict[str, Any], rows: list[Row],
             graphs: dict[str, dict[str, int]]) -> dict[str, Any]:
     """The JSON report: machine, model, settings, one result per row, CUDA graphs, bandwidth."""
@@ -310,10 +315,10 @@ def _report(args: argparse.Namespace, plan: Plan, sessions: dict[str, Any], rows
     }
     shapes = {w: s.measured_cost_shape for w, s in sessions.items() if getattr(s, "measured_cost_shape", None)}
     if shapes:  # the verify-cost curve each session's budget planned with (measured at its first drafted step)
-        report["cost_shapes"] = {w: {str(n): round(v, 3) for n, v in sh.items()} for w, sh in shapes.items()}
+        report["cost_shapes"] = {w: _curve_json(sh) for w, sh in shapes.items()}
     learned = {w: getattr(s, "learned_cost_curves", {}) for w, s in sessions.items()}
     if any(learned.values()):  # the same curves at the end of the run, as the live steps corrected them
-        report["learned_cost_curves"] = {w: {m: {str(n): round(v, 3) for n, v in c.items()} for m, c in per.items()}
+        report["learned_cost_curves"] = {w: {m: _curve_json(c) for m, c in per.items()}
                                          for w, per in learned.items() if per}
     cuda_graphs = graph_report(sessions, graphs)
     if cuda_graphs:

@@ -363,12 +363,18 @@ class DraftBudget:
         self.cost.observe(len(tree), verify_ms)
         proposed, self._proposed = self._proposed, None
         drafted, keep, contested = proposed if proposed is not None else (tree, None, contested_children(tree))
+        # `acceptance` prices trees without the drafter's probabilities only (trees with them are
+        # priced by `confidence`): an n-gram drafter's corpus trees carry probabilities, and their
+        # landing rate must not become the price of its conversation trees', nor the other way
+        by_depth = not tree.has_probs or len(tree) == 1
         if keep is not None and len(keep) == len(tree):  # pruned: map the verified nodes to the proposal's
             # contested as proposed: pruning may have dropped the siblings that made a child contested
-            self.acceptance.observe(tree, accepted, frozenset(j for j, i in enumerate(keep) if i in contested))
+            if by_depth:
+                self.acceptance.observe(tree, accepted, frozenset(j for j, i in enumerate(keep) if i in contested))
             self.drafted.observe(drafted, tuple(keep[i] for i in accepted), contested)  # what each level delivered
         else:  # verified as drafted (or a plain step, where pessimism fades as in `acceptance`)
-            self.acceptance.observe(tree, accepted, contested)
+            if by_depth:
+                self.acceptance.observe(tree, accepted, contested)
             self.drafted.observe(tree, accepted, contested)
         if tree.has_probs or len(tree) == 1:  # a plain step tests nothing: pessimism fades
             self.confidence.observe(tree, accepted)
@@ -412,4 +418,5 @@ def subtree(tree: DraftTree, keep: list[int]) -> DraftTree:
         tuple(tree.draft_probs[i] for i in keep),
         proposals=proposals,
         has_probs=tree.has_probs,
+        source=tree.source,
     )

@@ -28,7 +28,7 @@ CONTEXT_OVERFLOW: tuple[str, ...] = ("refuse", "drop_oldest")
 # all). The CLI and the TUI both read this, so a knob that does nothing is never offered as if it did.
 _NGRAM_KNOBS = ("num_draft_tokens", "ngram_min_match_window_size", "ngram_max_match_window_size",
                 "ngram_min_bfs_breadth", "ngram_max_bfs_breadth", "ngram_match_type", "ngram_max_trie_depth",
-                "ngram_capacity", "ngram_mode")
+                "ngram_capacity", "ngram_mode", "ngram_corpus")
 _TREE_KNOBS = ("num_steps", "eagle_topk", "num_draft_tokens")
 METHOD_KNOBS: dict[str, tuple[str, ...]] = {
     "none": (),
@@ -70,6 +70,9 @@ class SpecConfig:
     ngram_max_trie_depth: int = 18
     ngram_capacity: int = 200_000  # trie nodes; ~370 B each in the Python trie
     ngram_mode: NgramMode = "tree"
+    # specchat's own (SGLang has none): where the conversation has no match of 2+ tokens, draft
+    # from a corpus of the model's own answers, when the session loaded one (--ngram-corpus)
+    ngram_corpus: bool = True
     # Medusa: "dynamic" = top-k Cartesian tree ranked by the product of head probabilities (eagle_topk,
     # num_steps); "static" = the Medusa paper's 63-node tree (mc_sim_7b_63) trimmed to num_draft_tokens
     medusa_tree: MedusaTree = "dynamic"

@@ -218,6 +218,7 @@ def load_session(
     weights: str = "stored",
     precision: str = "exact",
     also: Sequence[str] = (),
+    ngram_corpus: str = "auto",
 ):
     """Load everything a chat needs; raises LoadError / ModelResolutionError / ConfigError /
     DraftLoadError.
@@ -227,6 +228,9 @@ def load_session(
     so the method can be chosen mid-chat (loaded, not run: the session captures the head's target
     features only while eagle3 drafts, so the baseline and n-gram forwards stay plain).
     ``method_from_draft``: run the method the draft implies (the user gave --draft without --method).
+    ``ngram_corpus``: the n-gram drafter's corpus of the model's own answers: ``auto`` (the one
+    shipped with the embedded model, none for others), ``none``, or shard folders, comma-separated
+    (engine/drafters/corpus_files.py).
     ``also``: other methods the caller will run (``--compare A,B``, bench's ``--methods``): the heads
     shipped for them are installed beside the draft, so two heads can be compared in one session.
     """
@@ -237,6 +241,11 @@ def load_session(
                         progress=progress, threads=threads, reserve_cores=reserve_cores,
                         revision=revision, weights=weights, precision=precision)
     drafters = default_drafters()
+    corpus = open_corpus(ngram_corpus, loaded)
+    if corpus is not None:
+        from engine.drafters.ngram import NgramDrafter
+
+        drafters["ngram"] = lambda: NgramDrafter(corpus=corpus.start())  # built when n-grams first draft
     features = None
     description = ""
     source = draft
@@ -268,6 +277,7 @@ def load_session(
             extra = load_draft(str(shipped[method]), loaded.model, loaded.tokenizer, method=method)
             session.set_draft(extra.method, extra.factory, extra.features)
     session.draft_description = description
+    session.ngram_corpus = corpus
     if config.method != "none" and config.adaptive_draft and session.calibrates:
         if progress:
             progress("measuring verify costs", 0, 1)
@@ -275,3 +285,22 @@ def load_session(
         if progress:
             progress("measuring verify costs", 1, 1)
     return session
+
+
+def open_corpus(spec: str, loaded: LoadedModel):
+    """The n-gram corpus ``spec`` names for ``loaded`` (see :func:`load_session`), or None.
+    Raises DraftLoadError for folders without shards or shards of another vocabulary."""
+    from pathlib import Path
+
+    from engine.drafters.corpus_files import CorpusHandle, shipped_corpus
+    from engine.models.resolve import cache_dir
+
+    if spec == "none":
+        return None
+    if spec == "auto":
+        folders = shipped_corpus(loaded.key) if loaded.backend == "specchat" and loaded.key else []
+        if not folders:
+            return None
+    else:
+        folders = [Path(p).expanduser() for p in spec.split(",") if p.strip()]
+    return CorpusHandle(folders, int(loaded.model.config.vocab_size), cache_dir() / "ngram")

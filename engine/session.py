@@ -144,6 +144,8 @@ class Session:
         self._prefiller = ChunkedPrefill(model)
         # one thread while another program holds a core (engine/threads.py); None: the count is fixed
         self._threads = threads
+        self.draft_description = ""  # what the loader loaded as a draft, one line for the UI
+        self.ngram_corpus: Any = None  # the n-gram drafter's corpus (a CorpusHandle), set by the loader
 
     # -- the SessionAPI -----------------------------------------------------------------------
     @property

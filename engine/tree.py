@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
@@ -28,6 +29,9 @@ class DraftTree:
     children were *sampled* from; the verifier then accepts with min(1, p/q) and resamples from
     the residual. Nodes without one had their children chosen deterministically (top-k, lookup)
     and are verified as point masses. Both keep the target's distribution exactly.
+
+    ``source`` names where a drafter with several sources took this tree from ("corpus": the
+    n-gram drafter's corpus of the model's own answers; "" otherwise), for the UI.
     """
 
     tokens: tuple[int, ...]
@@ -36,6 +40,7 @@ class DraftTree:
     depths: tuple[int, ...] = field(default=())
     proposals: Mapping[int, torch.Tensor] | None = field(default=None, compare=False, repr=False)
     has_probs: bool = field(default=True, compare=False)  # metadata: equal trees stay equal
+    source: str = field(default="", compare=False)
 
     def __post_init__(self) -> None:
         n = len(self.tokens)
@@ -105,20 +110,23 @@ class DraftTree:
             mask[i] |= mask[self.parents[i]]
         return mask.to(device)
 
-    def to_dict(self) -> dict[str, list]:
-        return {
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
             "tokens": list(self.tokens),
             "parents": list(self.parents),
             "depths": list(self.depths),
             "draft_probs": [round(p, 6) for p in self.draft_probs],
             "has_probs": self.has_probs,
         }
+        if self.source:
+            out["source"] = self.source
+        return out
 
     @classmethod
-    def from_dict(cls, data: dict[str, list]) -> DraftTree:
+    def from_dict(cls, data: dict[str, Any]) -> DraftTree:
         return cls(
             tuple(data["tokens"]), tuple(data["parents"]), tuple(data["draft_probs"]), tuple(data["depths"]),
-            has_probs=bool(data.get("has_probs", True)),
+            has_probs=bool(data.get("has_probs", True)), source=str(data.get("source", "")),
         )
 
 

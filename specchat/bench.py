@@ -35,7 +35,7 @@ from specchat.bench_report import (
     print_table,
 )
 from specchat.bench_warmup import capture_verify_graphs, graph_report, size_cache_for
-from specchat.options import UsageError, draft_options, make_config, prepare_json_out
+from specchat.options import UsageError, also_runs, draft_options, make_config, prepare_json_out
 
 if TYPE_CHECKING:
     from engine.config import SpecConfig
@@ -181,6 +181,12 @@ def load_sessions(args: argparse.Namespace, base_config: SpecConfig, modes: list
                                           backend=args.backend, allow_pickle=args.allow_pickle, progress=progress,
                                           threads=args.threads, revision=args.revision, weights=weights,
                                           precision=precision, **draft_options(args))
+            corpus = sessions[mode].ngram_corpus
+            if corpus is not None and "ngram" in also_runs(args) and not corpus.ready:
+                # timed runs draft with the whole corpus, not a conversation-only start
+                progress("indexing the n-gram corpus (once per machine)", 0, 1)
+                corpus.wait()
+                progress("indexing the n-gram corpus (once per machine)", 1, 1)
     return sessions
 
 
@@ -320,6 +326,9 @@ def _report(args: argparse.Namespace, plan: Plan, sessions: dict[str, Any], rows
     if any(learned.values()):  # the same curves at the end of the run, as the live steps corrected them
         report["learned_cost_curves"] = {w: {m: _curve_json(c) for m, c in per.items()}
                                          for w, per in learned.items() if per}
+    corpus = getattr(first, "ngram_corpus", None)
+    if corpus is not None and "ngram" in plan.configs:
+        report["ngram_corpus"] = corpus.describe()
     cuda_graphs = graph_report(sessions, graphs)
     if cuda_graphs:
         report["cuda_graphs"] = cuda_graphs

@@ -60,6 +60,9 @@ def _add_spec_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--draft-revision", default=None, help="hub draft: branch, tag or commit")
     p.add_argument("--speculative-token-map", dest="token_map", default=None,
                    help="FR-Spec: frequency-ranked token ids (.pt/.json/.safetensors) restricting an EAGLE-1/2 head")
+    p.add_argument("--ngram-corpus", dest="ngram_corpus", default=None, metavar="auto|none|DIR[,DIR]",
+                   help="n-gram: where the conversation has no match, draft from the model's own answers: auto "
+                        "(those shipped with the embedded model), none, or folders of train-draft shards")
     p.add_argument("--settings", default=None, metavar="FILE",
                    help="a JSON of settings (specchat tune --save-settings writes one); flags given win over it")
     for flag, dest, typ, help_ in SPEC_FLAGS:

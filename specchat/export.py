@@ -88,6 +88,9 @@ def sglang_line(config: SpecConfig, model: str | None, draft: str | None = None)
             notes.append("ngram_mode chain is specchat's prompt-lookup mode; SGLang always drafts its trie's tree")
         notes.append("ngram_capacity does not carry over: SGLang's --speculative-ngram-capacity counts "
                      "tokens (default 10M), ours counts trie nodes")
+        if config.ngram_corpus:
+            notes.append("ngram_corpus is specchat's: SGLang's n-gram drafter reads the requests' own tokens only, "
+                         "so free chat drafts less there")
     if flags and config.adaptive_draft:
         notes.append(ADAPTIVE_NOTE)
     return LaunchLine("SGLang", " ".join(parts + kept), notes)

@@ -107,6 +107,7 @@ def draft_options(args: argparse.Namespace) -> dict[str, Any]:
         "draft": draft,
         "draft_revision": getattr(args, "draft_revision", None),
         "token_map": getattr(args, "token_map", None),
+        "ngram_corpus": getattr(args, "ngram_corpus", None) or "auto",
         "method_from_draft": bool(draft) and not explicit and getattr(args, "command", None) not in ("bench", "tune"),
     }
 

@@ -370,7 +370,7 @@ def test_levels_that_pruning_drops_do_not_count_as_landing() -> None:
         budget.prune(drafted)
         budget._proposed = (drafted, [0, 1], frozenset())  # as if pruning kept the first draft only
         budget.observe(subtree(drafted, [0, 1]), (1,), verify_ms=10.5, draft_ms=2.0, levels=2)
-    assert budget.acceptance.get(1, True) > 0.9 and budget.drafted.get(2, True) < 0.1
+    assert budget.drafted.get(1, True) > 0.9 and budget.drafted.get(2, True) < 0.1
     assert budget.draft_depth(2) == 1
 
 
@@ -436,3 +436,21 @@ def test_a_refused_second_draft_recovers_towards_a_trusted_first_one() -> None:
         assert (above > 0.7) == first_lands
         assert model.get(2, True) > (0.6 if first_lands else 0.45)
         assert model.get(2, True) <= min(ceiling, max(above, 0.5)) + 1e-9
+
+
+def test_trees_with_probabilities_do_not_price_the_trees_without() -> None:
+    """An n-gram drafter sends both: its corpus's trees (priced by their probabilities) and its
+    conversation's (priced by depth). The corpus's refused drafts must not make the conversation's
+    look worse, so only trees without probabilities teach the by-depth estimates."""
+    budget = DraftBudget({n: 1.0 + 0.1 * (n - 1) for n in range(1, 65)})
+    with_probs = DraftTree((1, 2, 3), (-1, 0, 1), (1.0, 0.5, 0.5), source="corpus")
+    without = DraftTree((1, 2, 3), (-1, 0, 1), (1.0, 1.0, 1.0), has_probs=False)
+    before = budget.acceptance.get(1, True)
+    for _ in range(30):
+        budget.prune(with_probs)
+        budget.observe(with_probs, (), verify_ms=11.0)  # refused every time
+    assert budget.acceptance.get(1, True) == before and budget.confidence.get(0.5) < 0.2
+    for _ in range(30):
+        budget.prune(without)
+        budget.observe(without, (1, 2), verify_ms=12.0)  # kept every time
+    assert budget.acceptance.get(1, True) > 0.9

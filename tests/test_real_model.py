@@ -39,6 +39,19 @@ def test_ngram_equals_baseline_on_the_embedded_model(session, prompt: str, mode:
     assert spec == base
 
 
+def test_ngram_drafts_from_the_shipped_corpus_and_equals_baseline(session) -> None:
+    """Free text matches little of its own conversation: the model's past answers draft. (A prompt
+    no other test answers: the trie keeps what it counted, so a repeated answer drafts itself.)"""
+    assert session.ngram_corpus is not None and session.ngram_corpus.wait(timeout=600) is not None
+    messages = [{"role": "user", "content": "Give me three tips for a good night's sleep."}]
+    base = _tokens(session.generate(messages, session.config.replace(method="none")))
+    events = list(session.generate(messages, session.config.replace(method="ngram")))
+    assert _tokens(events) == base
+    steps = [e for e in events if isinstance(e, Step)]
+    assert any(e.tree.source == "corpus" and len(e.tree) > 1 for e in steps)
+    assert any(e.tree.source == "corpus" and e.accepted for e in steps)  # and some of its drafts land
+
+
 def test_generate_cli_json(capsys) -> None:
     from specchat.cli import main
 

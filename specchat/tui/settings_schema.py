@@ -30,6 +30,8 @@ ENGINE_FIELDS: tuple[SettingField, ...] = (
     SettingField("ngram_max_match_window_size", "ngram max window", "int", help="n-gram: longest suffix matched"),
     SettingField("ngram_min_bfs_breadth", "ngram min breadth", "int", help="n-gram: fewest branches per level"),
     SettingField("ngram_max_bfs_breadth", "ngram max breadth", "int", help="n-gram: most branches per level"),
+    SettingField("ngram_corpus", "ngram corpus", "bool",
+                 help="n-gram: where the conversation has no match, draft from the model's own answers"),
     SettingField("medusa_tree", "medusa tree", "choice", choices=MEDUSA_TREES,
                  help="Medusa: dynamic (top-k product of the heads) or static (the paper's 63-node tree)"),
     SettingField("adaptive_draft", "adaptive draft", "bool",

@@ -254,6 +254,8 @@ class DraftTreePanel(Vertical, can_focus=True):
             drafts = step.tree.num_drafts
             shape = (f"{drafts} draft{'s' if drafts != 1 else ''} · depth {step.tree.max_depth}"
                      if not step.draft_paused else "drafting paused")
+            if step.tree.source == "corpus" and drafts:  # the n-gram drafter's other source
+                shape += " · from past answers"
             update_static(title, Content.assemble(
                     ("Draft tree", "bold"),
                     " · ",

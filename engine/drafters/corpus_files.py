@@ -1,0 +1,135 @@
+"""Where the n-gram drafter's corpus comes from, and its index, built once per machine.
+
+The embedded model ships its own answers (``assets/train-data/<model>*/batch-*.npz``: the token ids
+the EAGLE and Medusa heads were trained on, ~10.6M tokens, never MT-bench); ``--ngram-corpus
+FOLDER[,FOLDER]`` names folders of such shards for any model (``specchat train-draft --data-only``
+writes them). The index (engine/drafters/ngram_corpus.py) takes ~18 s to build from the shipped
+shards on the 2-core VM, so it is built on a background thread the first time, while the chat
+already runs on the conversation's own n-grams, and cached under ``<cache>/ngram/``: later
+sessions read it in ~10 ms.
+
+Everything the user can get wrong (a folder without shards, shards of another model's vocabulary)
+is checked before anything is built, and refused in one line.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+
+from engine.drafters.eagle_checkpoint import DraftLoadError
+from engine.drafters.ngram_corpus import CorpusIndex, index_name
+
+_ASSETS = Path(__file__).resolve().parents[2] / "assets" / "train-data"
+# the folders of the embedded model's own answers (the EAGLE-3 data: CPU, GPU and task prompts)
+SHIPPED_CORPUS = {"smollm2-135m": ("smollm2-135m", "smollm2-135m-gpu", "smollm2-135m-tasks")}
+
+
+def shipped_corpus(model_key: str) -> list[Path]:
+    """The shipped corpus folders of the embedded model ``model_key`` that are present."""
+    return [p for p in (_ASSETS / name for name in SHIPPED_CORPUS.get(model_key, ())) if any(p.glob("batch-*.npz"))]
+
+
+def shard_files(folders: Sequence[Path]) -> list[Path]:
+    """Every ``batch-*.npz`` of ``folders``; DraftLoadError naming a folder that has none."""
+    files: list[Path] = []
+    for folder in folders:
+        found = sorted(Path(folder).glob("batch-*.npz"))
+        if not found:
+            raise DraftLoadError(f"--ngram-corpus {folder}: no batch-*.npz shards there (write some with "
+                                 "`specchat train-draft --data-only`, or pass --ngram-corpus none)")
+        files += found
+    return files
+
+
+def read_documents(files: Sequence[Path], vocab_size: int) -> list[np.ndarray]:
+    """Each conversation of the shards as an array of token ids; DraftLoadError for ids the model
+    does not have (shards written for another model)."""
+    docs: list[np.ndarray] = []
+    for f in files:
+        try:
+            with np.load(f, allow_pickle=False) as z:
+                ids, lengths = z["ids"], z["lengths"]
+        except (OSError, KeyError, ValueError) as e:
+            raise DraftLoadError(f"--ngram-corpus: {f} is not a data shard ({e}); remove it or pass "
+                                 "--ngram-corpus none") from None
+        if len(ids) and int(ids.max()) >= vocab_size:
+            raise DraftLoadError(f"--ngram-corpus: {f} holds token id {int(ids.max())} but the model has "
+                                 f"{vocab_size} tokens: the shards were written for another model")
+        ends = np.cumsum(lengths)
+        docs += np.split(ids, ends[:-1]) if len(lengths) else []
+    return docs
+
+
+class CorpusHandle:
+    """The corpus index once it is ready (``index`` is None until then): read from the cache when
+    opened, else built on a background thread from the first :meth:`start` (the n-gram drafter's
+    creation: a session that never drafts n-grams never builds it) and then cached. The shards
+    are read and checked when the handle is made, so bad input is refused before any work; a
+    failed build leaves ``error`` set and the drafter on the conversation's own n-grams."""
+
+    def __init__(self, folders: Sequence[Path], vocab_size: int, cache: Path | None) -> None:
+        self.folders = [Path(f) for f in folders]
+        self.files = shard_files(self.folders)
+        self.path = cache / index_name(self.files) if cache is not None else None
+        self.index: CorpusIndex | None = None
+        self.error: str | None = None
+        self._ready = threading.Event()
+        self._docs: list[np.ndarray] | None = None
+        self._lock = threading.Lock()
+        if self.path is not None and self.path.is_file():
+            try:
+                self.index = CorpusIndex.load(self.path)
+            except (OSError, ValueError):
+                self.index = None  # unreadable or of another format: rebuilt
+        if self.index is not None:
+            self._ready.set()
+        else:
+            self._docs = read_documents(self.files, vocab_size)
+
+    def start(self, *, background: bool = True) -> CorpusHandle:
+        """Build the index if it is neither cached nor being built (returns self, for factories)."""
+        with self._lock:
+            docs, self._docs = self._docs, None
+        if docs is not None:
+            if background:
+                threading.Thread(target=self._build, args=(docs,), name="ngram-corpus", daemon=True).start()
+            else:
+                self._build(docs)
+        return self
+
+    def _build(self, docs: list[np.ndarray]) -> None:
+        try:
+            index = CorpusIndex.build(docs)
+            if self.path is not None:
+                try:
+                    self.path.parent.mkdir(parents=True, exist_ok=True)
+                    index.save(self.path)
+                except OSError:
+                    pass  # an unwritable cache only costs the next session another build
+            self.index = index
+        except (MemoryError, ValueError) as e:
+            self.error = f"the n-gram corpus could not be indexed ({e}); drafting from the conversation only"
+        finally:
+            self._ready.set()
+
+    def wait(self, timeout: float | None = None) -> CorpusIndex | None:
+        """The index, building it if nobody has started to, waiting up to ``timeout`` seconds."""
+        self.start()
+        self._ready.wait(timeout)
+        return self.index
+
+    @property
+    def ready(self) -> bool:
+        return self._ready.is_set()
+
+    def describe(self) -> str:
+        """One line for the UI and the bench report."""
+        names = ", ".join(f.name for f in self.folders)
+        if self.index is None:
+            state = self.error or ("indexing" if self._docs is None else "not indexed yet")
+            return f"n-gram corpus {names}: {state}"
+        return f"n-gram corpus {names}: {len(self.index):,} n-grams ({self.index.nbytes / 1e6:.0f} MB)"

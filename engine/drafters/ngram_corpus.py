@@ -1,0 +1,226 @@
+"""The n-gram drafter's second source: what the target model itself tends to write next.
+
+Why: the conversation's own n-grams draft well where an answer copies its prompt (rewrites,
+code edits) and poorly in free chat, where most steps find no earlier occurrence longer than the
+root token. A model's answers, though, repeat its own phrasing across conversations ("Here are
+some", "In conclusion,", list scaffolding). Replayed on the target's greedy MT-bench answers (80
+first turns, chains verified at the measured fast-precision verify costs; a throwaway script,
+docs/BENCHMARKS.md, session 30), n-grams of ~8M tokens of its own self-distilled answers (the EAGLE
+training data, never MT-bench) raised tokens per step from 1.37 to 1.64 when consulted wherever
+the conversation had no match of two tokens or more, and to 1.25 alone. This is the datastore
+idea of REST (He et al., 2023) and of SuffixDecoding's global tree, kept small: for every n-gram
+(n <= ``max_n``) seen at least twice, its few most frequent continuations and their counts.
+
+The index is a frozen table: sorted 64-bit n-gram hashes (the order is part of the hash), the top
+continuations as token ids, their counts and the n-gram's total count. A lookup hashes the
+context's last 1..max_n tokens and finds them with one ``searchsorted``; the longest match wins.
+A hash collision can only propose a wrong draft, which verification refuses: lossless either way.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import heapq
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from engine.tree import DraftTree
+
+_MASK = (1 << 64) - 1
+_MUL = 0x9E3779B97F4A7C15  # the golden-ratio multiplier: odd, well-mixed bits
+_FORMAT = 1  # bump when the hash or the table layout changes (names cached index files)
+MAX_N, TOP, MIN_COUNT = 4, 3, 3  # the defaults, chosen by the replay above
+
+
+def context_hashes(context: Sequence[int], max_n: int) -> list[int]:
+    """The hashes of the n-grams ending ``context`` for n = 1..max_n (fewer if it is shorter):
+    h_n = h_{n-1} * MUL + token[-n] + n (mod 2^64), the same as :func:`_stream_hashes` builds."""
+    h, out = 0, []
+    for j in range(1, min(len(context), max_n) + 1):
+        h = (h * _MUL + int(context[-j]) + j) & _MASK
+        out.append(h)
+    return out
+
+
+def _stream_hashes(stream: np.ndarray, n: int, prev: np.ndarray) -> np.ndarray:
+    """Every position's order-n hash from its order-(n-1) hash ``prev`` (uint64 arithmetic wraps
+    like the masked Python ints of :func:`context_hashes`)."""
+    back = np.zeros_like(prev)
+    back[n - 1:] = stream[: len(stream) - n + 1].astype(np.uint64)
+    with np.errstate(over="ignore"):
+        return prev * np.uint64(_MUL) + back + np.uint64(n)
+
+
+@dataclass(frozen=True)
+class CorpusIndex:
+    """N-gram continuations counted over a token corpus (see the module docstring)."""
+
+    keys: np.ndarray  # uint64 [M], sorted: the n-grams' hashes
+    tokens: np.ndarray  # int32 [M, top]: continuations, most frequent first, -1 where fewer
+    counts: np.ndarray  # int32 [M, top]: how often each followed the n-gram
+    totals: np.ndarray  # int32 [M]: how often the n-gram was followed by anything
+    max_n: int
+
+    def __len__(self) -> int:
+        return len(self.keys)
+
+    @property
+    def nbytes(self) -> int:
+        return sum(a.nbytes for a in (self.keys, self.tokens, self.counts, self.totals))
+
+    # -- building ---------------------------------------------------------------------------------
+    @classmethod
+    def build(cls, documents: Iterable[np.ndarray], *, max_n: int = MAX_N, top: int = TOP,
+              min_count: int = MIN_COUNT) -> CorpusIndex:
+        """Count the continuations of every n-gram (n = 1..max_n) within each document (no
+        n-gram spans two), keeping n-grams followed at least ``min_count`` times by one token and
+        their ``top`` most frequent continuations seen that often."""
+        if max_n < 1 or top < 1 or min_count < 1:
+            raise ValueError("max_n, top and min_count must be >= 1")
+        docs = [np.asarray(d, dtype=np.int64) for d in documents]
+        docs = [d for d in docs if len(d) >= 2]
+        if not docs:
+            return cls.empty(max_n, top)
+        stream = np.concatenate(docs)
+        # position i may end an n-gram of order n only if the document started n-1 or more tokens before
+        start = np.repeat(np.cumsum([0] + [len(d) for d in docs[:-1]]), [len(d) for d in docs])
+        offset = np.arange(len(stream)) - start  # index within its document
+        last = np.ones(len(stream), dtype=bool)
+        last[np.cumsum([len(d) for d in docs]) - 1] = False  # a document's last token has no continuation
+        parts = []
+        h = np.zeros(len(stream), dtype=np.uint64)
+        for n in range(1, max_n + 1):
+            h = _stream_hashes(stream, n, h)
+            ok = last & (offset >= n - 1)
+            parts.append(_top_continuations(h[ok], stream[1:][ok[:-1]], top, min_count))
+        keys = np.concatenate([p[0] for p in parts])
+        order = np.argsort(keys, kind="stable")
+        keys = keys[order]
+        if len(keys) > 1 and bool((keys[1:] == keys[:-1]).any()):  # two orders' hashes collided: keep the first
+            keep = np.ones(len(keys), dtype=bool)
+            keep[1:] = keys[1:] != keys[:-1]
+            order, keys = order[keep], keys[keep]
+        return cls(keys, *(np.concatenate([p[i] for p in parts])[order] for i in (1, 2, 3)), max_n=max_n)
+
+    @classmethod
+    def empty(cls, max_n: int = MAX_N, top: int = TOP) -> CorpusIndex:
+        return cls(np.zeros(0, np.uint64), np.zeros((0, top), np.int32), np.zeros((0, top), np.int32),
+                   np.zeros(0, np.int32), max_n)
+
+    # -- files ------------------------------------------------------------------------------------
+    def save(self, path: Path) -> None:
+        """A safetensors file (written aside and renamed, so a reader never sees half of one)."""
+        from safetensors.numpy import save_file
+
+        part = path.with_name(path.name + ".part")
+        save_file({"keys": self.keys, "tokens": self.tokens, "counts": self.counts, "totals": self.totals},
+                  str(part), metadata={"max_n": str(self.max_n), "format": str(_FORMAT)})
+        part.replace(path)
+
+    @classmethod
+    def load(cls, path: Path) -> CorpusIndex:
+        from safetensors import safe_open
+
+        with safe_open(str(path), framework="np") as f:
+            meta = f.metadata() or {}
+            if meta.get("format") != str(_FORMAT):
+                raise ValueError(f"{path} is an n-gram index of another format; delete it to rebuild")
+            arrays = {k: f.get_tensor(k) for k in ("keys", "tokens", "counts", "totals")}
+        return cls(**arrays, max_n=int(meta["max_n"]))
+
+    # -- drafting ---------------------------------------------------------------------------------
+    def find(self, context: Sequence[int]) -> tuple[int, int]:
+        """(row, order) of the longest n-gram ending ``context`` that the index holds; (-1, 0) if none."""
+        hashes = context_hashes(context, self.max_n)
+        if not hashes or not len(self.keys):
+            return -1, 0
+        rows = np.searchsorted(self.keys, np.array(hashes, dtype=np.uint64))
+        for n in range(len(hashes), 0, -1):
+            row = int(rows[n - 1])
+            if row < len(self.keys) and int(self.keys[row]) == hashes[n - 1]:
+                return row, n
+        return -1, 0
+
+    def continuations(self, context: Sequence[int]) -> list[tuple[int, float]]:
+        """What followed the longest matching n-gram, most frequent first, with an estimate of
+        the chance the target writes it next: its count over the n-gram's occurrences plus one,
+        so a continuation seen 2 times in 2 reads 0.67, not certainty, and one seen 200 in 200 0.995."""
+        row, _ = self.find(context)
+        if row < 0:
+            return []
+        total = float(self.totals[row]) + 1.0
+        return [(t, c / total) for t, c in zip(self.tokens[row].tolist(), self.counts[row].tolist(), strict=True)
+                if t >= 0]
+
+    def tree(self, history: Sequence[int], root: int, max_drafts: int, *, width: int | None = None,
+             min_path: float = 0.02) -> DraftTree:
+        """The ``max_drafts`` likeliest continuations of ``history + [root]`` as a tree, best first
+        by path probability (each node's draft probability: its share after its parent's
+        context), children limited to ``width`` per node and paths below ``min_path``."""
+        tokens, parents, probs = [int(root)], [-1], [1.0]
+        tail = [int(t) for t in history[max(0, len(history) - self.max_n + 1):]] if self.max_n > 1 else []
+        contexts = [[*tail, int(root)]]  # each node's last max_n tokens
+        heap: list[tuple[float, int, int, int, float]] = []  # (-path p, tie, parent, token, p)
+        tie = 0
+
+        def expand(node: int, path: float) -> None:
+            nonlocal tie
+            for token, p in self.continuations(contexts[node])[:width or None]:
+                if path * p >= min_path:
+                    heapq.heappush(heap, (-path * p, tie, node, token, p))
+                    tie += 1
+
+        expand(0, 1.0)
+        while heap and len(tokens) <= max_drafts:
+            neg, _, parent, token, p = heapq.heappop(heap)
+            tokens.append(token)
+            parents.append(parent)
+            probs.append(p)
+            contexts.append([*contexts[parent][1 - self.max_n:], token] if self.max_n > 1 else [token])
+            if len(tokens) <= max_drafts:
+                expand(len(tokens) - 1, -neg)
+        return DraftTree(tuple(tokens), tuple(parents), tuple(probs), source="corpus")
+
+
+def _top_continuations(keys: np.ndarray, nexts: np.ndarray, top: int, min_count: int
+                       ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Per distinct key: its ``top`` most frequent next tokens seen ``min_count`` times or more
+    (ties: the smaller token id), their counts and the key's total; keys with none are dropped."""
+    if not len(keys):
+        return (np.zeros(0, np.uint64), np.zeros((0, top), np.int32), np.zeros((0, top), np.int32),
+                np.zeros(0, np.int32))
+    order = np.lexsort((nexts, keys))
+    keys, nexts = keys[order], nexts[order]
+    new_pair = np.ones(len(keys), dtype=bool)
+    new_pair[1:] = (keys[1:] != keys[:-1]) | (nexts[1:] != nexts[:-1])
+    first = np.flatnonzero(new_pair)
+    pair_keys, pair_next = keys[first], nexts[first]
+    pair_count = np.diff(np.append(first, len(keys)))
+    new_key = np.ones(len(pair_keys), dtype=bool)
+    new_key[1:] = pair_keys[1:] != pair_keys[:-1]
+    group = np.cumsum(new_key) - 1
+    totals = np.bincount(group, weights=pair_count).astype(np.int64)
+    # rank the pairs of each key by count (descending), ties by token id
+    by_count = np.lexsort((pair_next, -pair_count, group))
+    group_start = np.flatnonzero(new_key)
+    rank = np.arange(len(by_count)) - group_start[group[by_count]]
+    chosen = by_count[(rank < top) & (pair_count[by_count] >= min_count)]
+    ranks = rank[(rank < top) & (pair_count[by_count] >= min_count)]
+    kept_groups, row_of = np.unique(group[chosen], return_inverse=True)
+    tokens = np.full((len(kept_groups), top), -1, dtype=np.int32)
+    counts = np.zeros((len(kept_groups), top), dtype=np.int32)
+    tokens[row_of, ranks] = pair_next[chosen]
+    counts[row_of, ranks] = pair_count[chosen]
+    return pair_keys[group_start[kept_groups]], tokens, counts, totals[kept_groups].astype(np.int32)
+
+
+def index_name(files: Sequence[Path], *, max_n: int = MAX_N, top: int = TOP, min_count: int = MIN_COUNT) -> str:
+    """A cache file name that changes whenever the corpus files or the build settings do."""
+    digest = hashlib.sha256(f"{_FORMAT}:{max_n}:{top}:{min_count}".encode())
+    for f in sorted(files):
+        st = f.stat()
+        digest.update(f"{f.name}:{st.st_size}:{st.st_mtime_ns}".encode())
+    return f"ngram-{digest.hexdigest()[:16]}.safetensors"

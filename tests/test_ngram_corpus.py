@@ -1,0 +1,155 @@
+"""The n-gram drafter's corpus: exact counts, best-first trees, the cached index, and lossless drafting."""
+
+from __future__ import annotations
+
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from engine.config import SpecConfig
+from engine.drafters.base import NoDrafter
+from engine.drafters.corpus_files import CorpusHandle, read_documents, shard_files
+from engine.drafters.eagle_checkpoint import DraftLoadError
+from engine.drafters.ngram import NgramDrafter
+from engine.drafters.ngram_corpus import CorpusIndex, context_hashes
+from engine.session import Session
+from tests.test_session import baseline, model, tokens_of
+from tests.tiny import TinyTokenizer
+
+docs_strategy = st.lists(st.lists(st.integers(0, 6), min_size=0, max_size=40), min_size=1, max_size=6)
+
+
+def brute_force(docs: list[list[int]], max_n: int) -> dict[tuple[int, ...], Counter]:
+    """Every n-gram's continuations within each document, counted the obvious way."""
+    table: dict[tuple[int, ...], Counter] = {}
+    for doc in docs:
+        for end in range(len(doc) - 1):  # doc[end] ends the n-gram, doc[end + 1] follows it
+            for n in range(1, min(max_n, end + 1) + 1):
+                table.setdefault(tuple(doc[end - n + 1: end + 1]), Counter())[doc[end + 1]] += 1
+    return table
+
+
+@settings(max_examples=60, deadline=None)
+@given(docs=docs_strategy, max_n=st.integers(1, 4), top=st.integers(1, 3), min_count=st.integers(1, 3))
+def test_the_index_holds_exactly_the_counted_continuations(docs, max_n, top, min_count) -> None:
+    index = CorpusIndex.build([np.array(d) for d in docs], max_n=max_n, top=top, min_count=min_count)
+    table = brute_force(docs, max_n)
+    kept = 0
+    for gram, counts in table.items():
+        want = sorted(((-c, t) for t, c in counts.items() if c >= min_count))[:top]
+        row, order = index.find(list(gram))
+        if not want:  # nothing seen often enough: the n-gram is not in the index (a shorter one may be)
+            assert order < len(gram)
+            continue
+        kept += 1
+        assert order == len(gram)
+        assert index.tokens[row].tolist() == [t for _, t in want] + [-1] * (top - len(want))
+        assert index.counts[row].tolist() == [-c for c, _ in want] + [0] * (top - len(want))
+        assert int(index.totals[row]) == sum(counts.values())
+    assert len(index) == kept  # nothing else: no n-gram across two documents
+
+
+def test_context_hashes_are_the_builders() -> None:
+    index = CorpusIndex.build([np.array([5, 6, 7, 8, 5, 6, 7, 9])], max_n=3, min_count=1)
+    row, order = index.find([1, 5, 6, 7])  # the longest n-gram held: 5 6 7
+    assert order == 3 and row == index.find([5, 6, 7])[0]
+    assert index.continuations([5, 6, 7]) == [(8, 1 / 3), (9, 1 / 3)]  # seen once each in 2 (+1)
+    assert len(context_hashes([1, 2, 3], 5)) == 3 and index.find([42]) == (-1, 0)
+
+
+def test_the_tree_is_best_first_with_the_corpus_probabilities() -> None:
+    # after 1: 2 (x4) or 3 (x2); after 1 2: 4 (x4); after 1 3: 5 (x2)
+    docs = [np.array([1, 2, 4])] * 4 + [np.array([1, 3, 5])] * 2
+    index = CorpusIndex.build(docs, max_n=2, min_count=1)
+    tree = index.tree([9], 1, max_drafts=4)
+    assert tree.tokens == (1, 2, 4, 3, 5)  # by path probability: 2 (.57), 4 (.57 * .8), 3 (.29), 5
+    assert tree.parents == (-1, 0, 1, 0, 3)
+    assert tree.draft_probs[1] == pytest.approx(4 / 7) and tree.draft_probs[2] == pytest.approx(4 / 5)
+    assert tree.has_probs
+    chain = index.tree([9], 1, max_drafts=4, width=1)
+    assert chain.tokens == (1, 2, 4)  # nothing follows 2 4
+    assert index.tree([9], 1, max_drafts=1).tokens == (1, 2)
+    assert index.tree([9], 7, max_drafts=4).tokens == (7,)  # 7 never seen: the root alone
+    assert index.tree([9], 1, max_drafts=4, min_path=0.4).tokens == (1, 2, 4)  # 3's path: 0.29
+
+
+def write_shards(folder: Path, docs: list[list[int]]) -> None:
+    folder.mkdir(parents=True, exist_ok=True)
+    ids = np.concatenate([np.array(d, dtype=np.uint16) for d in docs])
+    np.savez(folder / "batch-000000.npz", ids=ids, lengths=np.array([len(d) for d in docs], dtype=np.int32))
+
+
+def test_the_handle_builds_once_then_reads_the_cached_index(tmp_path: Path) -> None:
+    write_shards(tmp_path / "data", [[1, 2, 3, 1, 2, 3, 1, 2, 3], [4, 5, 6, 4, 5, 6, 4, 5, 6]])
+    handle = CorpusHandle([tmp_path / "data"], 100, tmp_path / "cache")
+    assert handle.index is None and "not indexed yet" in handle.describe()
+    index = handle.wait(timeout=60)
+    assert index is not None and index.continuations([1, 2])[0][0] == 3
+    assert len(list((tmp_path / "cache").glob("ngram-*.safetensors"))) == 1
+    again = CorpusHandle([tmp_path / "data"], 100, tmp_path / "cache")
+    assert again.ready and again.index is not None and len(again.index) == len(index)
+    assert "n-grams" in again.describe()
+    loaded = CorpusIndex.load(next((tmp_path / "cache").glob("ngram-*.safetensors")))
+    assert np.array_equal(loaded.keys, index.keys) and np.array_equal(loaded.counts, index.counts)
+
+
+def test_bad_corpus_folders_are_refused_in_one_line(tmp_path: Path) -> None:
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(DraftLoadError, match=r"no batch-\*\.npz shards") as e:
+        shard_files([tmp_path / "empty"])
+    assert "\n" not in str(e.value)
+    write_shards(tmp_path / "big", [[1, 2, 60000]])
+    with pytest.raises(DraftLoadError, match="another model"):
+        CorpusHandle([tmp_path / "big"], 49152, None)
+    (tmp_path / "junk").mkdir()
+    (tmp_path / "junk" / "batch-000000.npz").write_bytes(b"not a zip")
+    with pytest.raises(DraftLoadError, match="not a data shard"):
+        read_documents(shard_files([tmp_path / "junk"]), 100)
+
+
+class _Ready:
+    def __init__(self, index: CorpusIndex | None) -> None:
+        self.index = index
+
+
+def test_the_drafter_takes_the_corpus_only_where_the_conversation_matches_less_than_two_tokens() -> None:
+    index = CorpusIndex.build([np.array([7, 8, 9, 10])] * 3, max_n=2, min_count=1)
+    drafter = NgramDrafter(corpus=_Ready(index))
+    config = SpecConfig(method="ngram", num_draft_tokens=4)
+    drafter.reset([1, 2, 3, 4])
+    assert drafter.propose([1, 2, 3, 4], 7, config).tokens == (7, 8, 9, 10)  # no match here: the corpus
+    assert drafter.propose([1, 2, 3, 4], 7, config.replace(ngram_corpus=False)).tokens == (7,)
+    assert drafter.propose([1, 2, 3, 4], 7, config.replace(ngram_mode="chain")).tokens == (7, 8, 9, 10)
+    drafter.reset([1, 2, 3, 4, 7, 8, 5, 1])
+    # the root 7 matches one token of the conversation (7 -> 8): too short, the corpus still drafts
+    assert drafter.propose(drafter.tokens, 7, config).tokens == (7, 8, 9, 10)
+    drafter.reset([1, 2, 3, 4, 7, 8, 5, 1, 2])
+    # "1 2" matches two tokens: the conversation's own tree, without probabilities
+    tree = drafter.propose(drafter.tokens, 3, config)
+    assert tree.tokens[:2] == (3, 4) and not tree.has_probs
+    assert NgramDrafter(corpus=_Ready(None)).propose([5], 7, config).tokens == (7,)  # still indexing
+
+
+@settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    prompt=st.lists(st.integers(3, 96), min_size=1, max_size=20),
+    noise=st.lists(st.lists(st.integers(3, 96), min_size=2, max_size=30), max_size=4),
+    draft_tokens=st.integers(2, 12),
+    mode=st.sampled_from(["tree", "chain"]),
+    adaptive=st.booleans(),
+    max_new=st.integers(1, 30),
+)
+def test_drafting_from_the_corpus_is_lossless(prompt, noise, draft_tokens, mode, adaptive, max_new) -> None:
+    """A corpus holding the baseline's own answer (drafts that land) and noise (drafts that do not)."""
+    m = model("llama", 0)
+    want = baseline(m, [1, *prompt], max_new)
+    index = CorpusIndex.build([np.array([1, *prompt, *want]), *(np.array(d) for d in noise)], min_count=1)
+    config = SpecConfig(method="ngram", num_draft_tokens=draft_tokens, max_new_tokens=max_new, ngram_mode=mode,
+                        adaptive_draft=adaptive)
+    s = Session(m, TinyTokenizer(), config,
+                drafters={"none": NoDrafter, "ngram": lambda: NgramDrafter(corpus=_Ready(index))})
+    assert tokens_of(s.generate_ids([1, *prompt])) == want

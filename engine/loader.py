@@ -229,7 +229,8 @@ def load_session(
     features only while eagle3 drafts, so the baseline and n-gram forwards stay plain).
     ``method_from_draft``: run the method the draft implies (the user gave --draft without --method).
     ``ngram_corpus``: the n-gram drafter's corpus of the model's own answers: ``auto`` (the one
-    shipped with the embedded model, none for others), ``none``, or shard folders, comma-separated
+    shipped with the embedded model; for others, what ``train-draft --data-only`` generated for
+    their weights, if anything), ``none``, or shard folders, comma-separated
     (engine/drafters/corpus_files.py).
     ``also``: other methods the caller will run (``--compare A,B``, bench's ``--methods``): the heads
     shipped for them are installed beside the draft, so two heads can be compared in one session.
@@ -292,13 +293,15 @@ def open_corpus(spec: str, loaded: LoadedModel):
     Raises DraftLoadError for folders without shards or shards of another vocabulary."""
     from pathlib import Path
 
-    from engine.drafters.corpus_files import CorpusHandle, shipped_corpus
+    from engine.drafters.corpus_files import CorpusHandle, generated_corpus, shipped_corpus
     from engine.models.resolve import cache_dir
 
     if spec == "none":
         return None
-    if spec == "auto":
-        folders = shipped_corpus(loaded.key) if loaded.backend == "specchat" and loaded.key else []
+    if spec == "auto":  # the embedded model's shipped answers, else those train-draft generated here
+        folders = shipped_corpus(loaded.key) if loaded.key else []
+        if not folders and loaded.path:
+            folders = generated_corpus(Path(loaded.path), cache_dir())
         if not folders:
             return None
     else:

@@ -15,7 +15,7 @@ from engine.drafters.base import NoDrafter
 from engine.drafters.corpus_files import CorpusHandle, read_documents, shard_files
 from engine.drafters.eagle_checkpoint import DraftLoadError
 from engine.drafters.ngram import NgramDrafter
-from engine.drafters.ngram_corpus import CorpusIndex, context_hashes
+from engine.drafters.ngram_corpus import _MUL, CorpusIndex, _native, context_hashes, hash_slots
 from engine.session import Session
 from tests.test_session import baseline, model, tokens_of
 from tests.tiny import TinyTokenizer
@@ -75,6 +75,38 @@ def test_the_tree_is_best_first_with_the_corpus_probabilities() -> None:
     assert index.tree([9], 1, max_drafts=1).tokens == (1, 2)
     assert index.tree([9], 7, max_drafts=4).tokens == (7,)  # 7 never seen: the root alone
     assert index.tree([9], 1, max_drafts=4, min_path=0.4).tokens == (1, 2, 4)  # 3's path: 0.29
+
+
+@settings(max_examples=80, deadline=None)
+@given(docs=docs_strategy, max_n=st.integers(1, 5), top=st.integers(1, 3), min_count=st.integers(1, 2),
+       context=st.lists(st.integers(0, 7), min_size=1, max_size=6), max_drafts=st.integers(0, 12),
+       width=st.sampled_from([None, 1, 2]), min_path=st.sampled_from([0.0, 0.02, 0.3]))
+def test_the_native_tree_is_the_python_tree(docs, max_n, top, min_count, context, max_drafts, width, min_path) -> None:
+    if _native() is None:
+        pytest.skip("no native kernel here: the Python tree is the one that runs")
+    index = CorpusIndex.build([np.array(d) for d in docs], max_n=max_n, top=top, min_count=min_count)
+    history, root = context[:-1], context[-1]
+    tail = history[max(0, len(history) - max_n + 1):] if max_n > 1 else []
+    native = index.tree(history, root, max_drafts, width=width, min_path=min_path)
+    python = index.tree_python(tail, root, max_drafts, width=width, min_path=min_path)
+    assert (native.tokens, native.parents, native.draft_probs) == (python.tokens, python.parents, python.draft_probs)
+    assert native.source == python.source == "corpus"
+
+
+@given(keys=st.sets(st.integers(0, 2**64 - 1), max_size=300))
+def test_every_key_sits_on_its_probe_chain(keys) -> None:
+    """What corpus.c's lookup relies on: from a key's home slot, linear probing meets the key's row
+    before any empty slot, and the table keeps a free slot (so a missing key's probe ends)."""
+    arr = np.array(sorted(keys), dtype=np.uint64)
+    slots = hash_slots(arr)
+    bits = len(slots).bit_length() - 1
+    assert len(slots) == 1 << bits and (slots == -1).sum() >= len(slots) // 2
+    assert sorted(slots[slots >= 0].tolist()) == list(range(len(arr)))
+    for row, key in enumerate(arr.tolist()):
+        s = ((key * _MUL) & (2**64 - 1)) >> (64 - bits)
+        while slots[s] != row:
+            assert slots[s] >= 0
+            s = (s + 1) % len(slots)
 
 
 def write_shards(folder: Path, docs: list[list[int]]) -> None:
@@ -153,3 +185,32 @@ def test_drafting_from_the_corpus_is_lossless(prompt, noise, draft_tokens, mode,
     s = Session(m, TinyTokenizer(), config,
                 drafters={"none": NoDrafter, "ngram": lambda: NgramDrafter(corpus=_Ready(index))})
     assert tokens_of(s.generate_ids([1, *prompt])) == want
+
+
+def test_auto_finds_the_data_train_draft_generated_for_these_weights(tmp_path: Path, monkeypatch) -> None:
+    from types import SimpleNamespace
+
+    from engine.loader import LoadedModel, open_corpus
+    from engine.models.resolve import weights_id
+
+    monkeypatch.setenv("SPECCHAT_CACHE_DIR", str(tmp_path / "cache"))
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text('{"vocab_size": 100}')
+    (model / "model.safetensors").write_bytes(b"x" * 10)
+    loaded = LoadedModel(SimpleNamespace(config=SimpleNamespace(vocab_size=100)), None, "m", str(model), "specchat")
+    assert open_corpus("auto", loaded) is None  # nothing generated yet
+    data = tmp_path / "cache" / "train-data" / "0123456789abcdef"
+    write_shards(data, [[1, 2, 3, 1, 2, 3]])
+    (data / "settings.json").write_text(f'{{"model_id": "{weights_id(model)}"}}')
+    other = tmp_path / "cache" / "train-data" / "fedcba9876543210"  # another model's data
+    write_shards(other, [[4, 5, 6]])
+    (other / "settings.json").write_text('{"model_id": "somebody-else"}')
+    handle = open_corpus("auto", loaded)
+    assert handle is not None and handle.folders == [data]
+    assert open_corpus("none", loaded) is None
+    assert open_corpus(str(other), loaded).folders == [other]  # named folders, whatever their model
+    embedded = SimpleNamespace(config=SimpleNamespace(vocab_size=49152))
+    shipped = LoadedModel(embedded, None, "m", "", "specchat", key="smollm2-135m")
+    assert [f.name for f in open_corpus("auto", shipped).folders] == [
+        "smollm2-135m", "smollm2-135m-gpu", "smollm2-135m-tasks"]

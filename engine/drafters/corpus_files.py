@@ -1,12 +1,13 @@
 """Where the n-gram drafter's corpus comes from, and its index, built once per machine.
 
 The embedded model ships its own answers (``assets/train-data/<model>*/batch-*.npz``: the token ids
-the EAGLE and Medusa heads were trained on, ~10.6M tokens, never MT-bench); ``--ngram-corpus
-FOLDER[,FOLDER]`` names folders of such shards for any model (``specchat train-draft --data-only``
-writes them). The index (engine/drafters/ngram_corpus.py) takes ~18 s to build from the shipped
-shards on the 2-core VM, so it is built on a background thread the first time, while the chat
+the EAGLE and Medusa heads were trained on, ~10.6M tokens, never MT-bench); for any other model,
+``auto`` takes the data ``specchat train-draft MODEL --data-only`` wrote for its weights, and
+``--ngram-corpus FOLDER[,FOLDER]`` names folders of such shards. The index
+(engine/drafters/ngram_corpus.py) takes ~18 s to build from the shipped shards on the 2-core VM,
+so it is built on a background thread the first time the n-gram drafter is made, while the chat
 already runs on the conversation's own n-grams, and cached under ``<cache>/ngram/``: later
-sessions read it in ~10 ms.
+sessions read it in ~15 ms.
 
 Everything the user can get wrong (a folder without shards, shards of another model's vocabulary)
 is checked before anything is built, and refused in one line.
@@ -31,6 +32,29 @@ SHIPPED_CORPUS = {"smollm2-135m": ("smollm2-135m", "smollm2-135m-gpu", "smollm2-
 def shipped_corpus(model_key: str) -> list[Path]:
     """The shipped corpus folders of the embedded model ``model_key`` that are present."""
     return [p for p in (_ASSETS / name for name in SHIPPED_CORPUS.get(model_key, ())) if any(p.glob("batch-*.npz"))]
+
+
+def generated_corpus(model_folder: Path, cache: Path) -> list[Path]:
+    """The data folders ``specchat train-draft --data-only`` wrote for the weights in
+    ``model_folder`` (``<cache>/train-data/<hash>``, matched by the weights id in their
+    settings.json), so ``--ngram-corpus auto`` finds a model's own answers once they exist."""
+    import json
+
+    from engine.models.resolve import weights_id
+
+    try:
+        wanted = weights_id(model_folder)
+    except OSError:
+        return []  # no config.json there (a GGUF read as stored): nothing to match
+    found = []
+    for settings in sorted((cache / "train-data").glob("*/settings.json")):
+        try:
+            same = json.loads(settings.read_text(encoding="utf-8")).get("model_id") == wanted
+        except (OSError, ValueError):
+            continue
+        if same and any(settings.parent.glob("batch-*.npz")):
+            found.append(settings.parent)
+    return found
 
 
 def shard_files(folders: Sequence[Path]) -> list[Path]:

@@ -26,7 +26,7 @@ from engine.models.resolve import cache_dir
 
 _HERE = Path(__file__).parent
 SOURCES = tuple(_HERE / n for n in ("skinny.c", "ops.c", "attention.c", "stored.c", "fast.c", "fast_avx2.c",
-                                    "fast_amx.c", "decoder.c", "head.c"))
+                                    "fast_amx.c", "decoder.c", "head.c", "corpus.c"))
 HEADERS = tuple(_HERE / n for n in ("layers.h", "tile.h", "fast.h", "vec.h"))
 # -ffp-contract=off: a*b + c stays two roundings wherever the source says so (the rotary product
 # must equal torch's complex multiply); the kernels' FMAs are explicit intrinsics.

@@ -20,6 +20,8 @@ import torch
 from engine.kernels import build
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from engine.kernels.weights import StoredPanels
 
 ENV_SWITCH = "SPECCHAT_LINEAR"  # "torch" turns the native kernel off
@@ -44,6 +46,7 @@ _SIGNATURES = {
     "argmax_rows": [_p, _l, _l, _p],
     "perturbed_argmax_rows": [_p, _l, _l, _f, _p, _p],
     "dequantize_rows": [_i, _l, _p, _p, _p, _l, _l, _p, _l, _p],
+    "corpus_tree": [_p, _l, _p, _l, _p, _p, _p, _l, _l, _p, _l, _l, _l, ctypes.c_double, _p, _p, _p],
 }
 
 
@@ -76,6 +79,7 @@ class NativeKernel:
         self.eagle_head_forward = lib.eagle_head_forward  # driven by engine/kernels/head.py
         self.eagle_head_forward.restype = _i
         self._lib.dequantize_rows.restype = _i
+        self._lib.corpus_tree.restype = _l
         self._lib.stored_linear_fast.argtypes = [*_SIGNATURES["stored_linear"], _i]  # and half
         self._lib.stored_linear_fast.restype = _i
         self._lib.fast_variant.argtypes = [_i]
@@ -201,6 +205,36 @@ class NativeKernel:
         out = torch.empty(rows, dtype=torch.int64)
         self._lib.perturbed_argmax_rows(x.data_ptr(), rows, n, scale, noise.data_ptr(), out.data_ptr())
         return out.tolist()
+
+    def corpus_tree(self, arrays: tuple[Any, Any, Any, Any, Any], max_n: int
+                    ) -> Callable[[list[int], int, int, float], tuple[list[int], list[int], list[float]] | None]:
+        """The n-gram corpus's best-first draft tree (corpus.c; engine/drafters/ngram_corpus.py
+        says what it computes) as a function of (context, max_drafts, width, min_path), bound to
+        one index: ``arrays`` are its keys (uint64 [M]), hash slots (int32, a power of two), tokens
+        and counts (int32 [M, top]) and totals (int32 [M]), contiguous numpy arrays the caller keeps
+        alive; ``context``: the last max_n - 1 history tokens and the root. The function returns
+        None past the kernel's limits.
+
+        Why a bound function: the call is a few microseconds of C, and reading eight arrays'
+        pointers and allocating the outputs at every call cost several times that in Python."""
+        keys, slots, tokens, counts, totals = arrays
+        fixed = (keys.ctypes.data, len(keys), slots.ctypes.data, len(slots).bit_length() - 1, tokens.ctypes.data,
+                 counts.ctypes.data, totals.ctypes.data, tokens.shape[1], max_n)
+        cap = 256  # corpus.c's MAX_NODES
+        out_tokens, out_parents = (ctypes.c_int64 * cap)(), (ctypes.c_int64 * cap)()
+        out_probs = (ctypes.c_double * cap)()
+        ctx = (ctypes.c_int64 * max_n)()
+        fn = self._lib.corpus_tree
+
+        def tree(context: list[int], max_drafts: int, width: int, min_path: float
+                 ) -> tuple[list[int], list[int], list[float]] | None:
+            if not 0 < len(context) <= max_n or max_drafts + 1 > cap:
+                return None
+            ctx[: len(context)] = context
+            n = fn(*fixed, ctx, len(context), max_drafts, width, min_path, out_tokens, out_parents, out_probs)
+            return None if n < 0 else (out_tokens[:n], out_parents[:n], out_probs[:n])
+
+        return tree
 
     def log_softmax_topk_(self, x: torch.Tensor, k: int = 0) -> tuple[torch.Tensor, torch.Tensor] | None:
         """x: [rows, n] contiguous fp32, made its log-softmax in place; with k > 0 also each row's k

@@ -97,6 +97,14 @@ def cache_dir() -> Path:
     return Path(user_cache_dir("specchat"))
 
 
+def weights_id(folder: Path) -> str:
+    """A short id of the exact weights in a model folder (its config.json and the sizes of its
+    safetensors files): what names a model's self-distilled data (``train-draft``'s cache key)."""
+    config = (folder / "config.json").read_bytes()
+    sizes = sorted(p.stat().st_size for p in folder.glob("*.safetensors"))
+    return hashlib.sha256(config + json.dumps(sizes).encode()).hexdigest()[:16]
+
+
 def resolve_model(
     name: str | None, *, revision: str | None = None, progress: ProgressCallback | None = None,
     allow_pickle: bool = False,

@@ -45,13 +45,11 @@ class Target:
 def load_target(name: str | None, *, device: str = "cpu", revision: str | None = None) -> Target:
     from transformers import AutoModelForCausalLM
 
-    from engine.models.resolve import resolve_model
+    from engine.models.resolve import resolve_model, weights_id
     from engine.tokenizer import Tokenizer
 
     resolved = resolve_model(name, revision=revision)
-    config = (resolved.path / "config.json").read_bytes()
-    weights = sorted(p.stat().st_size for p in resolved.path.glob("*.safetensors"))
-    model_id = hashlib.sha256(config + json.dumps(weights).encode()).hexdigest()[:16]
+    model_id = weights_id(resolved.path)
     hf = AutoModelForCausalLM.from_pretrained(resolved.path, dtype=torch.float32).to(device).eval()
     for p in hf.parameters():
         p.requires_grad_(False)

@@ -254,13 +254,13 @@ class DraftTreePanel(Vertical, can_focus=True):
             drafts = step.tree.num_drafts
             shape = (f"{drafts} draft{'s' if drafts != 1 else ''} · depth {step.tree.max_depth}"
                      if not step.draft_paused else "drafting paused")
-            if step.tree.source == "corpus" and drafts:  # the n-gram drafter's other source
-                shape += " · from past answers"
+            # the n-gram drafter's other source, last: the line may wrap in a narrow panel
+            origin = " · from past answers" if step.tree.source == "corpus" and drafts else ""
             update_static(title, Content.assemble(
                     ("Draft tree", "bold"),
                     " · ",
                     where,
                     "\n",
-                    f"{entry.answer} · {what} · {shape} · kept {step.accepted_len}+1",
+                    f"{entry.answer} · {what} · {shape} · kept {step.accepted_len}+1{origin}",
             ))
         self.post_message(self.Browsed(entry, self.cursor is None))

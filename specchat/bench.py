@@ -35,7 +35,7 @@ from specchat.bench_report import (
     print_table,
 )
 from specchat.bench_warmup import capture_verify_graphs, graph_report, size_cache_for
-from specchat.options import UsageError, also_runs, draft_options, make_config, prepare_json_out
+from specchat.options import UsageError, draft_options, make_config, prepare_json_out
 
 if TYPE_CHECKING:
     from engine.config import SpecConfig
@@ -182,7 +182,8 @@ def load_sessions(args: argparse.Namespace, base_config: SpecConfig, modes: list
                                           threads=args.threads, revision=args.revision, weights=weights,
                                           precision=precision, **draft_options(args))
             corpus = sessions[mode].ngram_corpus
-            if corpus is not None and "ngram" in also_runs(args) and not corpus.ready:
+            timed = [m.strip().lower() for m in (getattr(args, "methods", None) or "none,ngram").split(",")]
+            if corpus is not None and "ngram" in timed and not corpus.ready:
                 # timed runs draft with the whole corpus, not a conversation-only start
                 progress("indexing the n-gram corpus (once per machine)", 0, 1)
                 corpus.wait()

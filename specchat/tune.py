@@ -75,6 +75,11 @@ def parse_grid(text: str | None) -> dict[str, list[Any]]:
 
 
 def _grid_value(name: str, value: str, default: Any) -> Any:
+    if isinstance(default, bool):  # ngram_corpus=on,off: does the corpus pay on these prompts?
+        flag = {"on": True, "true": True, "1": True, "off": False, "false": False, "0": False}.get(value.lower())
+        if flag is None:
+            raise UsageError(f"--grid: {name} takes on or off, not {value!r}")
+        return flag
     if isinstance(default, int):
         try:
             return int(value)

@@ -75,6 +75,7 @@ def test_bench_cli_json(tmp_path) -> None:
     assert set(rows) == {"none", "ngram"}
     assert rows["none"]["speedup"] == 1.0 and rows["ngram"]["identical_to_baseline"]
     assert all(r["tokens_per_s"] > 0 and r["prompts"] == 1 for r in rows.values())
+    assert "n-grams" in report["ngram_corpus"]  # timed with the whole corpus indexed, not while indexing
 
 
 @pytest.mark.parametrize("kind", ["eagle", "eagle3", "standalone"])

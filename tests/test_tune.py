@@ -39,6 +39,7 @@ def test_the_grid_parses_knobs_and_values() -> None:
     assert parse_grid("ngram_match_type=bfs,prob;num_draft_tokens=8") == {
         "ngram_match_type": ["BFS", "PROB"], "num_draft_tokens": [8]}
     assert parse_grid("num_steps=3,3,4") == {"num_steps": [3, 4]}
+    assert parse_grid("ngram_corpus=on,off") == {"ngram_corpus": [True, False]}
     assert parse_grid(None) == {}
 
 
@@ -48,6 +49,7 @@ def test_the_grid_parses_knobs_and_values() -> None:
     ("num_steps=", "num_steps needs values"),
     ("num_steps=3;num_steps=4", "given twice"),
     ("num_steps=three", "num_steps takes integers, not 'three'"),
+    ("ngram_corpus=maybe", "ngram_corpus takes on or off, not 'maybe'"),
     ("adaptive_draft=1", "unknown knob 'adaptive_draft'"),
     (" ; ", "--grid is empty"),
 ])

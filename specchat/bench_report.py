@@ -71,7 +71,8 @@ def machine_info(model: object | None = None) -> dict[str, Any]:
 class StepSplit:
     """Where our steps' time went: drafting vs verifying, levels drafted (drafters that pay per
     level), steps with drafting paused by the adaptive budget, the share of drafted steps it drafted
-    as chains rather than the configured tree; and acceptance per depth over all
+    as chains rather than the configured tree, the n-gram drafter's steps and accepted drafts from
+    its corpus of the model's past answers; and acceptance per depth over all
     the prompts (counted as the engine's running stats count it), where Medusa's independent heads
     and EAGLE's autoregressive one differ most."""
 
@@ -83,6 +84,9 @@ class StepSplit:
     widths: int = 0  # drafted steps whose top-k the budget chose
     chains: int = 0  # of those, the ones it drafted as a chain (top-k 1)
     tree_tokens: int = 0  # tokens verified, the root included: what the budget let through
+    corpus_steps: int = 0  # steps whose tree came from the n-gram drafter's corpus of past answers
+    corpus_accepted: int = 0  # drafts accepted on those steps
+    accepted: int = 0  # drafts accepted on all steps
     depths: Any = None  # engine.stats.RunningTally: attempts and accepts per depth
 
     def add(self, step: Any) -> None:
@@ -96,6 +100,10 @@ class StepSplit:
         self.widths += int(step.draft_width > 0)
         self.chains += int(step.draft_width == 1)
         self.tree_tokens += len(step.tree)
+        self.accepted += len(step.accepted)
+        if step.tree.source == "corpus":
+            self.corpus_steps += 1
+            self.corpus_accepted += len(step.accepted)
         if self.depths is None:
             self.depths = RunningTally()
         self.depths.add_step(step.tree, step.accepted, 0, 0, step.timing)
@@ -115,6 +123,10 @@ class StepSplit:
             "paused_share": round(self.paused / n, 3) if n else None,
             "mean_tree_tokens": round(self.tree_tokens / n, 3) if n else None,
             "chain_share": round(self.chains / self.widths, 3) if self.widths else None,
+            # n-gram: the steps drafted from the model's past answers, and their share of the accepted drafts
+            "corpus_step_share": round(self.corpus_steps / n, 3) if self.corpus_steps else None,
+            "corpus_draft_share": (round(self.corpus_accepted / self.accepted, 3)
+                                   if self.corpus_steps and self.accepted else None),
             "accept_by_depth": self.accept_by_depth(),
         }
 

@@ -125,8 +125,13 @@ def test_the_handle_builds_once_then_reads_the_cached_index(tmp_path: Path) -> N
     again = CorpusHandle([tmp_path / "data"], 100, tmp_path / "cache")
     assert again.ready and again.index is not None and len(again.index) == len(index)
     assert "n-grams" in again.describe()
-    loaded = CorpusIndex.load(next((tmp_path / "cache").glob("ngram-*.safetensors")))
+    cached = next((tmp_path / "cache").glob("ngram-*.safetensors"))
+    loaded = CorpusIndex.load(cached)
     assert np.array_equal(loaded.keys, index.keys) and np.array_equal(loaded.counts, index.counts)
+    cached.write_bytes(cached.read_bytes()[:100])  # a truncated cache file is rebuilt, not fatal
+    rebuilt = CorpusHandle([tmp_path / "data"], 100, tmp_path / "cache")
+    assert not rebuilt.ready and rebuilt.wait(timeout=60) is not None
+    assert CorpusIndex.load(cached).keys.tolist() == index.keys.tolist()
 
 
 def test_bad_corpus_folders_are_refused_in_one_line(tmp_path: Path) -> None:
@@ -174,14 +179,19 @@ def test_the_drafter_takes_the_corpus_only_where_the_conversation_matches_less_t
     mode=st.sampled_from(["tree", "chain"]),
     adaptive=st.booleans(),
     max_new=st.integers(1, 30),
+    temperature=st.sampled_from([0.0, 0.0, 0.8]),
 )
-def test_drafting_from_the_corpus_is_lossless(prompt, noise, draft_tokens, mode, adaptive, max_new) -> None:
-    """A corpus holding the baseline's own answer (drafts that land) and noise (drafts that do not)."""
+def test_drafting_from_the_corpus_is_lossless(prompt, noise, draft_tokens, mode, adaptive, max_new,
+                                              temperature) -> None:
+    """A corpus holding the baseline's own answer (drafts that land) and noise (drafts that do not);
+    greedy, or coupled sampling with a seed (the same sample as the baseline's)."""
     m = model("llama", 0)
-    want = baseline(m, [1, *prompt], max_new)
+    sampled = SpecConfig(max_new_tokens=max_new, temperature=temperature, seed=3)
+    want = tokens_of(Session(m, TinyTokenizer(), sampled, drafters={"none": NoDrafter}).generate_ids([1, *prompt]))
+    if temperature == 0.0:
+        assert want == baseline(m, [1, *prompt], max_new)
     index = CorpusIndex.build([np.array([1, *prompt, *want]), *(np.array(d) for d in noise)], min_count=1)
-    config = SpecConfig(method="ngram", num_draft_tokens=draft_tokens, max_new_tokens=max_new, ngram_mode=mode,
-                        adaptive_draft=adaptive)
+    config = sampled.replace(method="ngram", num_draft_tokens=draft_tokens, ngram_mode=mode, adaptive_draft=adaptive)
     s = Session(m, TinyTokenizer(), config,
                 drafters={"none": NoDrafter, "ngram": lambda: NgramDrafter(corpus=_Ready(index))})
     assert tokens_of(s.generate_ids([1, *prompt])) == want
@@ -214,3 +224,25 @@ def test_auto_finds_the_data_train_draft_generated_for_these_weights(tmp_path: P
     shipped = LoadedModel(embedded, None, "m", "", "specchat", key="smollm2-135m")
     assert [f.name for f in open_corpus("auto", shipped).folders] == [
         "smollm2-135m", "smollm2-135m-gpu", "smollm2-135m-tasks"]
+
+
+def test_the_bench_row_says_how_much_the_corpus_drafted() -> None:
+    from types import SimpleNamespace
+
+    from engine.events import StepTiming
+    from engine.tree import DraftTree
+    from specchat.bench_report import StepSplit
+
+    def step(tree: DraftTree, accepted: tuple[int, ...]) -> SimpleNamespace:
+        return SimpleNamespace(timing=StepTiming(draft_ms=0.1, verify_ms=4.0), draft_levels=0, draft_paused=False,
+                               draft_width=0, tree=tree, accepted=accepted)
+
+    split = StepSplit()
+    split.add(step(DraftTree((1, 2, 3), (-1, 0, 1), (1.0, 0.6, 0.5), source="corpus"), (1,)))
+    split.add(step(DraftTree((1, 2, 3), (-1, 0, 1), (1.0, 1.0, 1.0), has_probs=False), (1, 2)))
+    split.add(step(DraftTree.root_only(4), ()))
+    fields = split.fields()
+    assert fields["corpus_step_share"] == round(1 / 3, 3) and fields["corpus_draft_share"] == round(1 / 3, 3)
+    plain = StepSplit()
+    plain.add(step(DraftTree.root_only(4), ()))
+    assert plain.fields()["corpus_step_share"] is None and plain.fields()["corpus_draft_share"] is None

@@ -107,8 +107,8 @@ class CorpusHandle:
         if self.path is not None and self.path.is_file():
             try:
                 self.index = CorpusIndex.load(self.path)
-            except (OSError, ValueError):
-                self.index = None  # unreadable or of another format: rebuilt
+            except Exception:  # unreadable, truncated or of another format (safetensors' errors
+                self.index = None  # come from Rust without a stable base class): rebuilt
         if self.index is not None:
             self._ready.set()
         else:

@@ -26,8 +26,8 @@ typedef struct {
 
 /* the row of the longest n-gram (n <= max_n) ending ctx[0..n-1] that the index holds, or -1: each
  * order's hash looked up in the linear-probing table (ngram_corpus.hash_slots), longest first */
-static long corpus_find(const uint64_t *keys, const int32_t *slots, long bits, const int64_t *ctx, long n,
-                        long max_n) {
+static long corpus_find(const uint64_t *keys, long m, const int32_t *slots, long bits, const int64_t *ctx,
+                        long n, long max_n) {
     uint64_t hashes[MAX_ORDER];
     uint64_t h = 0;
     uint64_t mask = (1ULL << bits) - 1;
@@ -39,8 +39,12 @@ static long corpus_find(const uint64_t *keys, const int32_t *slots, long bits, c
     for (long j = orders; j >= 1; j--) {
         uint64_t key = hashes[j - 1];
         uint64_t s = (key * CORPUS_MUL) >> (64 - bits);
-        for (int32_t row; (row = slots[s]) >= 0; s = (s + 1) & mask)
-            if (keys[row] == key) return row;
+        /* bounded and range-checked: a damaged table file can cost a miss, never a hang or a stray read */
+        for (uint64_t probes = 0; probes <= mask; probes++, s = (s + 1) & mask) {
+            int32_t row = slots[s];
+            if (row < 0) break;
+            if (row < m && keys[row] == key) return row;
+        }
     }
     return -1;
 }
@@ -71,7 +75,7 @@ long corpus_tree(const uint64_t *keys, long m, const int32_t *slots, long bits, 
     long expand = 0;  /* the node whose children are pushed next */
     for (;;) {
         if (expand >= 0) {
-            long row = corpus_find(keys, slots, bits, ctxs[expand], lens[expand], max_n);
+            long row = corpus_find(keys, m, slots, bits, ctxs[expand], lens[expand], max_n);
             if (row >= 0) {
                 double total = (double)totals[row] + 1.0;
                 for (long r = 0; r < w; r++) {

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from engine.events import Step
+from engine.tree import DraftTree
 from specchat.tui.textutil import visible
 
 
@@ -44,7 +45,16 @@ PROBABILITIES = ("A number beside a draft is the drafter's probability for it gi
                  "drafter was. The target keeps a draft only if it would have produced it itself.")
 
 
-def draft_source(method: str) -> str:
+# An n-gram step drafted from the n-gram drafter's second source (DraftTree.source == "corpus").
+CORPUS_SOURCE = ("These n-gram drafts come from the model's own past answers: nothing earlier in this "
+                 "conversation matched, so the drafter looked the last few tokens up in counts of what the "
+                 "model wrote next in thousands of other answers; the numbers are the share of those answers "
+                 "that went on that way.")
+
+
+def draft_source(method: str, tree: DraftTree | None = None) -> str:
+    if tree is not None and tree.source == "corpus":
+        return CORPUS_SOURCE
     return DRAFT_SOURCES.get(method, "")
 
 
@@ -85,7 +95,7 @@ def explain_step(step: Step, method: str = "", *, prompt_tokens: int = 0) -> str
         f"{who} proposed {shape} of {_plural(drafts, 'token')} over {_plural(tree.max_depth, 'level')} "
         f"in {t.draft_ms:.1f} ms."
     )
-    source = draft_source(method)
+    source = draft_source(method, tree)
     if source:
         lines.append(source[0].upper() + source[1:])
     if pruned:

@@ -90,3 +90,37 @@ async def test_stats_panel_shows_when_the_budget_drafts_fewer_levels_than_set() 
         stats.refresh()
         await pilot.pause()
         assert "1 of 5 · a chain, not top-k 4 (budget)" in str(stats.render())
+
+
+async def test_stats_panel_says_how_much_the_corpus_drafted() -> None:
+    from textual.app import App, ComposeResult
+
+    from specchat.tui.widgets.stats import StatsView
+
+    class Panel(App):
+        def compose(self) -> ComposeResult:
+            yield StatsView(id="stats")
+
+    app = Panel()
+    async with app.run_test(size=(80, 20)) as pilot:
+        stats = app.query_one(StatsView)
+        stats.state.add(Step(index=1, tree=DraftTree.chain(5, [6, 7]), accepted=(1, 2), proposed=3))
+        stats.refresh()
+        await pilot.pause()
+        assert "corpus" not in str(stats.render())  # conversation drafts only
+        corpus = DraftTree((7, 8, 9), (-1, 0, 1), (1.0, 0.6, 0.4), source="corpus")
+        stats.state.add(Step(index=2, tree=corpus, accepted=(1,), proposed=3))
+        stats.refresh()
+        await pilot.pause()
+        assert "corpus   1/2 steps · 33% of kept drafts" in str(stats.render())
+
+
+def test_a_step_drafted_from_the_corpus_says_so() -> None:
+    corpus = DraftTree((7, 8, 9), (-1, 0, 1), (1.0, 0.6, 0.4), source="corpus")
+    step = Step(index=5, tree=corpus, tree_text=("a", " b", " c"), accepted=(1,), bonus=4,
+                committed=(CommittedToken(8, "draft", " b"), CommittedToken(4, "target", " d")), proposed=3)
+    text = explain_step(step, "ngram")
+    assert "past answers" in text and "copied from earlier text" not in text
+    conversation = Step(index=6, tree=DraftTree.chain(7, [8]), tree_text=("a", " b"), accepted=(1,), bonus=4,
+                        committed=(CommittedToken(8, "draft", " b"), CommittedToken(4, "target", " d")), proposed=2)
+    assert "copied from earlier text" in explain_step(conversation, "ngram")

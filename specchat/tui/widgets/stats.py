@@ -23,6 +23,9 @@ class StatsState:
     last_verify_ms: float = 0.0
     paused_steps: int = 0  # steps where the adaptive budget skipped drafting
     last_paused: bool = False
+    corpus_steps: int = 0  # n-gram steps drafted from the model's past answers
+    corpus_kept: int = 0  # drafts kept on those steps
+    kept: int = 0  # drafts kept on all steps
     configured_levels: int = 0  # num_steps in force (Started / ConfigApplied)
     last_levels: int = 0  # levels the budget asked of a per-level drafter at the last drafted step
     configured_topk: int = 0  # eagle_topk in force
@@ -43,6 +46,7 @@ class StatsState:
         self.draft_ms_sum = self.verify_ms_sum = 0.0
         self.last_draft_ms = self.last_verify_ms = 0.0
         self.paused_steps, self.last_paused = 0, False
+        self.corpus_steps = self.corpus_kept = self.kept = 0
         self.last_levels = self.last_width = 0
         self.finished = ""
         self.stepped = self.stepping
@@ -78,6 +82,10 @@ class StatsState:
         self.last_verify_ms = step.timing.verify_ms
         self.paused_steps += step.draft_paused
         self.last_paused = step.draft_paused
+        self.kept += len(step.accepted)
+        if step.tree.source == "corpus":
+            self.corpus_steps += 1
+            self.corpus_kept += len(step.accepted)
         if step.draft_levels:
             self.last_levels = step.draft_levels
         if step.draft_width:
@@ -147,6 +155,9 @@ class StatsView(StickyHeight):
             row("last", f"draft {st.last_draft_ms:.1f} · verify {st.last_verify_ms:.1f}")
         if st.paused_steps:  # the adaptive budget skipped drafting: it cost more than it saved
             row("paused", f"drafting in {st.paused_steps}/{st.steps} steps" + (" (now)" if st.last_paused else ""))
+        if st.corpus_steps:  # the n-gram drafter's second source (the tree panel: "from past answers")
+            share = f" · {st.corpus_kept / st.kept:.0%} of kept drafts" if st.kept else ""
+            row("corpus", f"{st.corpus_steps}/{st.steps} steps{share}")
         cut = []  # where the budget drafts less than set: fewer levels, a chain instead of a tree
         if 0 < st.last_levels < st.configured_levels:
             cut.append(f"{st.last_levels} of {st.configured_levels}")

@@ -57,17 +57,24 @@ async def test_stats_and_tree_panels_show_paused_drafting() -> None:
         assert "drafting paused" in str(tree.query_one("#tree-title", Static).render())
 
 
-async def test_stats_panel_shows_when_the_budget_drafts_fewer_levels_than_set() -> None:
+def _stats_app():
+    """An app holding the stats panel alone."""
     from textual.app import App, ComposeResult
 
-    from engine.events import Started
     from specchat.tui.widgets.stats import StatsView
 
     class Panel(App):
         def compose(self) -> ComposeResult:
             yield StatsView(id="stats")
 
-    app = Panel()
+    return Panel()
+
+
+async def test_stats_panel_shows_when_the_budget_drafts_fewer_levels_than_set() -> None:
+    from engine.events import Started
+    from specchat.tui.widgets.stats import StatsView
+
+    app = _stats_app()
     async with app.run_test(size=(80, 20)) as pilot:
         stats = app.query_one(StatsView)
         stats.state.started(Started(prompt_tokens=4, config={"num_steps": 5}))
@@ -93,15 +100,9 @@ async def test_stats_panel_shows_when_the_budget_drafts_fewer_levels_than_set() 
 
 
 async def test_stats_panel_says_how_much_the_corpus_drafted() -> None:
-    from textual.app import App, ComposeResult
-
     from specchat.tui.widgets.stats import StatsView
 
-    class Panel(App):
-        def compose(self) -> ComposeResult:
-            yield StatsView(id="stats")
-
-    app = Panel()
+    app = _stats_app()
     async with app.run_test(size=(80, 20)) as pilot:
         stats = app.query_one(StatsView)
         stats.state.add(Step(index=1, tree=DraftTree.chain(5, [6, 7]), accepted=(1, 2), proposed=3))

@@ -4,10 +4,11 @@ The embedded model ships its own answers (``assets/train-data/<model>*/batch-*.n
 the EAGLE and Medusa heads were trained on, ~10.6M tokens, never MT-bench); for any other model,
 ``auto`` takes the data ``specchat train-draft MODEL --data-only`` wrote for its weights, and
 ``--ngram-corpus FOLDER[,FOLDER]`` names folders of such shards. The index
-(engine/drafters/ngram_corpus.py) takes ~18 s to build from the shipped shards on the 2-core VM,
-so it is built on a background thread the first time the n-gram drafter is made, while the chat
-already runs on the conversation's own n-grams, and cached under ``<cache>/ngram/``: later
-sessions read it in ~15 ms.
+(engine/drafters/ngram_corpus.py) takes ~17 s to build from the shipped shards on the 2-core VM,
+so it is built once and cached under ``<cache>/ngram/`` (later sessions read it in ~15 ms): by the
+loader, behind the loading screen, when a session starts on n-gram; else on a low-priority
+background thread the first time the n-gram drafter is made, while the chat already runs on the
+conversation's own n-grams.
 
 Everything the user can get wrong (a folder without shards, shards of another model's vocabulary)
 is checked before anything is built, and refused in one line.
@@ -126,6 +127,8 @@ class CorpusHandle:
         return self
 
     def _build(self, docs: list[np.ndarray]) -> None:
+        if threading.current_thread() is not threading.main_thread():
+            _lower_priority()  # beside a chat, the answer's threads come first
         try:
             index = CorpusIndex.build(docs)
             if self.path is not None:
@@ -157,3 +160,13 @@ class CorpusHandle:
             state = self.error or ("indexing" if self._docs is None else "not indexed yet")
             return f"n-gram corpus {names}: {state}"
         return f"n-gram corpus {names}: {len(self.index):,} n-grams ({self.index.nbytes / 1e6:.0f} MB)"
+
+
+def _lower_priority() -> None:
+    """Nice this thread (Linux schedules threads one by one) so a build beside a running answer
+    takes the cores only while the answer's threads wait; elsewhere, nothing."""
+    import contextlib
+    import os
+
+    with contextlib.suppress(AttributeError, OSError):
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)

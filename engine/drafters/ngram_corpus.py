@@ -49,14 +49,16 @@ def context_hashes(context: Sequence[int], max_n: int) -> list[int]:
     return out
 
 
-def _stream_hashes(stream: np.ndarray, n: int, prev: np.ndarray) -> np.ndarray:
-    """Every position's order-n hash from its order-(n-1) hash ``prev`` (uint64 arithmetic wraps
-    like the masked Python ints of :func:`context_hashes`)."""
-    back = np.zeros_like(prev)
-    if n <= len(stream):  # else no position ends an n-gram (the caller masks them all)
-        back[n - 1:] = stream[: len(stream) - n + 1].astype(np.uint64)
+def _stream_hashes(stream: np.ndarray, n: int, h: np.ndarray) -> np.ndarray:
+    """Every position's order-n hash from its order-(n-1) hash, in place in ``h`` (uint64
+    arithmetic wraps like the masked Python ints of :func:`context_hashes`; no full-size temporaries:
+    the build's peak memory is a few of these arrays)."""
     with np.errstate(over="ignore"):
-        return prev * np.uint64(_MUL) + back + np.uint64(n)
+        np.multiply(h, np.uint64(_MUL), out=h)
+        if n <= len(stream):  # else no position ends an n-gram (the caller masks them all)
+            np.add(h[n - 1:], stream[: len(stream) - n + 1], out=h[n - 1:], dtype=np.uint64, casting="unsafe")
+        np.add(h, np.uint64(n), out=h)
+    return h
 
 
 @dataclass(frozen=True)
@@ -95,21 +97,23 @@ class CorpusIndex:
         their ``top`` most frequent continuations seen that often."""
         if max_n < 1 or top < 1 or min_count < 1:
             raise ValueError("max_n, top and min_count must be >= 1")
-        docs = [np.asarray(d, dtype=np.int64) for d in documents]
-        docs = [d for d in docs if len(d) >= 2]
+        docs = [d for d in (np.asarray(d) for d in documents) if len(d) >= 2]
         if not docs:
             return cls.empty(max_n, top)
-        stream = np.concatenate(docs)
-        # position i may end an n-gram of order n only if the document started n-1 or more tokens before
-        start = np.repeat(np.cumsum([0] + [len(d) for d in docs[:-1]]), [len(d) for d in docs])
-        offset = np.arange(len(stream)) - start  # index within its document
-        last = np.ones(len(stream), dtype=bool)
-        last[np.cumsum([len(d) for d in docs]) - 1] = False  # a document's last token has no continuation
+        stream = np.concatenate(docs).astype(np.int32)  # the shipped 10.6M tokens: ~0.8 GB at the peak
+        lengths = np.array([len(d) for d in docs])
+        starts = np.cumsum(lengths) - lengths
+        # ok: position i ends an order-n n-gram with a continuation: not its document's last token,
+        # nor one of its first n-1 (updated order by order)
+        ok = np.ones(len(stream), dtype=bool)
+        ok[starts + lengths - 1] = False
+        del docs
         parts = []
         h = np.zeros(len(stream), dtype=np.uint64)
         for n in range(1, max_n + 1):
             h = _stream_hashes(stream, n, h)
-            ok = last & (offset >= n - 1)
+            if n > 1:
+                ok[(starts + n - 2)[lengths >= n - 1]] = False
             parts.append(_top_continuations(h[ok], stream[1:][ok[:-1]], top, min_count))
         keys = np.concatenate([p[0] for p in parts])
         order = np.argsort(keys, kind="stable")

@@ -25,9 +25,11 @@ from __future__ import annotations
 import hashlib
 import heapq
 import os
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -182,20 +184,19 @@ class CorpusIndex:
         context), children limited to ``width`` per node and paths below ``min_path``. In our
         native kernel where it runs (corpus.c: the same tree, ~30x faster in the decode loop)."""
         tail = [int(t) for t in history[max(0, len(history) - self.max_n + 1):]] if self.max_n > 1 else []
-        native = self._native_tree()
+        native = self._native_tree
         out = native([*tail, int(root)], max_drafts, width or 0, min_path) if native is not None else None
         if out is not None:
             return DraftTree(tuple(out[0]), tuple(out[1]), tuple(out[2]), source="corpus")
         return self.tree_python(tail, root, max_drafts, width=width, min_path=min_path)
 
-    def _native_tree(self):
+    @cached_property
+    def _native_tree(self) -> Callable[[list[int], int, int, float], Any] | None:
         """The native tree bound to this index (engine/kernels/native.py), or None without the kernel."""
-        if not hasattr(self, "_bound"):
-            kernel = _native()
-            bound = (kernel.corpus_tree((self.keys, self.slots, self.tokens, self.counts, self.totals), self.max_n)
-                     if kernel is not None else None)
-            object.__setattr__(self, "_bound", bound)
-        return self._bound
+        kernel = _native()
+        if kernel is None:
+            return None
+        return kernel.corpus_tree((self.keys, self.slots, self.tokens, self.counts, self.totals), self.max_n)
 
     def tree_python(self, tail: list[int], root: int, max_drafts: int, *, width: int | None = None,
                     min_path: float = 0.02) -> DraftTree:

@@ -279,14 +279,10 @@ def load_session(
             session.set_draft(extra.method, extra.factory, extra.features)
     session.draft_description = description
     session.ngram_corpus = corpus
-    if corpus is not None and config.method == "ngram" and not corpus.ready:
+    if corpus is not None and config.method == "ngram":
         # the first chat drafts n-grams at once: index behind the loading screen (once per machine,
         # ~17 s on 2 cores), not beside the first answers, which it would slow by half
-        if progress:
-            progress("indexing the n-gram corpus (once per machine)", 0, 1)
-        corpus.wait()
-        if progress:
-            progress("indexing the n-gram corpus (once per machine)", 1, 1)
+        corpus.wait_shown(progress)
     if config.method != "none" and config.adaptive_draft and session.calibrates:
         if progress:
             progress("measuring verify costs", 0, 1)

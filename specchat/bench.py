@@ -183,11 +183,8 @@ def load_sessions(args: argparse.Namespace, base_config: SpecConfig, modes: list
                                           precision=precision, **draft_options(args))
             corpus = sessions[mode].ngram_corpus
             timed = [m.strip().lower() for m in (getattr(args, "methods", None) or "none,ngram").split(",")]
-            if corpus is not None and "ngram" in timed and not corpus.ready:
-                # timed runs draft with the whole corpus, not a conversation-only start
-                progress("indexing the n-gram corpus (once per machine)", 0, 1)
-                corpus.wait()
-                progress("indexing the n-gram corpus (once per machine)", 1, 1)
+            if corpus is not None and "ngram" in timed:  # timed with the whole corpus, not while indexing
+                corpus.wait_shown(progress)
     return sessions
 
 

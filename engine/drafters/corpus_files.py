@@ -17,7 +17,7 @@ is checked before anything is built, and refused in one line.
 from __future__ import annotations
 
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -28,6 +28,7 @@ from engine.drafters.ngram_corpus import CorpusIndex, index_name
 _ASSETS = Path(__file__).resolve().parents[2] / "assets" / "train-data"
 # the folders of the embedded model's own answers (the EAGLE-3 data: CPU, GPU and task prompts)
 SHIPPED_CORPUS = {"smollm2-135m": ("smollm2-135m", "smollm2-135m-gpu", "smollm2-135m-tasks")}
+INDEXING = "indexing the n-gram corpus (once per machine)"
 
 
 def shipped_corpus(model_key: str) -> list[Path]:
@@ -148,6 +149,15 @@ class CorpusHandle:
         self.start()
         self._ready.wait(timeout)
         return self.index
+
+    def wait_shown(self, progress: Callable[[str, int, int], None] | None) -> CorpusIndex | None:
+        """:meth:`wait`, with a progress line while an index is built (the loading screen's, bench's)."""
+        if self.ready or progress is None:
+            return self.wait()
+        progress(INDEXING, 0, 1)
+        index = self.wait()
+        progress(INDEXING, 1, 1)
+        return index
 
     @property
     def ready(self) -> bool:

@@ -46,8 +46,9 @@ if TYPE_CHECKING:
 
 __all__ = ["ChainIndex", "NgramDrafter", "NgramTrie"]
 
-# a conversation match shorter than this many tokens (the root alone) defers to the corpus: on
-# MT-bench such matches drafted 0.2 accepted tokens a step, the corpus 0.6 (session 30's replay)
+# a conversation match shorter than this many tokens (the root alone) defers to the corpus
+# (session 30's replay of MT-bench answers, chains of 2: 1.38 tokens a step from the conversation
+# alone, 1.64 with the corpus drafting where it matched one token or none; docs/BENCHMARKS.md)
 _CORPUS_BELOW = 2
 
 _ROOT = 0

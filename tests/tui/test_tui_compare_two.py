@@ -179,6 +179,9 @@ async def scenario_two(size: tuple[int, int]) -> str:
         await wait_loaded(pilot)
         await send(pilot, "What is speculative decoding?", "#compare-prompt")
         await wait_idle(pilot)
+        # the panes' scroll to the end may still be animating under a loaded machine (seen once in a
+        # full-suite run: the scrollbar thumb one frame early)
+        await pilot.wait_for_scheduled_animations()
         await pilot.pause()
         return app.export_screenshot(title="specchat · compare two methods")
 

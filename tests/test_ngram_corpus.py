@@ -15,7 +15,7 @@ from engine.drafters.base import NoDrafter
 from engine.drafters.corpus_files import CorpusHandle, read_documents, shard_files
 from engine.drafters.eagle_checkpoint import DraftLoadError
 from engine.drafters.ngram import NgramDrafter
-from engine.drafters.ngram_corpus import _MUL, CorpusIndex, _native, context_hashes, hash_slots
+from engine.drafters.ngram_corpus import _MUL, CorpusIndex, context_hashes, hash_slots
 from engine.session import Session
 from tests.test_session import baseline, model, tokens_of
 from tests.tiny import TinyTokenizer
@@ -82,7 +82,9 @@ def test_the_tree_is_best_first_with_the_corpus_probabilities() -> None:
        context=st.lists(st.integers(0, 7), min_size=1, max_size=6), max_drafts=st.integers(0, 12),
        width=st.sampled_from([None, 1, 2]), min_path=st.sampled_from([0.0, 0.02, 0.3]))
 def test_the_native_tree_is_the_python_tree(docs, max_n, top, min_count, context, max_drafts, width, min_path) -> None:
-    if _native() is None:
+    from engine.kernels import native
+
+    if native.load() is None:
         pytest.skip("no native kernel here: the Python tree is the one that runs")
     index = CorpusIndex.build([np.array(d) for d in docs], max_n=max_n, top=top, min_count=min_count)
     history, root = context[:-1], context[-1]

@@ -27,6 +27,16 @@ if TYPE_CHECKING:
     from engine.sampling import GumbelNoise
 
 
+
+def heads_take_fast_products(ops) -> bool:
+    """Whether a draft head's 8-bit codes run the fast precision's integer products (``ops``: the
+    target's native kernel, or None). Drafts are verified, so their arithmetic never reaches the
+    answer; ``SPECCHAT_HEAD_PRECISION=exact`` keeps heads on exact products (README)."""
+    import os
+
+    return (ops is not None and getattr(ops, "fast_variant", None) is not None
+            and os.environ.get("SPECCHAT_HEAD_PRECISION", "fast") == "fast")
+
 class Drafter(Protocol):
     name: str
     # True when the drafter reads target hidden states (EAGLE heads): the session then captures

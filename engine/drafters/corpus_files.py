@@ -116,20 +116,17 @@ class CorpusHandle:
         else:
             self._docs = read_documents(self.files, vocab_size)
 
-    def start(self, *, background: bool = True) -> CorpusHandle:
-        """Build the index if it is neither cached nor being built (returns self, for factories)."""
+    def start(self) -> CorpusHandle:
+        """Build the index on a background thread if it is neither cached nor being built
+        (returns self, for factories)."""
         with self._lock:
             docs, self._docs = self._docs, None
         if docs is not None:
-            if background:
-                threading.Thread(target=self._build, args=(docs,), name="ngram-corpus", daemon=True).start()
-            else:
-                self._build(docs)
+            threading.Thread(target=self._build, args=(docs,), name="ngram-corpus", daemon=True).start()
         return self
 
     def _build(self, docs: list[np.ndarray]) -> None:
-        if threading.current_thread() is not threading.main_thread():
-            _lower_priority()  # beside a chat, the answer's threads come first
+        _lower_priority()  # beside a chat, the answer's threads come first
         try:
             index = CorpusIndex.build(docs)
             if self.path is not None:

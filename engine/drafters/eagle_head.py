@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 import torch.nn.functional as F
 
+from engine.drafters.base import heads_take_fast_products
 from engine.drafters.eagle_checkpoint import HeadSpec
 from engine.drafters.tree_search import Level, Picks
 from engine.kernels.head import Keys, NativeHead
@@ -115,10 +116,9 @@ class EagleHead:
         ops = getattr(target, "ops", None)
         self.native = self._bind_native(ops) if os.environ.get("SPECCHAT_NATIVE_HEAD", "1") != "0" else None
         self.kernel = ops if self.native is not None else None  # also picks coupled drafts (tree_search.py)
-        if self.native is not None and q8 and ops.fast_variant is not None:
-            # drafts are verified, so their arithmetic never reaches the output: the head takes the
-            # fast precision's integer products on its 8-bit codes wherever the CPU has them
-            self.native.fast = os.environ.get("SPECCHAT_HEAD_PRECISION", "fast") == "fast"
+        if self.native is not None and q8:
+            # the fast precision's integer products on its 8-bit codes wherever the CPU has them
+            self.native.fast = heads_take_fast_products(ops)
 
     def _bind_native(self, ops: NativeKernel | None) -> NativeHead | None:
         """The head on our native kernel (head.c), where the target runs them and the head suits them."""

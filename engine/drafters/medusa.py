@@ -40,6 +40,7 @@ import torch
 import torch.nn.functional as F
 
 from engine.config import SpecConfig
+from engine.drafters.base import heads_take_fast_products
 from engine.drafters.medusa_checkpoint import MedusaSpec, MedusaWeights
 from engine.drafters.tree_search import (
     Candidates,
@@ -100,11 +101,9 @@ class MedusaHeads:
         K, H = weights.blocks.shape[0], weights.blocks.shape[-1]
         self.first_blocks = matrix(weights.blocks[:, 0].reshape(K * H, H)) if q8 else None
         self.vocab_ids = weights.token_map.to(dev) if weights.token_map is not None else None
-        ops = getattr(target, "ops", None)
-        if q8 and ops is not None and ops.fast_variant is not None and _head_precision() == "fast":
-            # as for EAGLE heads: drafts are verified, so the fast precision's integer products
-            # may compute them wherever the CPU has them (the four shipped heads on the Xeon VM:
-            # a drafted step's head products 0.34 -> 0.17 ms, docs/BENCHMARKS.md)
+        if q8 and heads_take_fast_products(getattr(target, "ops", None)):
+            # as for EAGLE heads (the four shipped heads on the Xeon VM: the 4-row lm_head 0.27 ->
+            # 0.14-0.15 ms, a propose 0.65 -> 0.46-0.51 ms; docs/BENCHMARKS.md, session 30)
             for layer in [self.first_blocks, *self.lm_layers]:
                 if isinstance(layer, StoredLinear):
                     layer.fast = True
@@ -239,11 +238,6 @@ class MedusaDrafter:
             parents.append(row[path[:-1]])
         probs = [1.0] + [math.exp(lps[len(p) - 1][p[-1]]) for p in paths]
         return DraftTree((root, *tokens), tuple(parents), tuple(probs))
-
-
-def _head_precision() -> str:
-    """``SPECCHAT_HEAD_PRECISION=exact`` keeps draft heads on exact products (README)."""
-    return os.environ.get("SPECCHAT_HEAD_PRECISION", "fast")
 
 
 def _is_targets(target, weight: torch.Tensor) -> bool:

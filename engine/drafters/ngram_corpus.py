@@ -193,7 +193,9 @@ class CorpusIndex:
     @cached_property
     def _native_tree(self) -> Callable[[list[int], int, int, float], Any] | None:
         """The native tree bound to this index (engine/kernels/native.py), or None without the kernel."""
-        kernel = _native()
+        from engine.kernels import native
+
+        kernel = native.load()  # cached there: one build and load per process
         if kernel is None:
             return None
         return kernel.corpus_tree((self.keys, self.slots, self.tokens, self.counts, self.totals), self.max_n)
@@ -246,17 +248,6 @@ def hash_slots(keys: np.ndarray) -> np.ndarray:
         waiting = waiting[~won]
         pos[waiting] = (pos[waiting] + 1) & mask
     return slots
-
-
-_KERNEL: list = []  # [the native kernel, or None], looked up at the first tree
-
-
-def _native():
-    if not _KERNEL:
-        from engine.kernels import native
-
-        _KERNEL.append(native.load())
-    return _KERNEL[0]
 
 
 def _top_continuations(keys: np.ndarray, nexts: np.ndarray, top: int, min_count: int

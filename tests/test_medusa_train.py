@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import time
 from collections import Counter
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -29,6 +30,7 @@ from engine.train.data import FEATURE_FILES, HIDDEN_FILES, DataCache, GenSetting
 from engine.train.data_engine import fill_features, generate_data_rows
 from engine.train.medusa_head import export_medusa
 from engine.train.medusa_train import MedusaSettings, evaluate_heads, gather_positions, last_hidden, train_medusa
+from engine.train.pipeline import import_shards
 from engine.train.trainer import ResumeError
 from tests.test_train_draft import _CharTokenizer
 
@@ -114,6 +116,29 @@ def test_the_capture_stores_only_the_last_hidden_state_and_it_is_the_targets(tar
         for k in range(HEADS):  # head k's label at p is the token k+2 ahead, -1 past the end
             want = [s.ids[p + k + 2] if p + k + 2 < len(s.ids) else -1 for p in range(first, last)]
             assert pos.labels[:, k].tolist() == want
+
+
+def test_ids_without_stored_hidden_states_get_them_from_the_target_in_batches(target, data, tmp_path) -> None:
+    """Ids imported on a machine whose rows engine does not run (a GPU: ``--import-data``) have no
+    ``hidden`` arrays; the target computes them, several conversations a forward, padded at the
+    end, and they match the one-at-a-time forward row for row."""
+    hf, _ = target
+    cache, _, _ = data
+    bare = DataCache(tmp_path / "ids-only", VOCAB)
+    assert import_shards(cache.folder, bare) == len(cache.shard_indices())
+    samples = [s for s in bare.samples() if not s.held_out][:12]
+    assert samples and all(s.ref is not None for s in samples) and not bare.has_features(samples, HIDDEN_FILES)
+    # answers of several lengths (cut short), so the batches really pad
+    samples = [replace(s, ids=s.ids[:len(s.ids) - 3 * i]) for i, s in enumerate(samples)]
+    lengths = {len(s.ids) for s in samples}
+    assert len(lengths) > 1 and all(s.answer_start < len(s.ids) - 1 for s in samples)
+    got = gather_positions(samples, HEADS, cache=bare, hf=hf, batch_tokens=4 * max(lengths))
+    want = torch.cat([last_hidden(hf, s.ids)[s.answer_start - 1:len(s.ids) - 1] for s in samples])
+    torch.testing.assert_close(got.hidden.float(), want, rtol=1e-2, atol=1e-2)
+    stored = gather_positions(samples, HEADS, cache=cache.__class__(cache.folder, VOCAB))
+    assert torch.equal(got.labels, stored.labels)
+    with pytest.raises(ValueError, match="no target"):
+        gather_positions(samples, HEADS, cache=bare)
 
 
 def test_filling_a_shard_captures_the_same_hidden_states(target, data) -> None:

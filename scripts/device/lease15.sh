@@ -13,13 +13,16 @@
 #      CPU's 5.0M answer tokens and the first GPU's 0.56M, imported as ids, their features computed
 #      on the GPU as training reads them (train.sh with IMPORT; HOURS of training, then export).
 #      Before session 26, b generated data and trained on it (DATA_S, HOURS, EPOCHS still do: b2).
+#   stash: only the GGUF's parts (carry three, then two): session 31 spent 60 s on two such calls
+#      and the rest of the lease on c.
+#   m: carry assets/train-data .whl/site: Medusa heads trained from scratch on all the shipped ids.
 #
 # At most 8 files come back from $OUT, so the small ones are bundled into results-<part>.tgz.
 # The working tree travels too (64 MiB a call with what is carried): scripts/device/slim.sh keeps
 # the big tracked files behind while these calls run (README.md).
 # Dry run here: PY=.venv/bin/python DEVICE=cpu SHAPE=smollm2-135m TOKENS=16 LIMIT=1 \
 #   DATA_S=60 STEPS=2 GEN_BATCH=8 BATCH=2048 bash scripts/device/lease15.sh a   (then b)
-part=${1:?usage: lease15.sh a|b|b2|c}
+part=${1:?usage: lease15.sh a|b|b2|c|stash|m}
 case $part in
   a)
     DTYPES=bfloat16 PYTEST_S=${PYTEST_S:-150} bash scripts/device/plan1.sh
@@ -35,7 +38,27 @@ case $part in
     IMPORT=${IMPORT:-"assets/train-data/smollm2-135m assets/train-data/smollm2-135m-gpu assets/train-data/smollm2-135m-tasks"} \
       HOURS=${HOURS:-0.11} EPOCHS=${EPOCHS:-6} LR=${LR:-6e-4} EVAL_EVERY=${EVAL_EVERY:-0} \
       bash scripts/device/train.sh ;;
-  *) echo "lease15.sh: part must be a, b, b2 or c" >&2; exit 2 ;;
+  stash)
+    # only the GGUF's parts (session 31: two such calls, then c or m, trained for most of the lease)
+    source scripts/device/env.sh > /dev/null && ls -la "$SPECCHAT_STASH" ;;
+  m)
+    # Medusa heads from scratch (train-draft takes no --init-from for them) on every shipped id;
+    # the target's last hidden states computed on the GPU once, several conversations a forward
+    source scripts/device/env.sh > /dev/null || exit 1
+    imports=()
+    for d in ${IMPORT:-assets/train-data/smollm2-135m assets/train-data/smollm2-135m-gpu assets/train-data/smollm2-135m-tasks}; do
+      imports+=(--import-data "$d")
+    done
+    HEAD=$SPECCHAT_STASH/medusa
+    rm -rf "$HEAD"
+    # --tokens under what the folders hold (7.10M with the held-out answers): nothing is generated
+    "$PY" -m specchat train-draft --method medusa --medusa-heads 4 --device "$DEVICE" --tokens "${TOKENS:-7000000}" \
+      --out "$HEAD" --batch-tokens "${BATCH:-16384}" --lr "${LR:-2e-3}" --epochs "${EPOCHS:-6}" --hours "${HOURS:-0.045}" \
+      --eval-every 0 --checkpoint-every 200 "${imports[@]}" 2>&1 | tee "$OUT/train-medusa.log"
+    cp "$HEAD/config.json" "$OUT/medusa-config.json"
+    split -b 12m "$HEAD/model.safetensors" "$OUT/head.safetensors.part-"
+    sha256sum "$HEAD/model.safetensors" > "$OUT/head.sha256" ;;
+  *) echo "lease15.sh: part must be a, b, b2, c, stash or m" >&2; exit 2 ;;
 esac
 OUT=${OUT:-.device/out}
 cd "$OUT" && small=$(find . -maxdepth 1 -type f -size -4M ! -name 'head.safetensors.part-*' ! -name '*.tgz' -printf '%P\n') \

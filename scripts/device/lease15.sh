@@ -46,13 +46,20 @@ case $part in
     # the target's last hidden states computed on the GPU once, several conversations a forward
     source scripts/device/env.sh > /dev/null || exit 1
     imports=()
-    for d in ${IMPORT:-assets/train-data/smollm2-135m assets/train-data/smollm2-135m-gpu assets/train-data/smollm2-135m-tasks}; do
-      imports+=(--import-data "$d")
-    done
+    folders=${IMPORT:-assets/train-data/smollm2-135m assets/train-data/smollm2-135m-gpu assets/train-data/smollm2-135m-tasks}
+    for d in $folders; do imports+=(--import-data "$d"); done
     HEAD=$SPECCHAT_STASH/medusa
     rm -rf "$HEAD"
-    # --tokens under what the folders hold (7.10M with the held-out answers): nothing is generated
-    "$PY" -m specchat train-draft --method medusa --medusa-heads 4 --device "$DEVICE" --tokens "${TOKENS:-7000000}" \
+    # --tokens: every answer token the carried folders hold, held-out ones included, so nothing is
+    # generated (session 31 carried two of the three folders with a fixed 7M and spent its whole
+    # call generating the missing 1.4M) and Medusa's --tokens bound takes every training answer
+    tokens=${TOKENS:-$("$PY" -c 'import sys
+from pathlib import Path
+from engine.train.data import DataCache
+print(sum(len(s.ids) - s.answer_start for d in sys.argv[1:] for s in DataCache(Path(d), 49152).samples()))' \
+      $folders)}
+    echo "== Medusa heads on $tokens answer tokens"
+    "$PY" -m specchat train-draft --method medusa --medusa-heads 4 --device "$DEVICE" --tokens "$tokens" \
       --out "$HEAD" --batch-tokens "${BATCH:-16384}" --lr "${LR:-2e-3}" --epochs "${EPOCHS:-6}" --hours "${HOURS:-0.045}" \
       --eval-every 0 --checkpoint-every 200 "${imports[@]}" 2>&1 | tee "$OUT/train-medusa.log"
     cp "$HEAD/config.json" "$OUT/medusa-config.json"

@@ -2,9 +2,11 @@
 
 The only target output a Medusa head reads is the last hidden state (the input of the target's
 lm_head, after its final norm), which the data engine already stores beside the ids (``hidden``
-arrays); so training gathers those rows once into memory and never runs the target. Position p
-of an answer trains head k to guess ``ids[p + k + 2]`` (hard labels, the Medusa-1 recipe; the
-target's own lm_head guesses ``ids[p + 1]``), cross entropy over the heads' vocabulary, weighted
+arrays); so training gathers those rows once into memory and never runs the target (ids
+imported without them, as on a GPU, get them from one pass of the target first:
+:func:`gather_positions`). Position p of an answer trains head k to guess ``ids[p + k + 2]``
+(hard labels, the Medusa-1 recipe; the target's own lm_head guesses ``ids[p + 1]``), cross
+entropy over the heads' vocabulary, weighted
 ``head_weight ** k``; labels outside that vocabulary, or past the conversation's end, are masked.
 
 Checkpoints (weights + optimizer state + progress) go to ``OUT/checkpoint`` as for EAGLE-3 and
@@ -149,10 +151,11 @@ def last_hidden(hf: torch.nn.Module, ids: Sequence[int]) -> torch.Tensor:
 def last_hidden_batched(hf: torch.nn.Module, sequences: Sequence[Sequence[int]], batch_tokens: int = 16384,
                         dtype: torch.dtype = torch.float32) -> list[torch.Tensor]:
     """:func:`last_hidden` of many sequences, several per forward (sorted by length, padded at the
-    end, which a causal model never attends to): on a GPU one forward per conversation left it
-    idle (35,739 conversations). The padding changes which kernels run, not what they compute,
-    so rows agree with the one-at-a-time forward to float rounding (tested). ``dtype``: what the
-    rows are kept in (bf16 for training: 7M answer tokens are 8 GB of bf16 rows)."""
+    end, which a causal model never attends to): one forward per conversation would be 35,739
+    forwards of a few hundred tokens for the shipped data, each too small to fill a GPU. The
+    padding changes which kernels run, not what they compute, so rows agree with the
+    one-at-a-time forward to float rounding (tested). ``dtype``: what the rows are kept in (bf16
+    for training: 7M answer tokens are 8 GB of bf16 rows)."""
     device = next(hf.parameters()).device
     decoder = decoder_of(hf)
     order = sorted(range(len(sequences)), key=lambda i: len(sequences[i]))

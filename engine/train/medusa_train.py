@@ -219,13 +219,14 @@ def evaluate_heads(heads: MedusaTrainHeads, positions: Positions, batch: int = 4
     accepted = 0
     was = heads.training
     heads.eval()
+    device = heads.weight.device
     for s in range(0, len(positions), batch):
-        labels = positions.labels[s:s + batch]
-        pred = heads.to_target_ids(heads(positions.hidden[s:s + batch].float()).argmax(-1)).T  # [n, K]
+        labels = positions.labels[s:s + batch].to(device)
+        pred = heads.to_target_ids(heads(positions.hidden[s:s + batch].to(device).float()).argmax(-1)).T  # [n, K]
         ok = (pred == labels) & (labels >= 0)
-        right += ok.sum(0)
-        tries += (labels >= 0).sum(0)
-        alive = torch.ones(len(labels), dtype=torch.bool)
+        right += ok.sum(0).cpu()
+        tries += (labels >= 0).sum(0).cpu()
+        alive = torch.ones(len(labels), dtype=torch.bool, device=device)
         for k in range(K):
             alive = alive & (labels[:, k] >= 0)
             reach[k] += int(alive.sum())
@@ -312,6 +313,8 @@ class _Run:
     def step(self, hidden: torch.Tensor, labels: torch.Tensor, total: int) -> list[float]:
         for g in self.opt.param_groups:
             g["lr"] = lr_at(self.state["step"], self.settings.lr, self.settings.warmup_steps, total)
+        device = self.heads.weight.device  # positions stay in host memory (8 GB of bf16 for 7M): a batch goes over
+        hidden, labels = hidden.to(device, non_blocking=True), labels.to(device, non_blocking=True)
         loss, acc = medusa_loss(self.heads, hidden, labels, self.settings.head_weight, bf16=self.settings.use_bf16())
         self.opt.zero_grad(set_to_none=True)
         if loss.requires_grad:
@@ -378,6 +381,7 @@ def train_medusa(hf: torch.nn.Module, train_samples: Sequence[Sample], eval_samp
     out = Path(out_dir)
     ckpt = out / "checkpoint"
     heads, state, saved_opt = _start(hf, train_samples, settings, stop_ids, ckpt, resume)
+    heads.to(next(hf.parameters()).device)  # a GPU trains them too, not only the hidden states' pass
     K = settings.num_heads
     t_load = time.monotonic()
     data = gather_positions(train_samples, K, cache=cache, hf=hf)

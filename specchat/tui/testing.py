@@ -92,13 +92,29 @@ def _first_answer(records: Sequence[Record]) -> list[Record]:
     return list(records[: end + 1])
 
 
+async def settled_screenshot(pilot, title: str, tries: int = 20) -> str:
+    """The screen once it stops changing: animations done, then two screenshots 20 ms apart that
+    agree. Why: on a loaded machine a pane's scroll to the end was caught one frame early (the
+    scrollbar thumb; twice in full-suite runs, never alone), which a snapshot reads as a change."""
+    app = pilot.app
+    await pilot.wait_for_scheduled_animations()
+    await pilot.pause()
+    shot = app.export_screenshot(title=title)
+    for _ in range(tries):
+        await pilot.pause(0.02)
+        again = app.export_screenshot(title=title)
+        if again == shot:
+            break
+        shot = again
+    return shot
+
+
 async def _shot(pilot, title: str) -> str:
     # replays run at full speed (speed 0) in tests; show the speed a viewer would use
     app = pilot.app
     app.host.replay_speed = 1.0
     app.refresh_chrome()
-    await pilot.pause()
-    return app.export_screenshot(title=title)
+    return await settled_screenshot(pilot, title)
 
 
 async def scenario_chat(trace: str | Path, size: tuple[int, int] = SIZE, theme: str = "dark",
@@ -158,7 +174,7 @@ async def scenario_settings(size: tuple[int, int] = SIZE, theme: str = "light") 
         await pilot.press("f2")
         app.apply_setting("eagle_topk", "2")
         await pilot.pause()
-        return app.export_screenshot(title="specchat · settings")
+        return await settled_screenshot(pilot, "specchat · settings")
 
 
 def cut_answers(config: SpecConfig = CONFIG) -> list[list]:
@@ -182,4 +198,4 @@ async def scenario_charts(size: tuple[int, int] = SIZE, theme: str = "dark") -> 
             await wait_idle(pilot)
         await pilot.press("f9")
         await wait_until(pilot, lambda: getattr(app.screen, "drawn", -1) == app.charts.version, what="charts")
-        return app.export_screenshot(title="specchat · charts")
+        return await settled_screenshot(pilot, "specchat · charts")

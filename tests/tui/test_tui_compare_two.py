@@ -18,6 +18,7 @@ from specchat.tui.testing import (
     make_session,
     replay_app,
     send,
+    settled_screenshot,
     ui_settings,
     wait_idle,
     wait_loaded,
@@ -179,11 +180,7 @@ async def scenario_two(size: tuple[int, int]) -> str:
         await wait_loaded(pilot)
         await send(pilot, "What is speculative decoding?", "#compare-prompt")
         await wait_idle(pilot)
-        # the panes' scroll to the end may still be animating under a loaded machine (seen once in a
-        # full-suite run: the scrollbar thumb one frame early)
-        await pilot.wait_for_scheduled_animations()
-        await pilot.pause()
-        return app.export_screenshot(title="specchat · compare two methods")
+        return await settled_screenshot(pilot, "specchat · compare two methods")
 
 
 @pytest.mark.parametrize("size", [(80, 24), (120, 40)])

@@ -127,8 +127,17 @@ class ComparePane(Vertical):
                 s = rec.stats
                 outcome = "" if rec.reason == "stop" else f" · {rec.reason.upper()}"
                 self._stats(f"{rec.tokens} tokens · {s.tokens_per_s:.1f} tok/s · tau {s.tau:.2f}{outcome}")
+                self.call_after_refresh(self._show_end)
         if steps:
             repaint(self.stream)
+
+    def _show_end(self) -> None:
+        """A finished lane shows its last line unless the reader scrolled away: the anchor alone
+        sometimes stopped a line short when the last step's height arrived after its scroll (seen
+        in full test runs as a scrollbar thumb a fraction up; the same text either way)."""
+        scroll = self.query_one(VerticalScroll)
+        if scroll.is_anchored and scroll.scroll_y >= scroll.max_scroll_y - 2:  # within two lines of the end
+            scroll.scroll_end(animate=False, immediate=True)
 
 
 class CompareScreen(Screen):

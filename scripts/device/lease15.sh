@@ -55,8 +55,8 @@ case $part in
     # call generating the missing 1.4M) and Medusa's --tokens bound takes every training answer
     tokens=${TOKENS:-$("$PY" -c 'import sys
 from pathlib import Path
-from engine.train.data import DataCache
-print(sum(len(s.ids) - s.answer_start for d in sys.argv[1:] for s in DataCache(Path(d), 49152).samples()))' \
+from engine.train.data import DataCache, answer_tokens
+print(sum(answer_tokens(DataCache(Path(d), 49152).samples()) for d in sys.argv[1:]))' \
       $folders)}
     echo "== Medusa heads on $tokens answer tokens"
     "$PY" -m specchat train-draft --method medusa --medusa-heads 4 --device "$DEVICE" --tokens "$tokens" \

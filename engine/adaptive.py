@@ -121,16 +121,25 @@ class WidthChoice:
     A tree drafts k rows a level and verifies its likeliest nodes; it pays where a node's second
     or third guess lands often enough to cover those rows, which depends on the drafter and the
     text (measured on the 2-core EPYC, MT-bench, the embedded EAGLE-3 head: top-k 4 0.97x and top-k
-    2 0.94x our baseline, top-k 1 1.06x, same run). So both are measured: each width's rate over
-    its own window of drafted steps; chains draft unless trees commit more beyond chance
-    (:meth:`RateWindow.beats`), and the other width is tried again for a window after 32 drafted
-    steps, then 64, ... up to 256 while it keeps losing."""
+    2 0.94x our baseline, top-k 1 1.06x, same run). Chains draft unless trees commit more tokens
+    per ms beyond chance; trees are tried again for a window after 32 drafted steps, then 64, ...
+    up to 256 while they keep losing.
+
+    Trees are judged against the chain inside each tree, on the same steps: a tree's path of first
+    children is the very chain a top-1 drafter grows (a node's children depend on its ancestors
+    only), so each tree step also says what a chain would have committed (``shadow``: its accepted
+    first-child prefix, priced by the chain's level cost and the verify curve at the moment's
+    speed). Why paired: windows of the two widths taken at different times compare different text
+    as much as widths, and a tree tried on an easy stretch beat the chains measured on a harder one
+    by chance (session 32, the Zen 5 EPYC, all 80 MT-bench prompts: the budget with trees allowed
+    1.17x, with chains only 1.30x, a static chain of 2 1.30x)."""
 
     windows: dict[int, RateWindow] = field(default_factory=dict)
+    shadow: RateWindow = field(default_factory=RateWindow)  # the tree steps' own chains, step for step
     current: int = 1
     chosen_for: int = 0  # the top-k both widths were measured for
-    trial: int = 0  # drafted steps left on the width being tried (0: none on trial)
-    wait: int = _WIDTH_RETRY  # drafted steps before the other width is tried again
+    trial: int = 0  # drafted steps left on a tree trial (0: none on trial)
+    wait: int = _WIDTH_RETRY  # drafted chain steps before trees are tried again
     next_wait: int = _WIDTH_RETRY
 
     def pick(self, topk: int) -> int:
@@ -143,35 +152,47 @@ class WidthChoice:
                 return width
         if self.chosen_for != topk:  # both measured (again, for a new top-k): chains unless trees pay more
             self.chosen_for, self.trial, self.next_wait = topk, 0, _WIDTH_RETRY
-            self.current = topk if self.windows[topk].beats(self.windows[1]) else 1
+            self.current = topk if self._trees_pay() else 1
             self.wait = self.next_wait
-        elif self.trial == 0 and self.wait <= 0:  # a window for the other width, from fresh steps
-            other = 1 if self.current != 1 else topk
-            self.windows[other].clear()
-            self.current, self.trial = other, _GATE_PROBE
+        elif self.current == 1 and self.trial == 0 and self.wait <= 0:  # a tree trial, from fresh steps
+            self.windows[topk].clear()
+            self.shadow.clear()
+            self.current, self.trial = topk, _GATE_PROBE
         return self.current
 
-    def observe(self, width: int, tokens: int, draft_ms: float, verify_ms: float) -> None:
-        window = self.windows.setdefault(width, RateWindow())
-        window.add(tokens, draft_ms, verify_ms)
+    def observe(self, width: int, tokens: int, draft_ms: float, verify_ms: float,
+                chain: tuple[int, float, float] | None = None) -> None:
+        """A drafted step at ``width``; ``chain``: for a tree step, what its own chain would have
+        done (tokens, drafting ms, verifying ms); None: the tree's own numbers stand in."""
+        self.windows.setdefault(width, RateWindow()).add(tokens, draft_ms, verify_ms)
+        if width != 1:
+            self.shadow.add(*(chain or (tokens, draft_ms, verify_ms)))
         if self.trial > 0:
             self.trial -= 1
             if self.trial == 0:
                 self._settle()
-        elif self.chosen_for:
+        elif self.chosen_for and self.current == 1:
             self.wait -= 1
+        elif self.chosen_for and not self._trees_pay():  # trees on, and their own chains do as well
+            self._to_chains()
+
+    def _trees_pay(self) -> bool:
+        topk = self.chosen_for or max(self.windows)
+        return self.windows[topk].beats(self.shadow)
+
+    def _to_chains(self) -> None:
+        self.current = 1
+        self.next_wait = min(_WIDTH_MAX_WAIT, 2 * self.next_wait)
+        self.wait = self.next_wait
 
     def _settle(self) -> None:
-        """The trial's window is in: the tried width takes over only if it commits more tokens per
-        ms beyond chance; then the other waits the least, else the tried one waits longer."""
-        tried = self.current
-        other = 1 if tried != 1 else self.chosen_for
-        if self.windows[tried].beats(self.windows[other]):
+        """A tree trial's window is in: trees stay only if they commit more tokens per ms than
+        their own chains beyond chance; else chains draft, and the next trial waits longer."""
+        if self._trees_pay():
             self.next_wait = _WIDTH_RETRY
+            self.wait = self.next_wait
         else:
-            self.current = other
-            self.next_wait = min(_WIDTH_MAX_WAIT, 2 * self.next_wait)
-        self.wait = self.next_wait
+            self._to_chains()
 
 
 @dataclass
@@ -385,8 +406,30 @@ class DraftBudget:
             if levels and judged:  # a settling step's catch-up is not the price of its levels
                 self.draft_cost.observe(levels, draft_ms)
             if width and judged:
-                self.width.observe(width, len(accepted) + 1, draft_ms, verify_ms)
+                chain = self._own_chain(tree, accepted, draft_ms, verify_ms, levels) if width > 1 else None
+                self.width.observe(width, len(accepted) + 1, draft_ms, verify_ms, chain)
 
+
+    def _own_chain(self, tree: DraftTree, accepted: tuple[int, ...], draft_ms: float, verify_ms: float,
+                   levels: int) -> tuple[int, float, float]:
+        """What the chain inside a verified tree would have done on this step: it commits the
+        accepted nodes while each is its parent's first child (siblings are in rank order), for
+        the chain's drafting cost of the same levels (the tree's own where chains have not been
+        timed) and the verify curve's price of levels + 1 nodes at this step's speed."""
+        first: dict[int, int] = {}
+        for i in range(1, len(tree)):
+            first.setdefault(tree.parents[i], i)
+        tokens = 1
+        for i in accepted:
+            if first.get(tree.parents[i]) != i:
+                break
+            tokens += 1
+        chain_cost = self.draft_costs.get(1)
+        chain_draft = chain_cost.estimate(levels) if chain_cost is not None and levels else None
+        tree_price, chain_price = self.cost.estimate(len(tree)), self.cost.estimate(levels + 1)
+        chain_verify = (verify_ms * chain_price / tree_price if tree_price and chain_price and levels
+                        else verify_ms)
+        return tokens, draft_ms if chain_draft is None else chain_draft, chain_verify
 
     def _plain_ms(self) -> float | None:
         """What a plain step costs, for the gate: the cost model's one-token price, or the median of

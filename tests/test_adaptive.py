@@ -306,13 +306,19 @@ def test_distrusted_confidence_buckets_recover_while_untested() -> None:
     assert budget.confidence.get(0.6) > 0.5 and len(budget.prune(tree)) == 2
 
 
-def _drafted_widths(budget: DraftBudget, steps: int, pays: dict[int, tuple[int, float]]) -> list[int]:
-    """Run ``steps`` drafted steps; ``pays``: width -> (tokens committed, ms) of a step at that width."""
+# root; 1 and 2 its first and second child; 3 and 4 their first children
+_TREE = DraftTree((7, 10, 11, 12, 13), (-1, 0, 0, 1, 2), (1.0, 0.6, 0.3, 0.6, 0.6))
+
+
+def _drafted_widths(budget: DraftBudget, steps: int, pays: dict[int, tuple[tuple[int, ...], float]]) -> list[int]:
+    """Run ``steps`` drafted steps of two levels; ``pays``: width -> (the accepted path, ms) of a
+    step at that width (a tree step verifies _TREE, a chain step the chain of 3)."""
     widths = []
     for _ in range(steps):
         width = budget.draft_width(4)
-        tokens, ms = pays[width]
-        budget.observe(chain(4), tuple(range(1, tokens)), verify_ms=ms - 1.0, draft_ms=1.0, levels=2, width=width)
+        accepted, ms = pays[width]
+        tree = _TREE if width > 1 else chain(3)
+        budget.observe(tree, accepted, verify_ms=ms - 1.0, draft_ms=1.0, levels=2, width=width)
         widths.append(width)
     return widths
 
@@ -320,7 +326,7 @@ def _drafted_widths(budget: DraftBudget, steps: int, pays: dict[int, tuple[int, 
 def test_width_choice_drafts_chains_where_trees_do_not_pay_and_retries_trees_less_and_less() -> None:
     budget = DraftBudget()
     budget.cost.observe(1, 10.0)
-    widths = _drafted_widths(budget, 400, {4: (2, 14.0), 1: (2, 11.0)})  # same tokens, the tree dearer
+    widths = _drafted_widths(budget, 400, {4: ((1,), 14.0), 1: ((1,), 11.0)})  # same tokens, the tree dearer
     assert widths[:_GATE_PROBE + 1] == [4] * (_GATE_PROBE + 1)  # the configured tree first (after settling)
     assert widths.count(4) < 0.15 * len(widths) and widths[-20:] == [1] * 20
     trials = [i for i in range(1, len(widths)) if widths[i] == 4 and widths[i - 1] == 1]
@@ -329,11 +335,26 @@ def test_width_choice_drafts_chains_where_trees_do_not_pay_and_retries_trees_les
 
 
 def test_width_choice_keeps_trees_that_pay() -> None:
+    """Trees whose extra tokens come through second children (which no chain drafts) stay on."""
     budget = DraftBudget()
     budget.cost.observe(1, 10.0)
-    widths = _drafted_widths(budget, 200, {4: (3, 14.0), 1: (2, 11.0)})
+    widths = _drafted_widths(budget, 200, {4: ((2, 4), 14.0), 1: ((1,), 11.0)})
     assert widths.count(1) < 0.15 * len(widths) and widths[-20:] == [4] * 20
     assert DraftBudget().draft_width(1) == 1  # a chain asked for is a chain
+
+
+def test_width_choice_judges_trees_against_their_own_chains_not_older_text() -> None:
+    """Chains measured on hard text (one token a step), trees tried on easy text where every token
+    comes down the first children: the tree step's own chain would have committed as much for
+    less, so chains stay (comparing the two windows alone, trees won: 3 tokens in 14 ms against
+    1 in 11, a difference of text, not of width)."""
+    budget = DraftBudget()
+    budget.cost.observe(1, 10.0)
+    for n in (3, 5):
+        budget.cost.observe(n, 10.0 + 0.5 * (n - 1))
+    widths = _drafted_widths(budget, 2 * _GATE_PROBE + 2, {4: ((1, 3), 14.0), 1: ((), 11.0)})
+    widths += _drafted_widths(budget, 200, {4: ((1, 3), 14.0), 1: ((1, 2), 11.0)})
+    assert widths[2 * _GATE_PROBE + 2:].count(4) < 0.15 * 200 and widths[-20:] == [1] * 20
 
 
 def test_level_cost_fits_a_line_and_forgets_old_prices() -> None:

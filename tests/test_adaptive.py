@@ -475,3 +475,20 @@ def test_trees_with_probabilities_do_not_price_the_trees_without() -> None:
         budget.prune(without)
         budget.observe(without, (1, 2), verify_ms=12.0)  # kept every time
     assert budget.acceptance.get(1, True) > 0.9
+
+
+def test_width_choice_measures_a_new_topk_against_its_own_chains() -> None:
+    """A hot-swapped top-k is measured afresh: its trees are judged against the chains inside
+    them, not against the chains inside the old top-k's trees."""
+    budget = DraftBudget()
+    budget.cost.observe(1, 10.0)
+    _drafted_widths(budget, 60, {4: ((1,), 14.0), 1: ((1,), 11.0)})  # top-k 4 trees lose
+    widths = []
+    for _ in range(60):  # top-k 2: trees whose second children land pay
+        width = budget.draft_width(2)
+        accepted, ms = {2: ((2, 4), 14.0), 1: ((1,), 11.0)}[width]
+        budget.observe(_TREE if width > 1 else chain(3), accepted, verify_ms=ms - 1.0, draft_ms=1.0, levels=2,
+                       width=width)
+        widths.append(width)
+    assert widths[:_GATE_PROBE] == [2] * _GATE_PROBE and widths[-20:] == [2] * 20
+    assert len(budget.width.shadows[2]) <= len(budget.width.windows[2])

@@ -35,12 +35,10 @@ static inline const char *kv_head(const void *cache, long g, long cap, int hd, i
     return (const char *)cache + g * cap * hd * (kv16 ? 2 : 4);
 }
 
-/* Softmax numerators of one row's n scores in place (exp(s - max)); returns 1 / their sum. */
-static inline AVX2 float softmax_numerators(float *sr, long n) {
-    const float mx = max_of(sr, n);
+/* Softmax numerators exp(s - mx) of a row's scores from element a on, in place, 8 at a time into
+ * the running lane sums s8, then one at a time; returns 1 / the whole sum. */
+static inline AVX2 float softmax_rest(float *sr, long a, long n, float mx, __m256 s8) {
     const __m256 m8 = _mm256_set1_ps(mx);
-    __m256 s8 = _mm256_setzero_ps();
-    long a = 0;
     for (; a + 8 <= n; a += 8) {
         const __m256 e = exp8(_mm256_sub_ps(_mm256_loadu_ps(sr + a), m8));
         _mm256_storeu_ps(sr + a, e);
@@ -55,6 +53,11 @@ static inline AVX2 float softmax_numerators(float *sr, long n) {
         sum += e[0];
     }
     return 1.0f / sum;
+}
+
+/* Softmax numerators of one row's n scores in place (exp(s - max)); returns 1 / their sum. */
+static inline AVX2 float softmax_numerators(float *sr, long n) {
+    return softmax_rest(sr, 0, n, max_of(sr, n), _mm256_setzero_ps());
 }
 
 /* Keys per block of the value pass: 64 keys of 64 floats (16 KB) stay in L1 while every row of
@@ -188,27 +191,12 @@ static int wide = 0;
 /* n fp16 cache values (a multiple of 16) widened to fp32, 16 an instruction: the values kv8()
  * gives (widening is exact). At two tree tokens the widening was a third of the attention's time. */
 static AVX512 void widen16(float *dst, const unsigned short *src, long n) {
-    for (long e = 0; e < n; e += 16) _mm512_storeu_ps(dst + e, _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(src + e))));
+    for (long e = 0; e < n; e += 16)
+        _mm512_storeu_ps(dst + e, _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(src + e))));
 }
 
-/* exp8() on 16 lanes: the same operations lane for lane (each is exact or correctly rounded per
- * lane at either width), so every lane holds exp8()'s bits. */
-INLINE AVX512 __m512 exp16(__m512 x) {
-    x = _mm512_min_ps(_mm512_max_ps(x, _mm512_set1_ps(-87.3f)), _mm512_set1_ps(88.7f));
-    const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
-                                          _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
-    r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
-    __m512 p = _mm512_set1_ps(1.9875691500e-4f);
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
-    p = _mm512_fmadd_ps(p, _mm512_mul_ps(r, r), _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
-    const __m512i e = _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23);
-    return _mm512_mul_ps(p, _mm512_castsi512_ps(e));
-}
+/* exp8() on 16 lanes: the same body (vec.h's EXP_LANES), so every lane holds exp8()'s bits. */
+INLINE AVX512 __m512 exp16(__m512 x) { return EXP_LANES(512, _mm512_roundscale_ps, x); }
 
 /* softmax_numerators() with 16 exponentials an instruction: the 8-lane sum takes the low half then
  * the high half, the order the 8-lane loop adds them in, so the numerators and the sum keep its
@@ -224,21 +212,7 @@ static AVX512 float softmax_numerators_wide(float *sr, long n) {
         s8 = _mm256_add_ps(s8, _mm512_castps512_ps256(e));
         s8 = _mm256_add_ps(s8, _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(e), 1)));
     }
-    const __m256 m8 = _mm256_set1_ps(mx);
-    for (; a + 8 <= n; a += 8) {
-        const __m256 e = exp8(_mm256_sub_ps(_mm256_loadu_ps(sr + a), m8));
-        _mm256_storeu_ps(sr + a, e);
-        s8 = _mm256_add_ps(s8, e);
-    }
-    float sum = hsum(s8);
-    for (; a < n; a++) {
-        float lane[8] = {sr[a] - mx};
-        float e[8];
-        _mm256_storeu_ps(e, exp8(_mm256_loadu_ps(lane)));
-        sr[a] = e[0];
-        sum += e[0];
-    }
-    return 1.0f / sum;
+    return softmax_rest(sr, a, n, mx, s8);
 }
 
 /* 1 (AVX-512 paths) or 0 (8-lane paths only); force 2 keeps the 8-lane paths (the suite checks both
@@ -365,66 +339,38 @@ static AVX512 void key_block_wide(int R, const float *const *q, const float *kf,
     }
 }
 
+/* value_block() for `rows` rows (1, 2 or 4: a constant where inlined) at once, 16 columns a
+ * register: each value row is loaded once for all of them, and each column's chain is
+ * value_block()'s, key for key, so the bits are its bits. */
+static inline __attribute__((always_inline)) AVX512 void
+value_rows16(const int rows, const float *p, long sstride, const float *vf, long vs, long n, int cont, float *acc,
+             int hd) {
+    __m512 u[4][4];
+    for (int j = 0; j < rows; j++)
+        for (int c = 0; c < 4; c++) u[j][c] = cont ? _mm512_loadu_ps(acc + (long)j * hd + 16 * c) : _mm512_setzero_ps();
+    for (long a = 0; a < n; a++) {
+        const float *vr = vf + a * vs;
+        const __m512 va[4] = {_mm512_loadu_ps(vr), _mm512_loadu_ps(vr + 16), _mm512_loadu_ps(vr + 32),
+                              _mm512_loadu_ps(vr + 48)};
+        for (int j = 0; j < rows; j++) {
+            const __m512 pj = _mm512_set1_ps(p[j * sstride + a]);
+            for (int c = 0; c < 4; c++) u[j][c] = _mm512_fmadd_ps(pj, va[c], u[j][c]);
+        }
+    }
+    for (int j = 0; j < rows; j++)
+        for (int c = 0; c < 4; c++) _mm512_storeu_ps(acc + (long)j * hd + 16 * c, u[j][c]);
+}
+
 /*
- * value_block() for all R rows, 16 columns a register and two rows at once (eight independent
- * chains, each value row loaded once for both). Each column's chain is value_block()'s, key for
- * key, so the bits are its bits.
+ * value_block() for all R rows: four rows on each value row's loads (16 chains; two rows a load
+ * were bounded by the loads), then two, then one.
  */
 static AVX512 void value_block_wide(int R, const float *p, long sstride, const float *vf, long vs, long n, int cont,
                                     float *acc, int hd) {
     int r = 0;
-    /* four rows on each value row's loads (16 chains): the two-row loop's loads bounded it */
-    for (; r + 4 <= R; r += 4) {
-        __m512 u[4][4];
-        for (int j = 0; j < 4; j++)
-            for (int c = 0; c < 4; c++)
-                u[j][c] = cont ? _mm512_loadu_ps(acc + (long)(r + j) * hd + 16 * c) : _mm512_setzero_ps();
-        for (long a = 0; a < n; a++) {
-            const float *vr = vf + a * vs;
-            const __m512 va[4] = {_mm512_loadu_ps(vr), _mm512_loadu_ps(vr + 16), _mm512_loadu_ps(vr + 32),
-                                  _mm512_loadu_ps(vr + 48)};
-            for (int j = 0; j < 4; j++) {
-                const __m512 pj = _mm512_set1_ps(p[(r + j) * sstride + a]);
-                for (int c = 0; c < 4; c++) u[j][c] = _mm512_fmadd_ps(pj, va[c], u[j][c]);
-            }
-        }
-        for (int j = 0; j < 4; j++)
-            for (int c = 0; c < 4; c++) _mm512_storeu_ps(acc + (long)(r + j) * hd + 16 * c, u[j][c]);
-    }
-    for (; r + 2 <= R; r += 2) {
-        const float *s0 = p + r * sstride, *s1 = s0 + sstride;
-        float *a0 = acc + (long)r * hd, *a1 = a0 + hd;
-        __m512 u[4], w[4];
-        for (int c = 0; c < 4; c++) {
-            u[c] = cont ? _mm512_loadu_ps(a0 + 16 * c) : _mm512_setzero_ps();
-            w[c] = cont ? _mm512_loadu_ps(a1 + 16 * c) : _mm512_setzero_ps();
-        }
-        for (long a = 0; a < n; a++) {
-            const __m512 p0 = _mm512_set1_ps(s0[a]), p1 = _mm512_set1_ps(s1[a]);
-            const float *vr = vf + a * vs;
-            for (int c = 0; c < 4; c++) {
-                const __m512 va = _mm512_loadu_ps(vr + 16 * c);
-                u[c] = _mm512_fmadd_ps(p0, va, u[c]);
-                w[c] = _mm512_fmadd_ps(p1, va, w[c]);
-            }
-        }
-        for (int c = 0; c < 4; c++) {
-            _mm512_storeu_ps(a0 + 16 * c, u[c]);
-            _mm512_storeu_ps(a1 + 16 * c, w[c]);
-        }
-    }
-    if (r < R) { /* a last odd row: 16 columns a register, each column's chain as value_block() runs it */
-        const float *s0 = p + r * sstride;
-        float *a0 = acc + (long)r * hd;
-        __m512 u[4];
-        for (int c = 0; c < 4; c++) u[c] = cont ? _mm512_loadu_ps(a0 + 16 * c) : _mm512_setzero_ps();
-        for (long a = 0; a < n; a++) {
-            const __m512 pa = _mm512_set1_ps(s0[a]);
-            const float *vr = vf + a * vs;
-            for (int c = 0; c < 4; c++) u[c] = _mm512_fmadd_ps(pa, _mm512_loadu_ps(vr + 16 * c), u[c]);
-        }
-        for (int c = 0; c < 4; c++) _mm512_storeu_ps(a0 + 16 * c, u[c]);
-    }
+    for (; r + 4 <= R; r += 4) value_rows16(4, p + r * sstride, sstride, vf, vs, n, cont, acc + (long)r * hd, hd);
+    for (; r + 2 <= R; r += 2) value_rows16(2, p + r * sstride, sstride, vf, vs, n, cont, acc + (long)r * hd, hd);
+    if (r < R) value_rows16(1, p + r * sstride, sstride, vf, vs, n, cont, acc + (long)r * hd, hd);
 }
 
 /*
@@ -482,10 +428,12 @@ INLINE AVX2 void attend_tokens(int R, int G, const float *const *q, const void *
             const float *vf = kv16 ? vb : (const float *)vh + b0 * hd + c0;
             const long vs = kv16 ? 64 : hd;
             if (kv16 && wide)
-                for (long a = b0; a < b1; a++) widen16(vb + (a - b0) * 64, (const unsigned short *)vh + a * hd + c0, 64);
+                for (long a = b0; a < b1; a++)
+                    widen16(vb + (a - b0) * 64, (const unsigned short *)vh + a * hd + c0, 64);
             else if (kv16)
                 for (long a = b0; a < b1; a++)
-                    for (int c = 0; c < 64; c += 8) _mm256_store_ps(vb + (a - b0) * 64 + c, kv8(vh, a * hd + c0 + c, 1));
+                    for (int c = 0; c < 64; c += 8)
+                        _mm256_store_ps(vb + (a - b0) * 64 + c, kv8(vh, a * hd + c0 + c, 1));
             if (wide)
                 value_block_wide(R, scores + b0, sstride, vf, vs, b1 - b0, b0 > 0, acc + c0, hd);
             else

@@ -28,23 +28,30 @@ static inline AVX2 __m256 hsum8x8(const __m256 *v) {
     return _mm256_add_ps(_mm256_permute2f128_ps(u0, u1, 0x20), _mm256_permute2f128_ps(u0, u1, 0x31));
 }
 
-/* exp(x) for 8 lanes: range reduction by ln 2 and a degree-6 polynomial (about 1 ulp). */
-static inline AVX2 __m256 exp8(__m256 x) {
-    x = _mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(-87.3f)), _mm256_set1_ps(88.7f));
-    const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
-                                     _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
-    r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
-    __m256 p = _mm256_set1_ps(1.9875691500e-4f);
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507e-3f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073e-3f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894e-2f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
-    p = _mm256_fmadd_ps(p, _mm256_mul_ps(r, r), _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
-    const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
-    return _mm256_mul_ps(p, _mm256_castsi256_ps(e));
-}
+/* exp(x) lane by lane on a W-bit register (256 or 512; ROUND: that width's round-to-integer):
+ * range reduction by ln 2 and a degree-6 polynomial (about 1 ulp). One body for both widths, so a
+ * lane computes the same bits in either (each step is exact or correctly rounded per lane). */
+#define EXP_LANES(W, ROUND, x_in)                                                                                   \
+    __extension__({                                                                                                \
+        const __m##W x_ = _mm##W##_min_ps(_mm##W##_max_ps((x_in), _mm##W##_set1_ps(-87.3f)), _mm##W##_set1_ps(88.7f)); \
+        const __m##W n_ = ROUND(_mm##W##_mul_ps(x_, _mm##W##_set1_ps(1.44269504088896341f)),                       \
+                                _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);                                     \
+        __m##W r_ = _mm##W##_fnmadd_ps(n_, _mm##W##_set1_ps(0.693359375f), x_);                                    \
+        r_ = _mm##W##_fnmadd_ps(n_, _mm##W##_set1_ps(-2.12194440e-4f), r_);                                        \
+        __m##W p_ = _mm##W##_set1_ps(1.9875691500e-4f);                                                             \
+        p_ = _mm##W##_fmadd_ps(p_, r_, _mm##W##_set1_ps(1.3981999507e-3f));                                        \
+        p_ = _mm##W##_fmadd_ps(p_, r_, _mm##W##_set1_ps(8.3334519073e-3f));                                        \
+        p_ = _mm##W##_fmadd_ps(p_, r_, _mm##W##_set1_ps(4.1665795894e-2f));                                        \
+        p_ = _mm##W##_fmadd_ps(p_, r_, _mm##W##_set1_ps(1.6666665459e-1f));                                        \
+        p_ = _mm##W##_fmadd_ps(p_, r_, _mm##W##_set1_ps(5.0000001201e-1f));                                        \
+        p_ = _mm##W##_fmadd_ps(p_, _mm##W##_mul_ps(r_, r_), _mm##W##_add_ps(r_, _mm##W##_set1_ps(1.0f)));          \
+        const __m##W##i e_ =                                                                                        \
+            _mm##W##_slli_epi32(_mm##W##_add_epi32(_mm##W##_cvtps_epi32(n_), _mm##W##_set1_epi32(127)), 23);       \
+        _mm##W##_mul_ps(p_, _mm##W##_castsi##W##_ps(e_));                                                          \
+    })
+
+/* exp(x) for 8 lanes (EXP_LANES; attention.c's exp16 is the 16-lane one). */
+static inline AVX2 __m256 exp8(__m256 x) { return EXP_LANES(256, _mm256_round_ps, x); }
 
 /* The largest of x[0..n-1], 8 lanes at a time. Why not a scalar loop: its compare-and-keep
  * chain cost a third of a tree verify's attention. Which of two equal (or +0/-0) values wins

@@ -211,6 +211,28 @@ def test_draft_depth_follows_acceptance_and_the_price_of_a_level() -> None:
     assert _depth_budget(0.7, 0.5).draft_depth(8) >= _depth_budget(0.7, 4.0).draft_depth(8)
 
 
+def test_draft_depth_takes_the_deepest_of_depths_the_estimates_cannot_tell_apart() -> None:
+    """Where a deeper ask's expected rate is within _DEPTH_TIE of the best, it is asked (the stop
+    rule can still end a doubtful step early); clearly worse deeper depths are not."""
+    from engine.adaptive import _DEPTH_TIE
+
+    def rates(budget: DraftBudget, levels: int) -> list[float]:
+        out, expected, path = [], 1.0, 1.0
+        for depth in range(1, levels + 1):
+            path *= budget.drafted.get(depth, True)
+            expected += path
+            out.append(expected / (budget.draft_cost.estimate(depth) + budget.cost.estimate(depth + 1)))
+        return out
+
+    close = _depth_budget(0.45, 1.5)
+    r = rates(close, 5)
+    chosen = close.draft_depth(5)
+    assert r.index(max(r)) + 1 < chosen and r[chosen - 1] >= (1.0 - _DEPTH_TIE) * max(r)  # a near tie: deeper
+    weak = _depth_budget(0.35, 2.0)
+    r = rates(weak, 5)
+    assert all(rate < (1.0 - _DEPTH_TIE) * r[0] for rate in r[1:]) and weak.draft_depth(5) == 1  # clearly worse
+
+
 def test_draft_depth_grows_back_once_deeper_drafts_land() -> None:
     budget = _depth_budget(0.2, 2.0)
     assert budget.draft_depth(5) == 1

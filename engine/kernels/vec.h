@@ -1,6 +1,6 @@
 /*
  * The 8-lane helpers ops.c and attention.c share: horizontal sums in one canonical order, exp()
- * and a row's maximum.
+ * (its body written once for 8 and 16 lanes) and a row's maximum.
  * Static inline, so each file gets its own copy with the same arithmetic.
  */
 #ifndef SPECCHAT_VEC_H
@@ -33,7 +33,8 @@ static inline AVX2 __m256 hsum8x8(const __m256 *v) {
  * lane computes the same bits in either (each step is exact or correctly rounded per lane). */
 #define EXP_LANES(W, ROUND, x_in)                                                                                   \
     __extension__({                                                                                                \
-        const __m##W x_ = _mm##W##_min_ps(_mm##W##_max_ps((x_in), _mm##W##_set1_ps(-87.3f)), _mm##W##_set1_ps(88.7f)); \
+        const __m##W x_ =                                                                                          \
+            _mm##W##_min_ps(_mm##W##_max_ps((x_in), _mm##W##_set1_ps(-87.3f)), _mm##W##_set1_ps(88.7f));           \
         const __m##W n_ = ROUND(_mm##W##_mul_ps(x_, _mm##W##_set1_ps(1.44269504088896341f)),                       \
                                 _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);                                     \
         __m##W r_ = _mm##W##_fnmadd_ps(n_, _mm##W##_set1_ps(0.693359375f), x_);                                    \

@@ -110,17 +110,23 @@ class AcceptanceModel:
         return above if above is not None and above >= _UNLOCK else _PRIOR
 
 
+def first_children(tree: DraftTree) -> dict[int, int]:
+    """Each parent node's first child (siblings are stored in rank order, so its likeliest)."""
+    first: dict[int, int] = {}
+    for i in range(1, len(tree)):
+        first.setdefault(tree.parents[i], i)
+    return first
+
+
 def contested_children(tree: DraftTree) -> frozenset[int]:
     """First children whose parent has other children too, for a drafter without probabilities
     (a drafter that gives its own is judged by them: none are contested)."""
     if tree.has_probs:
         return frozenset()
     children: dict[int, int] = {}
-    first: dict[int, int] = {}
     for i in range(1, len(tree)):
-        parent = tree.parents[i]
-        children[parent] = children.get(parent, 0) + 1
-        first.setdefault(parent, i)
+        children[tree.parents[i]] = children.get(tree.parents[i], 0) + 1
+    first = first_children(tree)
     return frozenset(first[p] for p, n in children.items() if n > 1)
 
 

@@ -39,7 +39,7 @@ import statistics
 from collections import deque
 from dataclasses import dataclass, field
 
-from engine.acceptance import AcceptanceModel, ConfidenceModel, contested_children
+from engine.acceptance import AcceptanceModel, ConfidenceModel, contested_children, first_children
 from engine.costs import CostModel, LevelCost
 from engine.drafters.tree_search import Candidates, StopRule
 from engine.tree import DraftTree
@@ -428,9 +428,7 @@ class DraftBudget:
         accepted nodes while each is its parent's first child (siblings are in rank order), for
         the chain's drafting cost of the same levels (the tree's own where chains have not been
         timed) and the verify curve's price of levels + 1 nodes at this step's speed."""
-        first: dict[int, int] = {}
-        for i in range(1, len(tree)):
-            first.setdefault(tree.parents[i], i)
+        first = first_children(tree)
         tokens = 1
         for i in accepted:
             if first.get(tree.parents[i]) != i:

@@ -176,10 +176,12 @@ def test_log_softmax_topk_matches_torch() -> None:
         ref = torch.log_softmax(x, -1)
         ids, vals = ops.log_softmax_topk_(x, min(5, V))
         torch.testing.assert_close(x, ref, rtol=1e-6, atol=1e-5)
-        assert torch.equal(vals, x.gather(1, ids))
+        assert vals == x.gather(1, torch.tensor(ids)).tolist()
         for row in range(3):
             want = sorted(range(V), key=lambda i, r=row: (-x[r, i].item(), i))[:min(5, V)]
-            assert ids[row].tolist() == want
+            assert ids[row] == want
+        mapped, _ = ops.log_softmax_topk_(x.clone(), min(5, V), torch.arange(V) * 3 + 1)  # through a vocabulary
+        assert mapped == [[3 * i + 1 for i in row] for row in ids]
 
 
 @pytest.mark.parametrize("topk", [1, 3])
@@ -195,7 +197,7 @@ def test_greedy_search_on_the_kernels_picks_builds_the_same_tree(topk: int) -> N
         top = ops.log_softmax_topk_(logp, topk)
         assert top is not None
         ids, vals = top
-        return Level(logp, Picks(vocab[ids].tolist(), vals.tolist()) if picked else None)
+        return Level(logp, Picks(vocab[torch.tensor(ids)].tolist(), vals) if picked else None)
 
     trees = []
     for picked in (True, False):

@@ -482,6 +482,40 @@ def test_heads_on_a_stored_target_run_8_bit_codes_and_stay_lossless() -> None:
         assert tokens_of(spec.generate_ids(prompt)) == tokens_of(base.generate_ids(prompt))
 
 
+@pytest.mark.parametrize("truncated", [None, 40])
+@pytest.mark.parametrize("temperature", [0.0, 0.8])
+def test_the_kernels_picks_are_the_tensor_paths(truncated: int | None, temperature: float) -> None:
+    """Each head's candidates taken in the native kernel (one call for greedy, one a head for
+    coupled noise) are the torch path's: the same target ids in the same order, the same
+    log-probabilities up to the kernels' exp."""
+    from engine.drafters.tree_search import coupled_scores
+    from engine.sampling import GumbelNoise
+
+    hf, cfg = hf_model("llama", 0, num_hidden_layers=2)
+    stored = LlamaModel(LlamaConfig.from_dict(cfg), {k: v.detach().clone() for k, v in hf.state_dict().items()},
+                        weights="stored")
+    if getattr(stored, "ops", None) is None:
+        pytest.skip("no native kernels on this machine")
+    directory = write_medusa_head(_TMP / f"kernel-{truncated}", cfg, "vllm", heads=HEADS, truncated=truncated)
+    drafter = load_draft(str(directory), stored, TinyTokenizer()).factory()
+    heads = drafter.heads
+    assert heads.kernel is not None
+    config = SpecConfig(method="medusa", temperature=temperature, seed=1)
+    noise = GumbelNoise(3, stored.config.vocab_size) if temperature else None
+    for seed in range(4):
+        hidden = torch.randn(cfg["hidden_size"], generator=torch.Generator().manual_seed(seed))
+        width = [4, 2, 3]
+        got = drafter._ranked(heads.logits(hidden, HEADS), width,
+                              coupled_scores(config, noise, 10, heads.vocab_ids, heads.kernel))
+        heads.kernel, kernel = None, heads.kernel
+        want = drafter._ranked(heads.logits(hidden, HEADS), width, coupled_scores(config, noise, 10, heads.vocab_ids))
+        heads.kernel = kernel
+        assert [ids for ids, _ in got] == [ids for ids, _ in want]
+        assert [len(ids) for ids, _ in got] == width
+        for (_, a), (_, b) in zip(got, want, strict=True):
+            assert a == pytest.approx(b, abs=1e-5)
+
+
 def test_each_head_gets_its_own_blocks_and_lm_head() -> None:
     """The batched blocks and the per-head lm_head products equal each head computed on its own."""
     heads = bundle("medusa").factory().heads

@@ -101,6 +101,10 @@ class MedusaHeads:
         K, H = weights.blocks.shape[0], weights.blocks.shape[-1]
         self.first_blocks = matrix(weights.blocks[:, 0].reshape(K * H, H)) if q8 else None
         self.vocab_ids = weights.token_map.to(dev) if weights.token_map is not None else None
+        # our native kernel, where the logits are host fp32: it takes each head's best candidates
+        # as plain lists (ops.c's log_softmax_topk and perturbed_topk; MedusaDrafter._ranked says why)
+        ops = getattr(target, "ops", None)
+        self.kernel = ops if ops is not None and dev.type == "cpu" else None
         if q8 and heads_take_fast_products(getattr(target, "ops", None)):
             # as for EAGLE heads (the four shipped heads on the Xeon VM: the 4-row lm_head 0.27 ->
             # 0.14-0.15 ms, a propose 0.65 -> 0.46-0.51 ms; docs/BENCHMARKS.md, session 30)
@@ -117,8 +121,8 @@ class MedusaHeads:
         return self.spec.head_vocab
 
     @torch.inference_mode()
-    def log_probs(self, hidden: torch.Tensor, heads: int) -> torch.Tensor:
-        """[heads, head vocab] float32 log-probabilities of the first ``heads`` heads for one hidden state [H]."""
+    def logits(self, hidden: torch.Tensor, heads: int) -> torch.Tensor:
+        """[heads, head vocab] float32 contiguous logits of the first ``heads`` heads for one hidden state [H]."""
         x = hidden.to(self.blocks.dtype).expand(heads, -1)  # [K, H]
         for j in range(self.spec.num_layers):  # block depth (1 in published heads), never per head
             if j == 0 and self.first_blocks is not None:
@@ -133,7 +137,11 @@ class MedusaHeads:
             logits = self.lm_layers[0](x)
         else:  # each head's own matrix on its own row: K products that each read one matrix once
             logits = torch.cat([self.lm_layers[k](x[k: k + 1]) for k in range(heads)])
-        return torch.log_softmax(logits.float(), dim=-1)
+        return logits.float().contiguous()
+
+    def log_probs(self, hidden: torch.Tensor, heads: int) -> torch.Tensor:
+        """[heads, head vocab] float32 log-probabilities of the first ``heads`` heads for one hidden state [H]."""
+        return torch.log_softmax(self.logits(hidden, heads), dim=-1)
 
     def to_target(self, ids: torch.Tensor) -> torch.Tensor:
         """Head vocabulary indices -> target token ids."""
@@ -188,18 +196,18 @@ class MedusaDrafter:
         depth = min(config.num_steps, heads.num_heads)
         if self._hidden is None or depth < 1 or config.num_draft_tokens < 2:
             return DraftTree.root_only(root)
-        logp = heads.log_probs(self._hidden, depth)  # [depth, head vocab]: every level in one call
+        logits = heads.logits(self._hidden, depth)  # [depth, head vocab]: every level in one call
         n = len(history)  # the root sits at position n, a depth-d node at n + d
-        coupled = coupled_scores(config, noise, n, heads.vocab_ids)
+        coupled = coupled_scores(config, noise, n, heads.vocab_ids, heads.kernel)
         drafts = config.num_draft_tokens - 1
         if config.medusa_tree == "static":
             paths = static_paths(drafts, depth, heads.vocab_size)
             width = [1 + max((p[-1] for p in paths if len(p) == d + 1), default=0) for d in range(depth)]
-            return self._tree(root, logp, self._ranked(logp, width, coupled), paths)
+            return _tree(root, self._ranked(logits, width, coupled), paths)
         if config.eagle_topk > 1:
-            ranked = self._ranked(logp, [config.eagle_topk] * depth, coupled)
-            scores = [logp[d, ix].tolist() for d, ix in enumerate(ranked)]
-            return self._tree(root, logp, ranked, cartesian_paths(scores, drafts))
+            ranked = self._ranked(logits, [config.eagle_topk] * depth, coupled)
+            return _tree(root, ranked, cartesian_paths([lp for _, lp in ranked], drafts))
+        logp = torch.log_softmax(logits, dim=-1)
 
         # topk 1: a chain, through the tree search every drafter shares (it samples the chain and
         # records the distributions for rejection sampling, or follows the coupled noise)
@@ -212,32 +220,52 @@ class MedusaDrafter:
         return tree
 
     # -- trees from rank paths ------------------------------------------------------------------
-    @staticmethod
-    def _ranked(logp: torch.Tensor, width: list[int], coupled: Coupled | None) -> list[torch.Tensor]:
-        """Each head's ``width[d]`` best candidates in rank order: by probability, or with coupled
-        sampling by the perturbed scores the target will sample with (rank 0 is the token it would
-        draw from that head's distribution)."""
+    def _ranked(self, logits: torch.Tensor, width: list[int], coupled: Coupled | None) -> list[Ranked]:
+        """Each head's ``width[d]`` best candidates in rank order, as target ids and log-probabilities:
+        by probability, or with coupled sampling by the perturbed scores the target will sample with
+        (rank 0 is the token it would draw from that head's distribution). ``logits`` [depth, head
+        vocab] fp32 contiguous (made log-probabilities in place where the kernel runs).
+
+        Why the kernel: in torch a drafted step was a log-softmax, then a top-k, a gather and two
+        reads back per head, ~0.25 ms of operations around ~0.3 ms of the heads' own products on the
+        2-core EPYC (session 33); the kernel returns each head's picks as lists in one call (greedy),
+        or one call per head on the coupled noise of its depth."""
+        kernel, heads = self.heads.kernel, self.heads
+        if kernel is not None and coupled is None:
+            ids, logps = kernel.log_softmax_topk_(logits, max(width), heads.vocab_ids)  # type: ignore[misc]
+            return [(ids[d][:k], logps[d][:k]) for d, k in enumerate(width)]
+        if kernel is not None:
+            kernel.log_softmax_topk_(logits)
+            logp = logits
+        else:
+            logp = torch.log_softmax(logits, dim=-1)
         ranked = []
         for d, k in enumerate(width):
+            k = min(k, logp.shape[-1])
+            picked = coupled.picks(logp[d: d + 1], d + 1, k) if coupled is not None and coupled.picks else None
+            if picked is not None:
+                ranked.append((picked[0][0], picked[1][0]))
+                continue
             scores = logp[d] if coupled is None else coupled.scores(logp[d][None], d + 1)[0]
-            ranked.append(scores.topk(min(k, scores.shape[-1])).indices)
+            ix = scores.topk(k).indices
+            ranked.append((heads.to_target(ix).tolist(), logp[d, ix].tolist()))
         return ranked
 
-    def _tree(self, root: int, logp: torch.Tensor, ranked: list[torch.Tensor], paths: list[tuple[int, ...]]
-              ) -> DraftTree:
-        """The tree of ``paths`` (each after its prefix): path (r1..rd) takes head d-1's rank-rd candidate.
-        Read back to the host once per level, not once per node (a GPU would sync at each)."""
-        ids = [r.tolist() for r in ranked]
-        lps = [logp[d, r].tolist() for d, r in enumerate(ranked)]
-        picked = [ids[len(p) - 1][p[-1]] for p in paths]
-        tokens = self.heads.to_target(torch.tensor(picked, dtype=torch.int64, device=logp.device)).tolist()
-        row = {(): 0}
-        parents = [-1]
-        for r, path in enumerate(paths, start=1):
-            row[path] = r
-            parents.append(row[path[:-1]])
-        probs = [1.0] + [math.exp(lps[len(p) - 1][p[-1]]) for p in paths]
-        return DraftTree((root, *tokens), tuple(parents), tuple(probs))
+
+# each head's candidates in rank order: (target ids, log-probabilities)
+Ranked = tuple[list[int], list[float]]
+
+
+def _tree(root: int, ranked: list[Ranked], paths: list[tuple[int, ...]]) -> DraftTree:
+    """The tree of ``paths`` (each after its prefix): path (r1..rd) takes head d-1's rank-rd candidate."""
+    row = {(): 0}
+    parents = [-1]
+    for r, path in enumerate(paths, start=1):
+        row[path] = r
+        parents.append(row[path[:-1]])
+    tokens = [ranked[len(p) - 1][0][p[-1]] for p in paths]
+    probs = [1.0] + [math.exp(ranked[len(p) - 1][1][p[-1]]) for p in paths]
+    return DraftTree((root, *tokens), tuple(parents), tuple(probs))
 
 
 def _is_targets(target, weight: torch.Tensor) -> bool:

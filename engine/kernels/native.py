@@ -236,14 +236,16 @@ class NativeKernel:
 
         return tree
 
-    def log_softmax_topk_(self, x: torch.Tensor, k: int = 0) -> tuple[torch.Tensor, torch.Tensor] | None:
+    def log_softmax_topk_(self, x: torch.Tensor, k: int = 0, vocab: torch.Tensor | None = None
+                          ) -> tuple[list[list[int]], list[list[float]]] | None:
         """x: [rows, n] contiguous fp32, made its log-softmax in place; with k > 0 also each row's k
-        largest values' indices and values ([rows, k], best first, ties to the lower index)."""
+        largest as plain lists (best first, ties to the lower index): their indices, mapped through
+        ``vocab`` (int64 [n]: a draft head's index -> target id) where given, and their values."""
         rows, n = x.shape
-        ids = torch.empty(rows, max(k, 0), dtype=torch.int64)
-        vals = torch.empty(rows, max(k, 0), dtype=torch.float32)
-        self._lib.log_softmax_topk(x.data_ptr(), rows, n, k, None, ids.data_ptr(), vals.data_ptr())
-        return (ids, vals) if k > 0 else None
+        count = rows * max(k, 0)
+        ids, vals = (ctypes.c_long * count)(), (ctypes.c_float * count)()
+        self._lib.log_softmax_topk(x.data_ptr(), rows, n, k, ptr(vocab), ids, vals)
+        return (split_rows(ids, rows, k), split_rows(vals, rows, k)) if k > 0 else None
 
     def perturbed_topk(self, logp: torch.Tensor, k: int, temperature: float, noise: torch.Tensor,
                        vocab: torch.Tensor | None) -> tuple[list[list[int]], list[list[float]]]:

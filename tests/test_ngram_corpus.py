@@ -155,7 +155,7 @@ class _Ready:
         self.index = index
 
 
-def test_the_drafter_takes_the_corpus_only_where_the_conversation_matches_less_than_two_tokens() -> None:
+def test_the_drafter_takes_the_corpus_where_the_conversation_matches_nothing() -> None:
     index = CorpusIndex.build([np.array([7, 8, 9, 10])] * 3, max_n=2, min_count=1)
     drafter = NgramDrafter(corpus=_Ready(index))
     config = SpecConfig(method="ngram", num_draft_tokens=4)
@@ -163,14 +163,50 @@ def test_the_drafter_takes_the_corpus_only_where_the_conversation_matches_less_t
     assert drafter.propose([1, 2, 3, 4], 7, config).tokens == (7, 8, 9, 10)  # no match here: the corpus
     assert drafter.propose([1, 2, 3, 4], 7, config.replace(ngram_corpus=False)).tokens == (7,)
     assert drafter.propose([1, 2, 3, 4], 7, config.replace(ngram_mode="chain")).tokens == (7, 8, 9, 10)
-    drafter.reset([1, 2, 3, 4, 7, 8, 5, 1])
-    # the root 7 matches one token of the conversation (7 -> 8): too short, the corpus still drafts
-    assert drafter.propose(drafter.tokens, 7, config).tokens == (7, 8, 9, 10)
     drafter.reset([1, 2, 3, 4, 7, 8, 5, 1, 2])
     # "1 2" matches two tokens: the conversation's own tree, without probabilities
     tree = drafter.propose(drafter.tokens, 3, config)
     assert tree.tokens[:2] == (3, 4) and not tree.has_probs
     assert NgramDrafter(corpus=_Ready(None)).propose([5], 7, config).tokens == (7,)  # still indexing
+
+
+def test_at_a_one_token_match_the_source_that_has_been_landing_drafts() -> None:
+    """The conversation drafts first; once the target has said what the corpus proposed and not
+    what the conversation did, the corpus drafts at the next one-token match."""
+    index = CorpusIndex.build([np.array([7, 8, 9, 10])] * 3, max_n=2, min_count=1)
+    drafter = NgramDrafter(corpus=_Ready(index))
+    config = SpecConfig(method="ngram", num_draft_tokens=4)
+    history = [1, 2, 3, 4, 7, 8, 5, 1]
+    drafter.reset(history)
+    first = drafter.propose(history, 7, config)  # "7" matches one token of the conversation (7 -> 8 5 1)
+    assert first.tokens == (7, 8, 5, 1) and first.source == ""
+    drafter.observe([7, 8])  # the target kept 8 and then said 9: the corpus's 8 9 10 was righter
+    history += [7, 8]
+    assert drafter.propose(history, 9, config).source == "corpus"  # "8 9": no match at all
+    drafter.observe([9, 10])
+    history += [9, 10]
+    again = drafter.propose(history, 7, config)  # "10 7" is new, "7" is a one-token match again
+    assert again.tokens == (7, 8, 9, 10) and again.source == "corpus"
+
+
+def test_paired_scores_walk_each_tree_as_the_verifier_would() -> None:
+    from engine.drafters.ngram_source import SourceChoice, committed_along
+    from engine.tree import DraftTree
+
+    tree = DraftTree((5, 6, 7, 8, 9), (-1, 0, 1, 0, 3), (1.0,) * 5)  # 5 -> 6 -> 7 and 5 -> 8 -> 9
+    assert committed_along(tree, [8, 9, 1]) == 2 and committed_along(tree, [6, 9]) == 1
+    assert committed_along(tree, [1]) == 0 and committed_along(tree, [6]) == 1  # capped at what is known
+    choice = SourceChoice()
+    conversation, corpus = DraftTree.chain(5, [6, 7]), DraftTree.chain(5, [8, 9])
+    assert choice.choose(3, conversation, corpus) is conversation
+    choice.score([0, 0, 0, 5, 8], 9)  # root 5 at position 3, then the target said 8 9
+    assert choice.corpus > choice.conversation
+    assert choice.choose(3, conversation, corpus) is corpus
+    before = (choice.conversation, choice.corpus)
+    choice.score([0, 0], 1)  # cut back below the pair's root since: nothing is learnt
+    choice.forget()
+    choice.score([0, 0, 0, 5, 6, 7], 1)
+    assert (choice.conversation, choice.corpus) == before
 
 
 @settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow])

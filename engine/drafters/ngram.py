@@ -12,10 +12,11 @@ Two modes, picked per step by ``config.ngram_mode``:
 * ``"chain"`` is prompt lookup (transformers / vLLM): the most recent earlier occurrence of the
   longest matching suffix n-gram, and the tokens that followed it, as one chain.
 
-Where the conversation offers no match of ``_CORPUS_BELOW`` tokens or more, a corpus of the
-model's own answers drafts instead when one is loaded and ``config.ngram_corpus`` is on
-(engine/drafters/ngram_corpus.py says why; its tree carries the corpus's probabilities, so the
-adaptive budget prices each node by them).
+Where the conversation offers no match, a corpus of the model's own answers drafts instead when
+one is loaded and ``config.ngram_corpus`` is on (engine/drafters/ngram_corpus.py says why; its
+tree carries the corpus's probabilities, so the adaptive budget prices each node by them); where
+it matches one token only, whichever of the two has been drafting better in this conversation
+(engine/drafters/ngram_source.py).
 
 Both structures are kept incrementally: the drafter mirrors the tokens in the target cache
 (``reset`` / ``observe`` / ``truncate``) and inserts only what is new. Only the structure of the
@@ -28,12 +29,13 @@ from __future__ import annotations
 import heapq
 from array import array
 from collections import OrderedDict, deque
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from itertools import count, islice
 from typing import TYPE_CHECKING, Protocol
 
 from engine.config import SpecConfig
 from engine.drafters.ngram_chain import ChainIndex
+from engine.drafters.ngram_source import SourceChoice
 from engine.prefix import common_prefix
 from engine.tree import DraftTree
 
@@ -46,9 +48,10 @@ if TYPE_CHECKING:
 
 __all__ = ["ChainIndex", "NgramDrafter", "NgramTrie"]
 
-# a conversation match shorter than this many tokens (the root alone) defers to the corpus
+# a conversation match shorter than this many tokens (the root alone) may defer to the corpus
 # (session 30's replay of MT-bench answers, chains of 2: 1.38 tokens a step from the conversation
-# alone, 1.64 with the corpus drafting where it matched one token or none; docs/BENCHMARKS.md)
+# alone, 1.64 with the corpus drafting where it matched one token or none; docs/BENCHMARKS.md);
+# at a one-token match the conversation's own record decides (engine/drafters/ngram_source.py)
 _CORPUS_BELOW = 2
 
 _ROOT = 0
@@ -396,6 +399,7 @@ class NgramDrafter:
         self._trie_len = 0  # tokens of self._tokens inserted in the trie
         self._index = ChainIndex(cfg.ngram_min_match_window_size, cfg.ngram_max_match_window_size)
         self._mode = cfg.ngram_mode  # the structure observe() keeps up to date eagerly
+        self._source = SourceChoice()  # conversation or corpus, at one-token matches
 
     # state ------------------------------------------------------------------------------------
     @property
@@ -427,6 +431,7 @@ class NgramDrafter:
         * It shares nothing with a non-empty history: a new conversation, so clear and rebuild.
         """
         hist = _as_list(history)
+        self._source.forget()  # a new turn: the tokens after the last pair's root are the user's
         held = self._tokens
         n = len(held)
         if len(hist) >= n and hist[:n] == held:
@@ -444,6 +449,7 @@ class NgramDrafter:
     def clear(self) -> None:
         """Forget everything (tokens, trie and chain index)."""
         self._tokens = []
+        self._source.forget()
         self._trie.clear()
         self._trie_len = 0
         self._index.clear()
@@ -459,6 +465,7 @@ class NgramDrafter:
             raise ValueError(f"length must be >= 0, got {length}")
         if length >= len(self._tokens):
             return
+        self._source.forget()
         self._index.truncate(self._tokens, length)
         del self._tokens[length:]
         if self._trie_len > length:
@@ -505,18 +512,35 @@ class NgramDrafter:
         self._apply(config)
         max_drafts = config.num_draft_tokens - 1
         root = int(root)
+        self._source.score(self._tokens, root)
         if config.ngram_mode == "chain":
             self._sync_index()
-            return self._propose_chain(root, max_drafts, config)
+            hit = self._index.lookup(self._tokens, root)
+            return self._pick(root, max_drafts, config, hit[1] if hit is not None else 0,
+                              lambda: self._chain_from(root, max_drafts, hit))
         self._sync_trie()
         tokens = self._tokens
         w = config.ngram_max_match_window_size
         query = tokens[max(0, len(tokens) - w + 1) :]
         query.append(root)
         anchors = self._trie.match(query, config.ngram_min_match_window_size, w)
-        corpus = self._from_corpus(root, max_drafts, config, anchors[0][1] if anchors else 0)
-        if corpus is not None:
+        return self._pick(root, max_drafts, config, anchors[0][1] if anchors else 0,
+                          lambda: self._tree_from(root, max_drafts, config, anchors))
+
+    def _pick(self, root: int, max_drafts: int, config: SpecConfig, matched: int,
+              conversation: Callable[[], DraftTree]) -> DraftTree:
+        """The conversation's tree (built by ``conversation``) where it matched ``_CORPUS_BELOW``
+        tokens or more; the corpus's where the conversation matched nothing; at a one-token match
+        whichever :class:`SourceChoice` has seen drafting better in this conversation."""
+        corpus = self._from_corpus(root, max_drafts, config, matched)
+        if corpus is None:
+            return conversation()
+        if matched == 0:
             return corpus
+        own = conversation()
+        return self._source.choose(len(self._tokens), own, corpus) if len(own) > 1 else corpus
+
+    def _tree_from(self, root: int, max_drafts: int, config: SpecConfig, anchors: list[tuple[int, int]]) -> DraftTree:
         if not anchors:
             return DraftTree.root_only(root)
         if config.ngram_match_type == "PROB":
@@ -526,7 +550,7 @@ class NgramDrafter:
             root,
             max_drafts,
             config.ngram_min_match_window_size,
-            w,
+            config.ngram_max_match_window_size,
             config.ngram_min_bfs_breadth,
             config.ngram_max_bfs_breadth,
         )
@@ -540,14 +564,11 @@ class NgramDrafter:
         tree = index.tree(self._tokens, root, max_drafts, width=1 if config.ngram_mode == "chain" else None)
         return tree if len(tree) > 1 else None
 
-    def _propose_chain(self, root: int, max_drafts: int, config: SpecConfig) -> DraftTree:
-        tokens = self._tokens
-        hit = self._index.lookup(tokens, root)
-        corpus = self._from_corpus(root, max_drafts, config, hit[1] if hit is not None else 0)
-        if corpus is not None:
-            return corpus
+    def _chain_from(self, root: int, max_drafts: int, hit: tuple[int, int] | None) -> DraftTree:
+        """Prompt lookup's chain: what followed the most recent earlier occurrence of the matched suffix."""
         if hit is None:
             return DraftTree.root_only(root)
+        tokens = self._tokens
         start = hit[0] + 1  # the first token after the occurrence; <= len(tokens)
         drafts = tokens[start : start + max_drafts]
         if len(drafts) < max_drafts:

@@ -63,8 +63,10 @@ def _per_op(head: EagleHead, tokens, stream, positions, cache, start: int, keys:
     qk = apply_rotary_interleaved(qkv[:, :(nh + nkv) * hd].reshape(T, nh + nkv, hd), head.rotary.lookup(positions))
     cache.k[0, :, start:start + T] = qk[:, nh:].transpose(0, 1)
     cache.v[0, :, start:start + T] = qkv[:, (nh + nkv) * hd:].reshape(T, nkv, hd).transpose(0, 1)
-    att = ops.keyed_attention(qk[:, :nh].contiguous(), cache.k[0], cache.v[0], keys.first, keys.last, keys.extra,
-                              keys.count, head.scale)
+    first, last, extra, width, count = keys.arrays()  # what head.c reads, as the kernel's tensors
+    att = ops.keyed_attention(qk[:, :nh].contiguous(), cache.k[0], cache.v[0], torch.tensor(list(first)),
+                              torch.tensor(list(last)), torch.tensor(list(extra), dtype=torch.int32).view(T, width),
+                              torch.tensor(list(count), dtype=torch.int32), head.scale)
     x = h.clone()
     head.o.add_into(x, att)
     head.down.add_into(x, ops.silu_mul(head.gate_up(ops.rms_norm(x, head.ln_post, eps))))
@@ -150,6 +152,12 @@ def test_keys_mask_matches_the_key_lists() -> None:
     assert mask.tolist() == [[True, True, False, False, False, True, False],
                              [True, True, True, False, True, False, True]]
     assert Keys.causal(2, 3).mask(5).tolist() == [[True, True, True, False, False], [True] * 4 + [False], [True] * 5]
+    for k in (keys, Keys.causal(2, 3), Keys.build([4], [[]])):  # the C arrays head.c reads say the same
+        first, last, extra, width, count = k.arrays()
+        m = k.mask(7).tolist()
+        for t in range(len(k.prefix)):
+            seen = set(range(first[t], last[t] + 1)) | set(extra[t * width: t * width + count[t]])
+            assert seen == {j for j in range(7) if m[t][j]}
 
 
 @pytest.mark.parametrize("kind", ["eagle3", "eagle"])
@@ -236,6 +244,34 @@ def test_a_catch_up_without_keys_is_the_causal_one(target) -> None:
     (g0, l0), (g1, l1) = outs
     assert l0 is not None and l1 is not None
     assert torch.equal(g0, g1) and torch.equal(l0.logp, l1.logp)
+
+
+@pytest.mark.parametrize("native_head", [True, False])
+def test_tokens_and_positions_as_lists_are_the_tensors(target, native_head: bool) -> None:
+    """The drafter hands a level's tokens and positions over as lists (no torch operation on the
+    native path): the same level as with tensors, on either path."""
+    head = _head(target, "eagle3")
+    kernel = head.native
+    if not native_head:
+        head.native = None
+    try:
+        gen = torch.Generator().manual_seed(4)
+        stream = torch.randn(5, 3 * head.spec.hidden_size, generator=gen)
+        level_stream = torch.randn(2, head.spec.hidden_size, generator=gen)
+        outs = []
+        for as_list in (True, False):
+            cache = head.new_cache(16)
+            tokens = [7, 3, 9, 1, 4]
+            head.run(tokens if as_list else torch.tensor(tokens), stream, None, cache, 0, None)
+            cache.length = 5
+            keys = Keys.build([5, 5], [[5], [6]])
+            outs.append(head.run([2, 8] if as_list else torch.tensor([2, 8]), level_stream,
+                                 [5, 5] if as_list else torch.tensor([5, 5]), cache, 5, keys, logits=2, picks=2))
+        (g0, l0), (g1, l1) = outs
+        assert l0 is not None and l1 is not None
+        assert torch.equal(g0, g1) and torch.equal(l0.logp, l1.logp) and l0.picks == l1.picks
+    finally:
+        head.native = kernel
 
 
 @pytest.mark.parametrize("topk", [1, 3])

@@ -91,11 +91,11 @@ class EagleDrafter:
                 slots[i] = start + j
             # each node sees the committed entries, then its ancestors and itself (never a sibling)
             keys = Keys.build([n] * len(frontier), [[slots[a] for a in cands.ancestors(i)] for i in frontier])
-            # host data goes over without a wait for the device's queue (see EagleHead.run)
-            tokens = torch.tensor([cands.tokens[i] for i in frontier]).to(head.device, non_blocking=True)
-            stream = torch.stack([state.get(cands.parent[i], g_last) for i in frontier])
-            positions = torch.tensor([n - 1 + cands.depth[i] for i in frontier])  # host: see EagleHead.run
-            g, level = head.run(tokens, stream, positions, self.cache, start, keys, logits=len(frontier), picks=picks)
+            # tokens and positions as lists (EagleHead.run says why); a chain's one row as a view
+            rows = [state.get(cands.parent[i], g_last) for i in frontier]
+            stream = rows[0][None] if len(rows) == 1 else torch.stack(rows)
+            g, level = head.run([cands.tokens[i] for i in frontier], stream, [n - 1 + cands.depth[i] for i in frontier],
+                                self.cache, start, keys, logits=len(frontier), picks=picks)
             for row, i in enumerate(frontier):
                 state[i] = g[row]
             assert level is not None
@@ -118,11 +118,8 @@ class EagleDrafter:
         features = torch.cat(self._pending) if len(self._pending) != 1 else self._pending[0]
         if features.shape[0] != n - first:
             raise RuntimeError(f"EAGLE drafter out of step: {features.shape[0]} features for {n - first} positions")
-        tokens = torch.tensor(self._entry_tokens(first, root))
-        if tokens.device != head.device:
-            tokens = tokens.to(head.device, non_blocking=True)
         # entry p at slot p and position p, seeing every entry up to its own
-        g, level = head.run(tokens, features, None, cache, first, None, logits=1, picks=picks)
+        g, level = head.run(self._entry_tokens(first, root), features, None, cache, first, None, logits=1, picks=picks)
         cache.commit(n - first)
         self._pending = []
         assert level is not None

@@ -129,44 +129,59 @@ class EagleHead:
                                (self.ln_in, self.ln_hidden, self.ln_post, self.norm),
                                eagle3=self.spec.kind == "eagle3")
 
-    @torch.inference_mode()
-    def run(self, tokens: torch.Tensor, stream: torch.Tensor, positions: torch.Tensor | None, cache: KVCache,
-            start: int, keys: Keys | None, logits: int = 0, picks: int = 0) -> tuple[torch.Tensor, Level | None]:
+    def run(self, tokens: torch.Tensor | list[int], stream: torch.Tensor, positions: torch.Tensor | list[int] | None,
+            cache: KVCache, start: int, keys: Keys | None, logits: int = 0, picks: int = 0
+            ) -> tuple[torch.Tensor, Level | None]:
         """Entries ``tokens`` at slots start.. of ``cache``, each attending to the slots ``keys``
         lists; returns their outputs g [T, H] and the log-probabilities of the last ``logits``
         of them (None for 0), with each row's ``picks`` best children as target ids where the native
         kernel runs (the greedy search reads those; tree_search.py says why). One native call where
         there is one, the per-op forward otherwise. ``positions`` None: each entry's slot; ``keys``
-        None: each entry sees every slot up to its own (both: a catch-up of committed positions,
-        which then needs no host tensors beyond the tokens).
-        ``positions`` may stay on the host (the drafters build them there): the rotary table's
-        size is read from them without waiting on a GPU. Why it matters: on a GPU a level's kernels
-        are tiny, and every host read of a device value or blocking copy to the device drains the
-        queue first (``torch.tensor(data, device=...)`` and ``.to(device)`` copy and then wait), so
-        the host data of a level goes over with ``non_blocking`` copies and the level's one wait is
-        the tree search reading its candidates (tests/gpu/test_fake_cuda.py counts them)."""
-        T = tokens.shape[0]
+        None: each entry sees every slot up to its own (both: a catch-up of committed positions).
+
+        ``tokens`` and ``positions`` may be plain lists (the drafters build them so): the native call
+        reads them as C arrays, with no torch operation (each costs ~5-20 us with the caches cold
+        after the target's forward, and a level had half a dozen). On a GPU, where the per-op path
+        runs, they go over with ``non_blocking`` copies: there a level's kernels are tiny, and every
+        host read of a device value or blocking copy drains the queue first, so the level's one wait
+        is the tree search reading its candidates (tests/gpu/test_fake_cuda.py counts them);
+        ``positions`` may stay on the host, where the rotary table's size is read from them."""
+        T = len(tokens)
         if cache.capacity < start + T:
             cache.grow(start + T + 256)
         if self.native is None:
-            positions = torch.arange(start, start + T) if positions is None else positions
-            keys = Keys.causal(start, T) if keys is None else keys
-            g = self.forward(tokens, stream, positions, cache, start, keys.mask(start + T))
-            return g, (Level(self.log_probs(g[T - logits:])) if logits else None)
+            return self._run_per_op(tokens, stream, positions, cache, start, keys, logits)
         # positions never pass their entry's slot (a node sits after its ancestors), so the table
         # is sized without reading them; the kernel checks each against it
         self.rotary.ensure(start + T)
-        embed_rows = getattr(self.target, "embed_rows", None)
-        emb = embed_rows(tokens) if embed_rows is not None else self.target.embed_tokens(tokens).float().contiguous()
-        slots = torch.arange(start, start + T)
-        if positions is None:
-            positions = slots
-        elif positions.dtype != torch.int64:
-            positions = positions.long()
+        emb = self._embed(tokens)
         g, logp, top = self.native.forward(emb, stream if stream.dtype == torch.float32 and stream.is_contiguous()
                                            else stream.float().contiguous(), self.rotary.table, positions,
-                                           cache.k[0], cache.v[0], slots, keys, logits, picks, self.vocab_ids)
+                                           cache.k[0], cache.v[0], start, keys, logits, picks, self.vocab_ids)
         return g, (None if logp is None else Level(logp, None if top is None else Picks(*top)))
+
+    def _embed(self, tokens: torch.Tensor | list[int]) -> torch.Tensor:
+        """fp32 [T, H] contiguous embeddings of host ``tokens`` (the native head's input)."""
+        embed_rows = getattr(self.target, "embed_rows", None)
+        if embed_rows is not None:
+            return embed_rows(tokens)
+        ids = tokens if isinstance(tokens, torch.Tensor) else torch.tensor(tokens, dtype=torch.int64)
+        return self.target.embed_tokens(ids).float().contiguous()
+
+    @torch.inference_mode()
+    def _run_per_op(self, tokens: torch.Tensor | list[int], stream: torch.Tensor,
+                    positions: torch.Tensor | list[int] | None, cache: KVCache, start: int, keys: Keys | None,
+                    logits: int) -> tuple[torch.Tensor, Level | None]:
+        T = len(tokens)
+        if not isinstance(tokens, torch.Tensor):
+            tokens = torch.tensor(tokens, dtype=torch.int64).to(self.device, non_blocking=True)
+        if positions is None:
+            positions = torch.arange(start, start + T)
+        elif not isinstance(positions, torch.Tensor):
+            positions = torch.tensor(positions, dtype=torch.int64)
+        keys = Keys.causal(start, T) if keys is None else keys
+        g = self.forward(tokens, stream, positions, cache, start, keys.mask(start + T))
+        return g, (Level(self.log_probs(g[T - logits:])) if logits else None)
 
     @property
     def vocab_size(self) -> int:

@@ -36,8 +36,9 @@ typedef struct {
 
 /*
  * emb: [T, H] token embeddings; stream: [T, F]; kc, vc: the head's one-layer cache
- * [kv_heads, cap, head_dim]; slots: where each entry's K/V go; table: the rotary factors of positions
- * 0..table_len-1, [table_len][head_dim] (cos, sin pairs); positions: [T] each entry's;
+ * [kv_heads, cap, head_dim]; slots: where each entry's K/V go (NULL: start, start + 1, ...); table:
+ * the rotary factors of positions 0..table_len-1, [table_len][head_dim] (cos, sin pairs); positions:
+ * [T] each entry's (NULL: its slot);
  * first / last / extra / nextra: the keys each entry sees (keyed_attention; no window), or first NULL for
  * a catch-up: entry t sees slots 0..slots[t]. g_out: [T, H];
  * logp_out: [nlogits, vocab] log-probabilities for the last nlogits entries (0: none); with topk > 0,
@@ -46,27 +47,37 @@ typedef struct {
  * for a position outside the table (nothing written).
  */
 int eagle_head_forward(const head_t *hd_, const dims_t *d, const float *emb, const float *stream, long F, long T,
-                       float *kc, float *vc, long cap, const long *slots, const float *table, long table_len,
+                       float *kc, float *vc, long cap, const long *slots, long start, const float *table, long table_len,
                        const long *positions, const long *first,
                        const long *last, const int *extra, long max_extra, const int *nextra, float *g_out, long nlogits,
                        float *logp_out, long topk, const long *vocab, long *top_ids, float *top_vals) {
     const long H = d->hidden, nh = d->heads, nkv = d->kv_heads, hd = d->head_dim, I = d->inter;
     const int nt = (int)d->nthreads, fast = (int)d->fast;
     const long qkv_w = (nh + 2 * nkv) * hd;
+    /* 3T longs: the slots start.. where none are given, then a catch-up's first / last keys below */
+    long *own = malloc(sizeof(long) * (size_t)(3 * T));
+    if (!own) return -1;
+    if (!slots) {
+        for (long t = 0; t < T; t++) own[t] = start + t;
+        slots = own;
+    }
+    if (!positions) positions = slots; /* a catch-up: each entry at its own slot */
     for (long t = 0; t < T; t++)
-        if (positions[t] < 0 || positions[t] >= table_len) return -2;
+        if (positions[t] < 0 || positions[t] >= table_len) {
+            free(own);
+            return -2;
+        }
     float *buf = malloc(sizeof(float) * (size_t)(T * (2 * H + qkv_w + nh * hd + 3 * I + H + hd)));
-    if (!buf) return -1;
+    if (!buf) {
+        free(own);
+        return -1;
+    }
     float *a = buf, *qkv = a + T * 2 * H, *att = qkv + T * qkv_w, *gu = att + T * nh * hd, *act = gu + T * 2 * I;
     float *h = act + T * I, *rot = h + T * H;
     for (long t = 0; t < T; t++) memcpy(rot + t * hd, table + positions[t] * hd, sizeof(float) * (size_t)hd);
-    long *causal = NULL;
     if (!first) { /* keys 0..slots[t]: built here, not as four host tensors a step */
-        causal = calloc((size_t)(2 * T), sizeof(long));
-        if (!causal) {
-            free(buf);
-            return -1;
-        }
+        long *causal = own + T;
+        memset(causal, 0, sizeof(long) * (size_t)T);
         memcpy(causal + T, slots, sizeof(long) * (size_t)T);
         first = causal, last = causal + T, extra = NULL, max_extra = 0, nextra = NULL;
     }
@@ -116,6 +127,6 @@ int eagle_head_forward(const head_t *hd_, const dims_t *d, const float *emb, con
         log_softmax_topk(logp_out, nlogits, hd_->lm_head.n, topk, vocab, top_ids, top_vals);
     }
     free(buf);
-    free(causal);
+    free(own);
     return 0;
 }

@@ -12,7 +12,7 @@ from __future__ import annotations
 import ctypes
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -33,41 +33,60 @@ class _Head(ctypes.Structure):
                 ("o", _Lin), ("gate_up", _Lin), ("down", _Lin), ("lm_head", _Lin), ("eagle3", ctypes.c_long)]
 
 
-@dataclass
+@dataclass(frozen=True)
 class Keys:
-    """Which head-cache slots each entry attends to: first[t]..last[t], then extra[t, :count[t]]."""
+    """Which head-cache slots each entry attends to: slots 0..prefix[t]-1 (the committed entries),
+    then the slots extra[t] lists (its ancestors' scratch entries and its own).
 
-    first: torch.Tensor  # [T] int64
-    last: torch.Tensor  # [T] int64 (last < first: no range)
-    extra: torch.Tensor  # [T, E] int32
-    count: torch.Tensor  # [T] int32
+    Kept as lists: the native kernel reads them as C arrays (:meth:`arrays`), and only the per-op
+    path builds the [T, keys] mask (:meth:`mask`). Why not tensors: a draft level built four, and
+    each torch operation costs ~5-20 us with the caches cold after the target's forward."""
+
+    prefix: list[int]
+    extra: list[list[int]]
 
     @classmethod
     def build(cls, prefix: list[int], extra: list[list[int]]) -> Keys:
         """Slots 0..prefix[t]-1 (the committed entries), then the listed ones."""
-        width = max(1, max((len(e) for e in extra), default=0))
-        padded = [v for e in extra for v in (*e, *[0] * (width - len(e)))]  # one tensor, not one per row
-        table = torch.tensor(padded, dtype=torch.int32).view(len(extra), width)
-        return cls(torch.zeros(len(prefix), dtype=torch.int64), torch.tensor(prefix, dtype=torch.int64) - 1, table,
-                   torch.tensor([len(e) for e in extra], dtype=torch.int32))
+        return cls(prefix, extra)
 
     @classmethod
     def causal(cls, start: int, T: int) -> Keys:
         """T new entries at slots start.. after ``start`` committed ones, each seeing those and itself."""
-        return cls(torch.zeros(T, dtype=torch.int64), torch.arange(start, start + T),
-                   torch.zeros(T, 1, dtype=torch.int32), torch.zeros(T, dtype=torch.int32))
+        return cls([start + t + 1 for t in range(T)], [[] for _ in range(T)])
 
     def mask(self, keys: int) -> torch.Tensor:
         """The same visibility as a [T, keys] bool mask (the torch path's form), in a few tensor ops
         whatever T is (a loop over rows cost four ops and a scalar read per row of every level)."""
-        T = self.first.shape[0]
+        T, width = len(self.prefix), max(1, max((len(e) for e in self.extra), default=0))
         slot = torch.arange(keys)[None, :]
-        m = (slot >= self.first[:, None]) & (slot <= self.last[:, None])
-        listed = torch.arange(self.extra.shape[1])[None, :] < self.count[:, None]
+        m = slot < torch.tensor(self.prefix, dtype=torch.int64)[:, None]
         # unused list entries point at a spare column, dropped after the scatter
-        cols = torch.where(listed, self.extra.long(), keys)
+        cols = torch.tensor([[*e, *[keys] * (width - len(e))] for e in self.extra], dtype=torch.int64).view(T, width)
         extra = torch.zeros(T, keys + 1, dtype=torch.bool).scatter_(1, cols, True)
         return m | extra[:, :keys]
+
+    def arrays(self) -> tuple[Any, Any, Any, int, Any]:
+        """(first, last, extra, width, count) as C arrays for head.c: entry t sees first[t]..last[t],
+        then extra[t * width..][:count[t]]."""
+        T = len(self.prefix)
+        width = max(1, max((len(e) for e in self.extra), default=0))
+        padded = [v for e in self.extra for v in (*e, *[0] * (width - len(e)))]
+        return ((ctypes.c_long * T)(), (ctypes.c_long * T)(*[p - 1 for p in self.prefix]),
+                (ctypes.c_int * (T * width))(*padded), width, (ctypes.c_int * T)(*[len(e) for e in self.extra]))
+
+
+def _longs(values: torch.Tensor | Sequence[int] | None) -> Any:
+    """int64 values for a C ``const long *``: a contiguous int64 tensor as is, a list as a C array."""
+    if values is None or isinstance(values, torch.Tensor):
+        return values
+    return (ctypes.c_long * len(values))(*values)
+
+
+def _address(values: Any) -> int | None:
+    if values is None:
+        return None
+    return values.data_ptr() if isinstance(values, torch.Tensor) else ctypes.addressof(values)
 
 
 class NativeHead(FastSwitch):
@@ -100,30 +119,33 @@ class NativeHead(FastSwitch):
         keep = [t for t in floats if t is not None]
         return cls(kernel, struct, _Dims.of(shape, intermediate), keep, lm_head.out_features)
 
-    def forward(self, emb: torch.Tensor, stream: torch.Tensor, table: torch.Tensor, positions: torch.Tensor,
-                k: torch.Tensor, v: torch.Tensor, slots: torch.Tensor, keys: Keys | None, logits: int, picks: int = 0,
-                vocab: torch.Tensor | None = None
+    def forward(self, emb: torch.Tensor, stream: torch.Tensor, table: torch.Tensor,
+                positions: torch.Tensor | Sequence[int] | None, k: torch.Tensor, v: torch.Tensor, start: int,
+                keys: Keys | None, logits: int, picks: int = 0, vocab: torch.Tensor | None = None
                 ) -> tuple[torch.Tensor, torch.Tensor | None, tuple[list[list[int]], list[list[float]]] | None]:
         """emb [T, H], stream [T, F] fp32 contiguous; table: the rotary factors by position [L, hd/2]
-        complex64, contiguous; positions [T] int64 (each < L, or ValueError); k, v: the head cache's
-        one layer [nkv, cap, hd]; slots [T] int64; ``keys`` None: entry t sees slots 0..slots[t] (a
-        catch-up of committed entries, built in the kernel). Returns (g [T, H], the log-probabilities of the last
-        ``logits`` entries [logits, vocab] or None for 0, and with ``picks`` > 0 each of those rows'
-        ``picks`` best as (ids, log-probabilities) lists, the ids mapped through ``vocab`` (int64 [vocab]:
-        target ids) where given)."""
+        complex64, contiguous; positions: each entry's (int64 tensor or list, each < L, or ValueError;
+        None: its slot); k, v: the head cache's one layer [nkv, cap, hd]; the entries go to slots
+        start, start + 1, ...; ``keys`` None: entry t sees slots 0..its own (a catch-up of committed
+        entries, built in the kernel). Returns (g [T, H], the log-probabilities of the last ``logits``
+        entries [logits, vocab] or None for 0, and with ``picks`` > 0 each of those rows' ``picks``
+        best as (ids, log-probabilities) lists, the ids mapped through ``vocab`` (int64 [vocab]: target
+        ids) where given)."""
         T, H = emb.shape
         g = torch.empty(T, H, dtype=torch.float32)
         out = torch.empty(logits, self.vocab, dtype=torch.float32) if logits else None
         n = logits * picks if logits else 0
         top_ids, top_vals = (ctypes.c_long * n)(), (ctypes.c_float * n)()  # plain lists back, no torch op
         self._dims.nthreads = torch.get_num_threads()
+        pos = _longs(positions)
+        listed = keys.arrays() if keys is not None else None  # held until the call returns
         rc = self._fn(ctypes.addressof(self._head), ctypes.addressof(self._dims), emb.data_ptr(), stream.data_ptr(),
-                      stream.shape[1], T, k.data_ptr(), v.data_ptr(), k.shape[1], slots.data_ptr(),
-                      table.data_ptr(), table.shape[0], positions.data_ptr(),
-                      *((None, None, None, 0, None) if keys is None else
-                        (keys.first.data_ptr(), keys.last.data_ptr(), keys.extra.data_ptr(), keys.extra.shape[1],
-                         keys.count.data_ptr())), g.data_ptr(), logits, ptr(out), picks if n else 0, ptr(vocab),
-                      top_ids, top_vals)
+                      stream.shape[1], T, k.data_ptr(), v.data_ptr(), k.shape[1], None, start,
+                      table.data_ptr(), table.shape[0], _address(pos),
+                      *((None, None, None, 0, None) if listed is None else
+                        (ctypes.addressof(listed[0]), ctypes.addressof(listed[1]), ctypes.addressof(listed[2]),
+                         listed[3], ctypes.addressof(listed[4]))), g.data_ptr(), logits, ptr(out), picks if n else 0,
+                      ptr(vocab), top_ids, top_vals)
         if rc == -2:
             raise ValueError(f"a draft position outside the rotary table of {table.shape[0]} positions")
         if rc != 0:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+from collections.abc import Sequence
 from functools import cache
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -39,8 +40,8 @@ _SIGNATURES = {
     "decoder_layers": [_p, _l, _p, _p, _l, _p, _p, _l, _l, _l, _p, _p, _p, _p, _l, _p],
     "decoder_rows": [_p, _l, _p, _p, _l, _p, _p, _l, _l, _p, _p, _p, _p, _p, _l, _p],
     "keyed_attention": [_p, _l, _p, _p, _l, _l, _i, _i, _i, _p, _p, _p, _l, _p, _l, _p, _f, _p, _i, _i],
-    "eagle_head_forward": [_p, _p, _p, _p, _l, _l, _p, _p, _l, _p, _p, _l, _p, _p, _p, _p, _l, _p, _p, _l, _p, _l,
-                           _p, _p, _p],
+    "eagle_head_forward": [_p, _p, _p, _p, _l, _l, _p, _p, _l, _p, _l, _p, _l, _p, _p, _p, _p, _l, _p, _p, _l, _p,
+                           _l, _p, _p, _p],
     "log_softmax_topk": [_p, _l, _l, _l, _p, _p, _p],
     "perturbed_topk": [_p, _l, _l, _l, _f, _p, _p, _p, _p],
     "argmax_rows": [_p, _l, _l, _p],
@@ -261,13 +262,16 @@ class NativeKernel:
         return split_rows(ids, rows, k), split_rows(vals, rows, k)
 
     def dequantize_rows(self, kind_id: int, group: int, codes: torch.Tensor, scales: torch.Tensor,
-                        offsets: torch.Tensor | None, ids: torch.Tensor) -> torch.Tensor:
-        """Rows ``ids`` (int64, contiguous) of a q8/q4 row-form weight ([rows, K] contiguous codes,
-        [rows, K/group] fp32 scales and offsets) as fp32 [len(ids), K] (stored.c)."""
+                        offsets: torch.Tensor | None, ids: torch.Tensor | Sequence[int]) -> torch.Tensor:
+        """Rows ``ids`` (an int64 contiguous tensor, or a list) of a q8/q4 row-form weight ([rows, K]
+        contiguous codes, [rows, K/group] fp32 scales and offsets) as fp32 [len(ids), K] (stored.c)."""
         nrows, k = codes.shape
-        out = torch.empty(ids.shape[0], k, dtype=torch.float32)
+        n = len(ids)
+        held = None if isinstance(ids, torch.Tensor) else (ctypes.c_long * n)(*ids)  # alive until the call returns
+        at = ids.data_ptr() if held is None else ctypes.addressof(held)
+        out = torch.empty(n, k, dtype=torch.float32)
         if self._lib.dequantize_rows(kind_id, group, codes.data_ptr(), scales.data_ptr(), ptr(offsets), nrows, k,
-                                     ids.data_ptr(), ids.shape[0], out.data_ptr()) != 0:
+                                     at, n, out.data_ptr()) != 0:
             raise IndexError(f"a token id outside 0..{nrows - 1}")
         return out
 

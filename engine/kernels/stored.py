@@ -8,6 +8,8 @@ arithmetic) or, in the fast precision, to ``fast.c`` (integer products), and
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 
 from engine.kernels import native
@@ -91,10 +93,10 @@ class StoredEmbedding:
     def shape(self) -> tuple[int, int]:
         return self.rows.shape
 
-    def flat(self, ids: torch.Tensor) -> torch.Tensor | None:
-        """Rows for 1-D int64 CPU ``ids`` as fp32 [len(ids), K] in one kernel call, or None where the
-        kernel does not take these rows (then call the embedding): an EAGLE level's lookup, where
-        every torch operation around the call costs more than the call."""
+    def flat(self, ids: torch.Tensor | Sequence[int]) -> torch.Tensor | None:
+        """Rows for ``ids`` (a list, or 1-D int64 CPU tensor) as fp32 [len(ids), K] in one kernel call,
+        or None where the kernel does not take these rows (then call the embedding): an EAGLE level's
+        lookup, where every torch operation around the call costs more than the call."""
         if self._kernel is None:
             return None
         return self._kernel.dequantize_rows(KIND_IDS[self.rows.kind], self.rows.group, self.rows.codes, self._scales,

@@ -219,9 +219,10 @@ class Gemma3Model(LlamaModel):
         """The scaled embedding, as Gemma's embedding module returns it."""
         return super().embed_tokens(tokens) * self.embed_scale.to(tokens.device)
 
-    def embed_rows(self, tokens: torch.Tensor) -> torch.Tensor:
+    def embed_rows(self, tokens: torch.Tensor | list[int]) -> torch.Tensor:
         """The scaled rows (the base class's one-call lookup would skip the scale)."""
-        return self.embed_tokens(tokens).float().contiguous()
+        ids = tokens if isinstance(tokens, torch.Tensor) else torch.tensor(tokens, dtype=torch.int64)
+        return self.embed_tokens(ids).float().contiguous()
 
     def logits_from_hidden(self, hidden: torch.Tensor) -> torch.Tensor:
         logits = super().logits_from_hidden(hidden)

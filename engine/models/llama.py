@@ -175,14 +175,17 @@ class LlamaModel:
             return self._stored_embed(tokens).to(tokens.device)
         return F.embedding(tokens, self.embed)
 
-    def embed_rows(self, tokens: torch.Tensor) -> torch.Tensor:
-        """``embed_tokens`` of 1-D int64 host ``tokens`` as fp32 [T, H], contiguous, in as few torch
-        operations as the weights allow (the native EAGLE head's input, once a level)."""
-        if self._stored_embed is not None and tokens.dtype == torch.int64 and tokens.device.type == "cpu":
+    def embed_rows(self, tokens: torch.Tensor | list[int]) -> torch.Tensor:
+        """``embed_tokens`` of host ``tokens`` (a list, or a 1-D int64 tensor) as fp32 [T, H],
+        contiguous, in as few torch operations as the weights allow (the native EAGLE head's input,
+        once a level)."""
+        host = not isinstance(tokens, torch.Tensor) or (tokens.dtype == torch.int64 and tokens.device.type == "cpu")
+        if self._stored_embed is not None and host:
             rows = self._stored_embed.flat(tokens)
             if rows is not None:
                 return rows
-        return self.embed_tokens(tokens).float().contiguous()
+        ids = tokens if isinstance(tokens, torch.Tensor) else torch.tensor(tokens, dtype=torch.int64)
+        return self.embed_tokens(ids).float().contiguous()
 
     def logits_from_hidden(self, hidden: torch.Tensor) -> torch.Tensor:
         """Apply the LM head to post-norm hidden states (what EAGLE-1/2 heads feed)."""

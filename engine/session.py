@@ -544,7 +544,7 @@ class Session:
         if tree.is_chain:
             out = self.model.forward(tokens, cache, **self._capture.forward_kwargs)
         else:
-            out = self.model.forward(tokens, cache, positions=torch.tensor(tree.depths) + start,
+            out = self.model.forward(tokens, cache, positions=torch.tensor([start + d for d in tree.depths]),
                                      tree_mask=tree.ancestor_mask(), **self._capture.forward_kwargs)
         if config.greedy:
             return out, verify_greedy(tree, out.logits)

@@ -83,3 +83,15 @@ def test_native_argmax_on_a_vocabulary_row() -> None:
     x = torch.randn(3, 49152, generator=torch.Generator().manual_seed(1))
     x[1, 40000] = x[1, 7] = 100.0  # a tie far apart: the first wins
     assert row_argmax(x) == x.argmax(dim=-1).tolist() == [int(x[0].argmax()), 7, int(x[2].argmax())]
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.integers(0, 1000), min_size=0, max_size=20))
+def test_the_ancestor_mask_shows_each_node_itself_and_its_ancestors(picks: list[int]) -> None:
+    parents = [-1] + [p % (i + 1) for i, p in enumerate(picks)]  # each node's parent comes before it
+    tree = DraftTree(tuple(range(len(parents))), tuple(parents), (1.0,) * len(parents))
+    mask = tree.ancestor_mask()
+    assert mask.dtype == torch.bool and mask.shape == (len(tree), len(tree))
+    for i in range(len(tree)):
+        seen = {0, i, *tree.path_to(i)}
+        assert [j for j in range(len(tree)) if mask[i, j]] == sorted(seen)

@@ -283,6 +283,23 @@ def test_eviction_and_rewind_keep_trees_valid_and_sound(data, cfg, capacity):
                 assert any((*query[len(query) - w :], *p) in seen for w in range(lo, min(hi, len(query)) + 1))
 
 
+@settings(max_examples=80, deadline=None)
+@given(tokens=st.lists(st.integers(0, 5), min_size=1, max_size=60), tail=st.lists(st.integers(0, 5), max_size=14),
+       capacity=st.sampled_from([8, 30, 10_000]), lo=st.integers(1, 3), hi=st.integers(3, 12))
+def test_match_finds_every_matching_window_longest_first(tokens, tail, capacity, lo, hi):
+    """The shortest-first walk that stops at the first miss finds what trying every window finds,
+    evicting tries included (they try every window)."""
+    trie = NgramTrie(8, capacity)
+    trie.extend(tokens)
+    query = [*tokens, *tail][-hi:]
+    want = []
+    for w in range(min(len(query), hi), lo - 1, -1):
+        node = trie._find(query[len(query) - w:])
+        if node >= 0:
+            want.append((node, w))
+    assert trie.match(query, lo, hi) == want
+
+
 def test_drafter_capacity_from_config_and_hot_swap():
     cfg = cfg_of(ngram_capacity=1000, ngram_max_trie_depth=8, ngram_max_match_window_size=4)
     d = NgramDrafter(cfg)

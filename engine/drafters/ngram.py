@@ -95,6 +95,7 @@ class NgramTrie:
         self._cnt = array("q", [0])
         self._kids: list[dict[int, int] | None] = [{}]
         self._free: list[int] = []  # evicted slots, reused by new nodes
+        self._evicted = False  # whether any node was ever evicted (match() says why it asks)
         self.size = 0  # live nodes, root excluded
         # Global LRU, oldest first. Every leaf is in it; an internal node may linger (it is
         # skipped when it reaches the front, and re-enters when it becomes a leaf again).
@@ -175,6 +176,7 @@ class NgramTrie:
     def _evict(self, n: int) -> None:
         """Remove the ``n`` least recently used leaves (a parent left childless becomes the oldest)."""
         lru, kids, par, tok = self._lru, self._kids, self._par, self._tok
+        self._evicted = True
         while n > 0 and lru:
             i, _ = lru.popitem(last=False)
             p = par[i]
@@ -259,19 +261,28 @@ class NgramTrie:
         assert all(f < 0 or self._par[f] != _DEAD for f in self._frontier)
 
     def match(self, query: Sequence[int], min_window: int, max_window: int) -> list[tuple[int, int]]:
-        """Anchors (node, window) for each suffix of ``query`` found, longest window first."""
+        """Anchors (node, window) for each suffix of ``query`` found, longest window first.
+
+        Shortest first, stopping at the first window not found: every n-gram of the stream was
+        inserted with all its suffixes, so no longer window can match past a shorter one that does
+        not. Chat queries match a token or two, so this walks a few paths where trying every
+        window from the longest walked 78 (~45 us a step). Eviction can break that closure (a
+        suffix's leaf may go before a longer path's), so after one every window is tried."""
         kids = self._kids
         anchors = []
         n = len(query)
-        for w in range(min(n, max_window), min_window - 1, -1):
+        for w in range(min_window, min(n, max_window) + 1):
             node = _ROOT
             for i in range(n - w, n):
                 ch = kids[node]
                 node = ch.get(query[i], -1) if ch else -1
                 if node < 0:
                     break
-            else:
+            if node >= 0:
                 anchors.append((node, w))
+            elif not self._evicted:
+                break
+        anchors.reverse()
         return anchors
 
     # tree building ----------------------------------------------------------------------------

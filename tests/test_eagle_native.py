@@ -265,8 +265,9 @@ def test_tokens_and_positions_as_lists_are_the_tensors(target, native_head: bool
             head.run(tokens if as_list else torch.tensor(tokens), stream, None, cache, 0, None)
             cache.length = 5
             keys = Keys.build([5, 5], [[5], [6]])
-            outs.append(head.run([2, 8] if as_list else torch.tensor([2, 8]), level_stream,
-                                 [5, 5] if as_list else torch.tensor([5, 5]), cache, 5, keys, logits=2, picks=2))
+            outs.append(head.run([2, 8] if as_list else torch.tensor([2, 8]), level_stream,  # int32 positions too
+                                 [5, 5] if as_list else torch.tensor([5, 5], dtype=torch.int32), cache, 5, keys,
+                                 logits=2, picks=2))
         (g0, l0), (g1, l1) = outs
         assert l0 is not None and l1 is not None
         assert torch.equal(g0, g1) and torch.equal(l0.logp, l1.logp) and l0.picks == l1.picks

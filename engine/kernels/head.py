@@ -77,9 +77,11 @@ class Keys:
 
 
 def _longs(values: torch.Tensor | Sequence[int] | None) -> Any:
-    """int64 values for a C ``const long *``: a contiguous int64 tensor as is, a list as a C array."""
-    if values is None or isinstance(values, torch.Tensor):
-        return values
+    """int64 values for a C ``const long *``: a tensor as contiguous int64, a list as a C array."""
+    if values is None:
+        return None
+    if isinstance(values, torch.Tensor):
+        return values.to(torch.int64).contiguous()
     return (ctypes.c_long * len(values))(*values)
 
 

@@ -47,7 +47,8 @@ def _add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--backend", default="auto", choices=["auto", "specchat", "hf"],
                    help="specchat: our own forward (Llama family, Gemma 3); hf: any transformers causal LM")
     p.add_argument("--threads", type=int, default=None,
-                   help="CPU threads for the model (default: all cores; the TUI leaves one for the UI)")
+                   help="CPU threads for the model (default: all cores, one fewer while another busy program "
+                        "holds a core; answers do not depend on it)")
     p.add_argument("--allow-pickle", action="store_true",
                    help="allow loading .bin/.pt checkpoints (weights_only=True); safetensors otherwise")
 

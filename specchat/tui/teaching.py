@@ -47,9 +47,10 @@ PROBABILITIES = ("A number beside a draft is the drafter's probability for it gi
 
 # An n-gram step drafted from the n-gram drafter's second source (DraftTree.source == "corpus").
 CORPUS_SOURCE = ("These n-gram drafts come from the model's own past answers: nothing earlier in this "
-                 "conversation matched, so the drafter looked the last few tokens up in counts of what the "
-                 "model wrote next in thousands of other answers; the numbers are the share of those answers "
-                 "that went on that way.")
+                 "conversation matched (or only the last token did, and past answers have been drafting "
+                 "better in this conversation), so the drafter looked the last few tokens up in counts of what "
+                 "the model wrote next in thousands of other answers; the numbers are the share of those "
+                 "answers that went on that way.")
 
 
 def draft_source(method: str, tree: DraftTree | None = None) -> str:

@@ -35,6 +35,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--resume", action="store_true", help="continue the run whose checkpoint is in --out")
     p.add_argument("--init-from", default=None,
                    help="start from an exported head's weights and vocabulary (e.g. the shipped one)")
+    p.add_argument("--refit-vocab", action="store_true",
+                   help="with --init-from: re-pick the draft vocabulary from this data's answer tokens (the "
+                        "--draft-vocab-size most frequent), keeping the head's rows for the tokens that stay")
     p.add_argument("--prompts", default=None,
                    help="extra user prompts, JSON lines (messages | turns | prompt); mixed with self-written ones")
     p.add_argument("--no-builtin-prompts", action="store_true", help="do not mix in specchat's own prompt list")
@@ -134,6 +137,9 @@ def check_args(args: argparse.Namespace) -> Path:
         raise UsageError("--export-layout and --medusa-train-lm-head go with --method medusa")
     if args.method == "medusa" and (args.medusa_heads < 1 or args.init_from is not None):
         raise UsageError("--method medusa needs --medusa-heads of at least 1 and takes no --init-from (use --resume)")
+    if args.refit_vocab and (args.init_from is None or args.method != "eagle3"):
+        raise UsageError("--refit-vocab goes with --init-from HEAD (a new EAGLE-3 head picks its vocabulary from "
+                         "the data anyway)")
     for folder in args.import_data or ():
         if not Path(folder).is_dir():
             raise MissingFileError(f"--import-data {folder}: no such folder")
@@ -170,7 +176,8 @@ def _train(args: argparse.Namespace, out: Path, target: Any, cache: Any, trains:
         draft_vocab_size=min(args.draft_vocab_size, int(target.hf.config.vocab_size)), ttt_steps=args.ttt_steps,
         intermediate_size=args.intermediate_size, batch_tokens=args.batch_tokens, epochs=args.epochs,
         max_steps=args.max_steps, checkpoint_every=args.checkpoint_every, eval_every=args.eval_every,
-        seed=args.seed, export_dtype=args.export_dtype, bf16=args.bf16, **({"lr": args.lr} if args.lr else {}),
+        seed=args.seed, export_dtype=args.export_dtype, bf16=args.bf16, refit_vocab=args.refit_vocab,
+        **({"lr": args.lr} if args.lr else {}),
     )
     card = {**_run_card(args, target, cache, trains, held, device, threads), "settings": dict(vars(settings))}
     json.dumps(card)  # the card must stay serialisable

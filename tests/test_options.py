@@ -115,6 +115,7 @@ def test_missing_files_the_user_named_are_one_line(tmp_path: Path, capsys) -> No
     _one_line(capsys, ["train-draft", "--out", str(tmp_path / "out"), "--prompts", str(nope)], str(nope))
     _one_line(capsys, ["train-draft", "--out", str(tmp_path / "out"), "--import-data", str(nope)], "--import-data")
     _one_line(capsys, ["train-draft", "--out", str(tmp_path / "out"), "--magpie-share", "1.5"], "--magpie-share")
+    _one_line(capsys, ["train-draft", "--out", str(tmp_path / "out"), "--refit-vocab"], "--refit-vocab", "--init-from")
     _one_line(capsys, ["train-draft", "--out", str(tmp_path / "out"), "--magpie-share", "0", "--no-builtin-prompts"],
               "--prompts")
     bad = tmp_path / "bad.jsonl"

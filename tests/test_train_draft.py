@@ -19,7 +19,15 @@ from safetensors.torch import load_file
 from engine.models.llama import LlamaConfig, LlamaModel
 from engine.train import load_exported, train_head
 from engine.train.data import DataCache, GenSettings, Sample, generate_batch, generate_data
-from engine.train.head import EXPORT_KEYS, default_aux_layer_ids, draft_vocab, vocab_maps
+from engine.train.head import (
+    EXPORT_KEYS,
+    Eagle3Head,
+    HeadConfig,
+    default_aux_layer_ids,
+    draft_vocab,
+    refit_vocabulary,
+    vocab_maps,
+)
 from engine.train.targets import target_features
 from engine.train.trainer import ResumeError
 from tests.tiny import family_config
@@ -194,6 +202,46 @@ def test_resume_continues_where_it_stopped(target, greedy_data, tmp_path: Path) 
         train_head(hf, None, greedy_data, tmp_path / "e", steps=1, draft_vocab_size=20, init_from=tmp_path / "a")
     with pytest.raises(ResumeError, match="no usable checkpoint"):
         train_head(hf, None, greedy_data, tmp_path / "c", steps=12, resume=True)
+
+
+def test_refit_vocabulary_keeps_the_body_and_the_rows_that_stay(target) -> None:
+    """Rows of tokens in both vocabularies are copied; a new token's row is the target's row through
+    the map the shared tokens fit (exact here: the old rows are a linear image of the target's)."""
+    hf, _ = target
+    W = hf.get_output_embeddings().weight.detach()
+    H = W.shape[1]
+    old = torch.arange(4, 52)  # 48 rows > hidden 32: the map is determined
+    head = Eagle3Head(HeadConfig.for_target(hf.config, old.numel()), old)
+    M = torch.randn(H, H, generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        head.lm_head.weight.copy_(W[old] @ M)
+    new = torch.tensor([0, 2, *range(10, 40), 55, 60, 63])
+    out = refit_vocabulary(head, new, W)
+    assert out.config.draft_vocab_size == new.numel() and torch.equal(out.used_ids, new)
+    assert torch.equal(out.t2d.nonzero().flatten(), new)
+    for k, v in head.state_dict().items():
+        if k not in ("lm_head.weight", "d2t", "t2d"):
+            assert torch.equal(out.state_dict()[k], v), k
+    rows = out.lm_head.weight.detach()
+    for j, tok in enumerate(new.tolist()):
+        if 4 <= tok < 52:
+            assert torch.equal(rows[j], head.lm_head.weight[tok - 4].detach())
+        else:
+            torch.testing.assert_close(rows[j], W[tok] @ M, atol=2e-2, rtol=2e-2)
+
+
+def test_refit_vocab_picks_the_datas_tokens_when_continuing(target, greedy_data, tmp_path: Path) -> None:
+    hf, _ = target
+    first = train_head(hf, None, greedy_data[:40], tmp_path / "a", steps=2, draft_vocab_size=24)
+    trains = [Sample(ids, start, True) for i, (ids, start) in enumerate(greedy_data) if i % 10]
+    counts = torch.zeros(VOCAB, dtype=torch.int64)
+    for smp in trains:
+        counts += torch.bincount(torch.tensor(smp.ids[smp.answer_start:]), minlength=VOCAB)
+    want = draft_vocab(counts, 30, keep={2})
+    warm = train_head(hf, None, greedy_data, tmp_path / "b", steps=1, draft_vocab_size=30, init_from=tmp_path / "a",
+                      refit_vocab=True)
+    assert torch.equal(warm.head.used_ids, want) and not torch.equal(warm.head.used_ids, first.head.used_ids)
+    assert load_exported(tmp_path / "b").config.draft_vocab_size == 30
 
 
 def _no_space(*_args, **_kwargs):

@@ -30,7 +30,7 @@ from safetensors import SafetensorError
 
 from engine.errors import UserError
 from engine.train.data import Sample, answer_token_counts, iter_batches
-from engine.train.head import Eagle3Head, HeadConfig, draft_vocab, export_head, load_exported
+from engine.train.head import Eagle3Head, HeadConfig, draft_vocab, export_head, load_exported, refit_vocabulary
 from engine.train.targets import LiveTarget, TargetSource, decoder_of
 
 
@@ -52,6 +52,7 @@ class TrainSettings:
     aux_layer_ids: list[int] | None = None
     export_dtype: str = "bfloat16"
     bf16: str = "auto"  # the head's forward under bf16 autocast: "auto" (where the CPU has bf16 dot products), on, off
+    refit_vocab: bool = False  # with init_from: re-pick the draft vocabulary from this data (refit_vocabulary)
 
     def use_bf16(self) -> bool:
         if self.bf16 in ("on", "off"):
@@ -283,11 +284,17 @@ class TrainResult:
     history: list[dict[str, Any]] = field(default_factory=list)
 
 
+def _data_vocab(hf: torch.nn.Module, train: Sequence[Sample], settings: TrainSettings, stop_ids: Sequence[int]
+                ) -> torch.Tensor:
+    """The draft vocabulary the data asks for: its most frequent answer tokens, stop ids always in."""
+    counts = answer_token_counts(train, int(hf.config.vocab_size))
+    return draft_vocab(counts, settings.draft_vocab_size, keep=set(stop_ids))
+
+
 def build_head(hf: torch.nn.Module, train: Sequence[Sample], settings: TrainSettings, stop_ids: Sequence[int]
                ) -> Eagle3Head:
     """A fresh head: draft vocabulary from the answers' token counts, LM head warm-started."""
-    counts = answer_token_counts(train, int(hf.config.vocab_size))
-    used = draft_vocab(counts, settings.draft_vocab_size, keep=set(stop_ids))
+    used = _data_vocab(hf, train, settings, stop_ids)
     cfg = HeadConfig.for_target(hf.config, len(used), settings.intermediate_size, settings.aux_layer_ids)
     torch.manual_seed(settings.seed)
     head = Eagle3Head(cfg, used)
@@ -330,10 +337,13 @@ def _fresh(hf: torch.nn.Module, train_samples: Sequence[Sample], settings: Train
     if init_from is not None:
         head = load_exported(init_from)
         if head.config.vocab_size != int(hf.config.vocab_size) or \
-                head.config.draft_vocab_size != settings.draft_vocab_size:
+                (head.config.draft_vocab_size != settings.draft_vocab_size and not settings.refit_vocab):
             raise ResumeError(f"{init_from} does not fit: vocabulary {head.config.vocab_size}/"
                               f"{head.config.draft_vocab_size}, want {hf.config.vocab_size}/"
-                              f"{settings.draft_vocab_size} (pass the same --draft-vocab-size)")
+                              f"{settings.draft_vocab_size} (pass the same --draft-vocab-size, or --refit-vocab)")
+        if settings.refit_vocab:
+            head = refit_vocabulary(head, _data_vocab(hf, train_samples, settings, stop_ids),
+                                    hf.get_output_embeddings().weight)
     else:
         head = build_head(hf, train_samples, settings, stop_ids)
     state = {"step": 0, "epoch": 0, "batch": 0, "elapsed_s": 0.0, "train_tokens": 0, "best_tau": None,

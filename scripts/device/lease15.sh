@@ -11,7 +11,8 @@
 #   c: carry assets/train-data assets/eagle3-smollm2-135m .whl/site (the GGUF waits in the stash)
 #      the EAGLE-3 head trained from the shipped one on all the self-distilled data there is: the
 #      CPU's 5.0M answer tokens and the first GPU's 0.56M, imported as ids, their features computed
-#      on the GPU as training reads them (train.sh with IMPORT; HOURS of training, then export).
+#      on the GPU as training reads them (train.sh with IMPORT; HOURS of training, then export);
+#      REFIT=1 (the default here) re-picks the draft vocabulary from that data (--refit-vocab).
 #      Before session 26, b generated data and trained on it (DATA_S, HOURS, EPOCHS still do: b2).
 #   stash: only the GGUF's parts (carry three, then two): session 31 spent 60 s on two such calls
 #      and the rest of the lease on c.
@@ -36,7 +37,7 @@ case $part in
     DATA_S=${DATA_S:-240} HOURS=${HOURS:-0.05} EPOCHS=${EPOCHS:-10} bash scripts/device/train.sh ;;
   c)
     IMPORT=${IMPORT:-"assets/train-data/smollm2-135m assets/train-data/smollm2-135m-gpu assets/train-data/smollm2-135m-tasks"} \
-      HOURS=${HOURS:-0.11} EPOCHS=${EPOCHS:-6} LR=${LR:-6e-4} EVAL_EVERY=${EVAL_EVERY:-0} \
+      HOURS=${HOURS:-0.11} EPOCHS=${EPOCHS:-6} LR=${LR:-6e-4} EVAL_EVERY=${EVAL_EVERY:-0} REFIT=${REFIT:-1} \
       bash scripts/device/train.sh ;;
   stash)
     # only the GGUF's parts (session 31: two such calls, then c or m, trained for most of the lease)

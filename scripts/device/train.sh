@@ -4,6 +4,7 @@
 # trains from the shipped head with the target's features computed on the GPU, and leaves the
 # exported head (split under 16 MiB a file) and the data's id shards under $OUT.
 # IMPORT="dir1 dir2": train on carried id folders instead of generating (lease15.sh c).
+# REFIT=1: re-pick the head's draft vocabulary from the data (train-draft --refit-vocab).
 # Dry run here: DEVICE=cpu TOKENS=2000 STEPS=4 bash scripts/device/train.sh
 source scripts/device/env.sh || exit 1
 [ -n "${SPECCHAT_EMBEDDED_GGUF:-}" ] || { echo "the embedded GGUF is not assembled: run the plan's commands first"; exit 1; }
@@ -15,6 +16,7 @@ LR=${LR:-1e-3}
 HEAD=$SPECCHAT_STASH/head
 extra=()
 [ -n "${STEPS:-}" ] && extra+=(--max-steps "$STEPS")
+[ "${REFIT:-0}" = 1 ] && extra+=(--refit-vocab)
 {
   imports=()
   if [ -n "${IMPORT:-}" ]; then

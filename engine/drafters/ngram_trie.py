@@ -259,10 +259,8 @@ class NgramTrie:
         Paths already in the tree (from a longer anchor) are merged, never duplicated.
         """
         kids = self._kids
-        tokens = [root]
-        parents = [-1]
-        index: dict[tuple[int, int], int] = {}  # (tree parent, token) -> tree node
-        limit = max_drafts + 1
+        tree = _MergedTree(root, max_drafts + 1)
+        add = tree.add
         scale = (max_breadth - min_breadth) / (max_window - min_window + 1)
         for anchor, d in anchors:
             queue = deque(((0, (max_window - d) * scale + min_breadth, anchor),))
@@ -273,16 +271,11 @@ class NgramTrie:
                     continue
                 below = breadth - scale
                 for t, child in islice(reversed(ch.items()), max(1, int(breadth))):
-                    key = (pidx, t)
-                    idx = index.get(key)
-                    if idx is None:
-                        idx = index[key] = len(tokens)
-                        tokens.append(t)
-                        parents.append(pidx)
-                        if len(tokens) >= limit:
-                            return DraftTree(tuple(tokens), tuple(parents), (1.0,) * limit, has_probs=False)
+                    idx = add(pidx, t, 1.0)
+                    if idx < 0:
+                        return tree.done(has_probs=False)
                     queue.append((idx, below, child))
-        return DraftTree(tuple(tokens), tuple(parents), (1.0,) * len(tokens), has_probs=False)
+        return tree.done(has_probs=False)
 
     def build_frequency(
         self, anchors: list[tuple[int, int]], root: int, max_drafts: int, max_breadth: int
@@ -296,11 +289,8 @@ class NgramTrie:
         """
         kids, cnt, tok = self._kids, self._cnt, self._tok
         by_count = cnt.__getitem__
-        tokens = [root]
-        parents = [-1]
-        probs = [1.0]
-        index: dict[tuple[int, int], int] = {}
-        limit = max_drafts + 1
+        tree = _MergedTree(root, max_drafts + 1)
+        add = tree.add
         seq = count()
         heap: list[tuple[float, int, int, int, float]] = []
 
@@ -327,15 +317,40 @@ class NgramTrie:
             push(0, anchor, 1.0)
             while heap:
                 neg, _, pidx, tnode, cond = heapq.heappop(heap)
-                t = tok[tnode]
-                key = (pidx, t)
-                idx = index.get(key)
-                if idx is None:
-                    idx = index[key] = len(tokens)
-                    tokens.append(t)
-                    parents.append(pidx)
-                    probs.append(cond)
-                    if len(tokens) >= limit:
-                        return DraftTree(tuple(tokens), tuple(parents), tuple(probs))
+                idx = add(pidx, tok[tnode], cond)
+                if idx < 0:
+                    return tree.done()
                 push(idx, tnode, -neg)
-        return DraftTree(tuple(tokens), tuple(parents), tuple(probs))
+        return tree.done()
+
+
+class _MergedTree:
+    """A draft tree grown from several trie anchors: a node is keyed by (tree parent, token), so a
+    path a longer anchor already drafted is walked, not added again; growth stops at ``limit``
+    nodes (root included)."""
+
+    __slots__ = ("index", "limit", "parents", "probs", "tokens")
+
+    def __init__(self, root: int, limit: int) -> None:
+        self.tokens = [root]
+        self.parents = [-1]
+        self.probs = [1.0]
+        self.index: dict[tuple[int, int], int] = {}
+        self.limit = limit
+
+    def add(self, parent: int, token: int, prob: float) -> int:
+        """The node for ``token`` under ``parent``: the one already there, else a new one; -1 once
+        the new one filled the tree (build no further)."""
+        key = (parent, token)
+        idx = self.index.get(key)
+        if idx is None:
+            idx = self.index[key] = len(self.tokens)
+            self.tokens.append(token)
+            self.parents.append(parent)
+            self.probs.append(prob)
+            if idx + 1 >= self.limit:
+                return -1
+        return idx
+
+    def done(self, has_probs: bool = True) -> DraftTree:
+        return DraftTree(tuple(self.tokens), tuple(self.parents), tuple(self.probs), has_probs=has_probs)

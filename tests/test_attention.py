@@ -111,6 +111,36 @@ def test_tree_tokens_sharing_the_cached_keys_get_the_bits_of_one_token_calls(nh:
         assert torch.equal(together[t], alone[0]), f"row {t}"
 
 
+def _one_row(q, k, v, keys: list[int]) -> torch.Tensor:
+    """The keyed entry point on one query listing ``keys``: how plain decoding's row is computed."""
+    table = torch.tensor([keys], dtype=torch.int32)
+    return KERNEL.keyed_attention(q.contiguous(), k, v, torch.zeros(1, dtype=torch.int64), torch.tensor([-1]), table,
+                                  torch.tensor([len(keys)], dtype=torch.int32), 0.125)[0]
+
+
+@pytest.mark.parametrize("kv16", [False, True])
+@pytest.mark.parametrize("nh,nkv,hd", [(9, 3, 64), (4, 1, 128)])
+@pytest.mark.parametrize("L,T", [(0, 2), (0, 17), (0, 115), (5, 40), (300, 16), (64, 33)])
+def test_causal_rows_share_the_earlier_new_tokens_and_keep_one_token_bits(nh: int, nkv: int, hd: int, L: int,
+                                                                          T: int, kv16: bool) -> None:
+    """Causal (a prefill chunk, no tree): a run of tokens reads the new tokens before it with the
+    cached ones, once for the run; each row must still equal the one-token call over slots 0..L+t,
+    at every thread count (more runs than tokens included) and with the 8-lane loops."""
+    q, k, v, _, _ = _inputs(nh, nkv, hd, L, T, seed=L * 3 + T + hd)
+    if kv16:
+        k, v = k.half(), v.half()
+    together = _attend(q, k, v, L, None, None)
+    for t in range(T):
+        assert torch.equal(together[t], _one_row(q[t:t + 1], k, v, list(range(L + t + 1)))), f"row {t}"
+    for threads in (1, 3, 5):
+        assert torch.equal(_attend(q, k, v, L, None, None, threads=threads), together)
+    try:
+        KERNEL.use_wide_attention(False)
+        assert torch.equal(_attend(q, k, v, L, None, None), together)
+    finally:
+        KERNEL.choose_variant(native.forced_variant())
+
+
 @pytest.mark.parametrize("L,T,window", [(0, 1, 0), (37, 1, 0), (300, 1, 0), (130, 5, 0), (300, 17, 0), (120, 3, 40),
                                         (9, 2, 0)])
 @pytest.mark.parametrize("nh,nkv,hd", [(9, 3, 64), (4, 1, 128), (6, 2, 72)])

@@ -30,8 +30,9 @@ class StatsState:
     last_levels: int = 0  # levels the budget asked of a per-level drafter at the last drafted step
     configured_topk: int = 0  # eagle_topk in force
     last_width: int = 0  # top-k the budget drafted such a drafter with at the last drafted step
-    prefill_ms: float = 0.0
+    prefill_ms: float = 0.0  # request to first token: the prompt's prefill (Started.prefill_ms)
     prompt_tokens: int = 0
+    reused_tokens: int = 0  # prompt tokens whose K/V came from earlier turns (not prefilled again)
     baseline_tps: float | None = None
     finished: str = ""
     stepping: bool = False  # teaching / step-through on now: the clock includes the pauses
@@ -55,6 +56,7 @@ class StatsState:
     def started(self, ev: Started) -> None:
         self.prefill_ms = ev.prefill_ms
         self.prompt_tokens = ev.prompt_tokens
+        self.reused_tokens = ev.reused_tokens
         self.context_limit = ev.context_limit
         self.context_used = ev.prompt_tokens
         self.config_in_force(ev.config)
@@ -150,6 +152,9 @@ class StatsView(StickyHeight):
         row("tau", f"{s.tau:.2f} (tokens/forward)")
         tok = f"{s.tokens} token{'s' if s.tokens != 1 else ''} in {s.steps} step{'s' if s.steps != 1 else ''}"
         row("tokens", tok + (f" · {st.finished}" if st.finished else ""))
+        if st.prompt_tokens:  # the time to the first token: what a long prompt costs before any answer
+            reused = f", {st.reused_tokens:,} reused" if st.reused_tokens else ""
+            row("prompt", f"{st.prompt_tokens:,} tokens{reused} · first token {st.prefill_ms:.0f} ms")
         if st.steps:
             row("ms/step", f"draft {st.draft_ms_sum / st.steps:.1f} · verify {st.verify_ms_sum / st.steps:.1f}")
             row("last", f"draft {st.last_draft_ms:.1f} · verify {st.last_verify_ms:.1f}")

@@ -505,12 +505,14 @@ INLINE AVX2 void shared_item(const float *q, long q_stride, const void *k, const
  * cached slots as the run's shared keys, and a row's own list is only the run's tokens up to
  * itself. Same keys in the same order (slots L..L+t0-1 come right after the cached ones either
  * way), so the same bits; but a prefill from an empty cache had every key in its rows' own lists,
- * one key and one row at a time: a fifth of a 115-token prefill, most of a 512-token one.
+ * one key and one row at a time: a fifth of a 115-token prefill's samples (now 0.94x the time; 512
+ * tokens 0.72x, 1,024 tokens 0.61x; docs/BENCHMARKS.md, "Session 35").
  *
- * Schedules: trees and chains of up to SHARED_TOKENS go KV head by KV head, statically, so a
- * thread's second run of a head finds that head's K/V in its own cache (handing runs out
- * otherwise cost a 4-token chain 4%). Longer causal calls (prefill chunks) have runs of unequal
- * work, the later ones sharing more keys, so threads take them as they free up, longest first.
+ * Schedules: trees and chains of up to SHARED_TOKENS go KV head by KV head, statically, as before,
+ * so a thread's second run of a head finds that head's K/V in its own cache (handing their runs out
+ * as threads free up timed a 4-token chain 1-2% slower, near the noise). Longer causal calls
+ * (prefill chunks) have runs of unequal work, the later ones sharing more keys, so threads take
+ * them as they free up, longest first.
  */
 static AVX2 void tree_attention_shared(const float *q, long q_stride, const void *k, const void *v, long cap,
                                        long L, long T, int nh, int nkv, int hd, const unsigned char *tree,

@@ -7,6 +7,7 @@ EAGLE and standalone draft caches against the history they are reset to) ask thi
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 
 def common_prefix(a: Sequence[int], b: Sequence[int], limit: int | None = None) -> int:
@@ -31,3 +32,18 @@ def common_prefix(a: Sequence[int], b: Sequence[int], limit: int | None = None) 
         else:
             hi = mid
     return lo
+
+
+def chat_preamble(tokenizer: Any, system_prompt: str | None = None) -> list[int]:
+    """The tokens every conversation opens with: what two one-message conversations share (the chat
+    template's system turn, with ``system_prompt`` if given, and the start of the user's turn).
+
+    A session keeps them cached across conversations (Session.reset). Where the template's last
+    characters merge with a message's first, the shared part ends earlier, which only keeps less;
+    a tokenizer without a chat template gives none."""
+    system = [{"role": "system", "content": system_prompt}] if system_prompt else []
+    try:
+        a, b = (tokenizer.encode_chat([*system, {"role": "user", "content": text}]) for text in ("a", "b"))
+    except Exception:  # no chat template (a raw-token model): nothing is kept
+        return []
+    return a[:common_prefix(a, b, limit=min(len(a), len(b)) - 1)]

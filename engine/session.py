@@ -40,7 +40,7 @@ from engine.events import (
 )
 from engine.features import FeatureCaptures, FeatureSpec
 from engine.prefill import ChunkedPrefill
-from engine.prefix import common_prefix
+from engine.prefix import chat_preamble, common_prefix
 from engine.sampling import GumbelNoise, coupled_predictions, coupled_sample, target_probs
 from engine.stats import RunningTally
 from engine.threads import ThreadGovernor
@@ -132,6 +132,7 @@ class Session:
         # when asked for: loaders of real models ask, tests of the budget's learning do not
         self._calibrate = calibrate_costs
         self._cost_shape: dict[int, float] | None = None
+        self._preamble: list[int] | None = None  # what every conversation opens with (reset() keeps it)
         self._noise_stream: GumbelNoise | None = None
         self._answer_seed = 0
         # target states the drafters read (EAGLE and Medusa heads), one row per cached token,
@@ -210,15 +211,27 @@ class Session:
             self._drafters.pop(method, None)
 
     def reset(self) -> None:
+        """A new conversation. The cache keeps the preamble every conversation opens with (~25
+        tokens for the embedded model), as SGLang's radix cache does across requests, where the
+        model's rows do not depend on how a prefill is chunked (so a kept row has a fresh one's bits)."""
         self._messages.clear()
-        self._cached.clear()
-        self._captures.truncate(0)
-        if self._cache is not None:
-            self._cache.truncate(0)
+        self.rewind_cache(self._reusable_preamble())
         self._drafters.clear()
 
+    def forget_cache(self) -> None:
+        """Empty the cache, preamble included (for callers that write their own tokens into it)."""
+        self.rewind_cache(0)
+
+    def _reusable_preamble(self) -> int:
+        if not getattr(self.model, "rows_independent", False):
+            return 0
+        if self._preamble is None:
+            self._preamble = chat_preamble(self.tokenizer, self._system_prompt)
+        n = len(self._preamble)
+        return n if n and self._cached[:n] == self._preamble else 0
+
     def restore(self, messages: list[Message]) -> None:
-        """Go on from a saved conversation: its messages, an empty cache (the next turn prefills them)."""
+        """Go on from a saved conversation: its messages; the next turn prefills all but the preamble."""
         self.reset()
         self._messages = [{"role": m["role"], "content": m["content"]} for m in messages]
 
@@ -412,17 +425,17 @@ class Session:
         also re-runs the cached tokens that have none (committed while a method that captured
         nothing ran)."""
         self._use_capture(config.method)
-        limit = len(prompt) - 1
-        if self._capture.on:
-            limit = min(limit, self._capture.store.length)
-        reuse = common_prefix(self._cached, prompt, limit=limit)
+        same = common_prefix(self._cached, prompt, limit=len(prompt) - 1)  # tokens that stay
+        reuse = min(same, self._capture.store.length) if self._capture.on else same
         self._cached = self._cached[:reuse]
-        self._captures.truncate(reuse)
+        self._captures.truncate(same)  # others' features of tokens that stay hold (EAGLE-3, Medusa alternating)
         self._ensure_capacity(len(prompt) + config.max_new_tokens + config.max_tree_tokens)
         self._cache.truncate(reuse)
         logits = yield from self._prefiller.run(prompt[reuse:], self._cache, self._capture, self._cancel)
         if logits is not None:
             self._cached.extend(prompt[reuse:])
+        else:  # cancelled: the tokens past reuse are gone
+            self._captures.truncate(reuse)
         return logits, reuse
 
     def _begin(self, prompt: list[int], logits: torch.Tensor, config: SpecConfig, *, fixed: bool, t0: float

@@ -36,7 +36,7 @@ def capture_verify_graphs(session: Any) -> dict[str, int]:
     runs; the short warm-up answers reach only some buckets (an adaptive tree's size varies step
     by step), so the rest would be captured inside a timed prompt. One verify-shaped forward per
     bucket on the empty cache captures them all (K/V land in scratch slots that the next prefill
-    overwrites; the session is reset after). Returns {"captured": graphs captured here, "total":
+    overwrites; the session's cache is emptied after). Returns {"captured": graphs captured here, "total":
     captures so far}; zeros where the model has no static decoder (CPU, --backend hf)."""
     import torch
 
@@ -46,7 +46,7 @@ def capture_verify_graphs(session: Any) -> dict[str, int]:
     static = getattr(model, "_static", None)
     if static is None:
         return {"captured": 0, "total": 0}
-    session.reset()
+    session.forget_cache()
     cache = session._cache
     before = static.captures
     # EAGLE's verify forwards capture target features: their graphs are their own (engine/gpu/static.py)
@@ -58,7 +58,7 @@ def capture_verify_graphs(session: Any) -> dict[str, int]:
             model.forward(torch.zeros(b, dtype=torch.int64), cache, positions=torch.arange(b),
                           tree_mask=torch.ones(b, b, dtype=torch.bool).tril_(), **features)
         sync(model)
-    session.reset()
+    session.forget_cache()
     return {"captured": static.captures - before, "total": static.captures}
 
 

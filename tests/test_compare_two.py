@@ -59,6 +59,21 @@ def test_each_head_reads_its_own_features() -> None:
         assert any(len(e.tree) > 1 for e in events if isinstance(e, Step)), method
 
 
+def test_alternating_heads_keep_each_others_features_of_the_tokens_that_stay() -> None:
+    """An EAGLE-3 turn after a Medusa turn (and back) reuses the shared prompt: each prefill keeps
+    the other head's features of the tokens it does not change (they used to be wiped, so the two
+    re-prefilled everything on every switch), and every answer is still the baseline's."""
+    s = two_head_session(TWO.replace(max_new_tokens=8))
+    prompt = [1, 5, 6, 7, 8, 9, 10, 11, 12]
+    want = answer(s, prompt, "none", 8)
+    reused = []
+    for method in ("eagle3", "medusa", "eagle3", "medusa"):
+        events = list(s.generate_ids(prompt, s.config.replace(method=method)))
+        reused.append(next(e.reused_tokens for e in events if isinstance(e, Started)))
+        assert tokens_of(events) == want, method
+    assert reused[2:] == [len(prompt) - 1] * 2, reused
+
+
 @settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(prompt=PROMPTS, order=st.permutations(["none", "medusa", "eagle3", "ngram"]), warm=st.booleans(),
        topk=st.sampled_from([1, 4]))

@@ -131,6 +131,13 @@ class LlamaModel:
         return "native" if self.ops is not None else self.lm_head.layout
 
     @property
+    def rows_independent(self) -> bool:
+        """Whether every row's result is the same however many rows share a forward (our native
+        kernels, both precisions): then K/V cached by one prefill equal what another would write, and a
+        session may reuse them across conversations. torch's and cuBLAS's products promise no such thing."""
+        return self.kernels == "native"
+
+    @property
     def vocab_size(self) -> int:
         return self.config.vocab_size
 

@@ -44,6 +44,6 @@ def chat_preamble(tokenizer: Any, system_prompt: str | None = None) -> list[int]
     system = [{"role": "system", "content": system_prompt}] if system_prompt else []
     try:
         a, b = (tokenizer.encode_chat([*system, {"role": "user", "content": text}]) for text in ("a", "b"))
-    except Exception:  # no chat template (a raw-token model): nothing is kept
+    except (AttributeError, ValueError):  # no encode_chat, or no template / one that refuses: keep nothing
         return []
     return a[:common_prefix(a, b, limit=min(len(a), len(b)) - 1)]

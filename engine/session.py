@@ -12,7 +12,6 @@ function below it does one part of a step, and what a step hands to the next liv
 
 from __future__ import annotations
 
-import random
 import threading
 import time
 from collections.abc import Callable, Generator, Iterator, Sequence
@@ -39,13 +38,13 @@ from engine.events import (
     StepTiming,
 )
 from engine.features import FeatureCaptures, FeatureSpec
+from engine.followup import Spoken, follow_up, spoken
+from engine.picking import Picker
 from engine.prefill import ChunkedPrefill
 from engine.prefix import chat_preamble, common_prefix
-from engine.sampling import GumbelNoise, coupled_predictions, coupled_sample, target_probs
 from engine.stats import RunningTally
 from engine.threads import ThreadGovernor
 from engine.tree import DraftTree, Verdict
-from engine.verify import sample_from, verify_greedy, verify_predicted, verify_sampling
 
 DrafterFactory = Callable[[], Drafter]
 
@@ -121,10 +120,10 @@ class Session:
         self._busy = False
         self._system_prompt = system_prompt
         self._messages: list[Message] = []
+        self._spoken: Spoken | None = None  # the conversation as the model read and wrote it
         self._cache = None
         self._cached: list[int] = []  # tokens whose K/V sit in the cache, in order
-        self._generator = torch.Generator(device="cpu")
-        self._reseed(self._config)
+        self._picker = Picker(model, self._config.seed)  # how kept tokens are chosen, and its random state
         # adaptive budgets, one per method: acceptance is the drafter's own, and so is the verify
         # cost (an EAGLE-3 target forward also captures features)
         self._budgets: dict[str, DraftBudget] = {}
@@ -133,8 +132,6 @@ class Session:
         self._calibrate = calibrate_costs
         self._cost_shape: dict[int, float] | None = None
         self._preamble: list[int] | None = None  # what every conversation opens with (reset() keeps it)
-        self._noise_stream: GumbelNoise | None = None
-        self._answer_seed = 0
         # target states the drafters read (EAGLE and Medusa heads), one row per cached token,
         # captured only while a method that reads them drafts (engine/features.py says why): one
         # store per kind of state, so an EAGLE-3 head and Medusa heads can share one session
@@ -215,6 +212,7 @@ class Session:
         tokens for the embedded model), as SGLang's radix cache does across requests, where the
         model's rows do not depend on how a prefill is chunked (so a kept row has a fresh one's bits)."""
         self._messages.clear()
+        self._spoken = None
         self.rewind_cache(self._reusable_preamble())
         self._drafters.clear()
 
@@ -237,13 +235,17 @@ class Session:
 
     def chat(self, user_text: str) -> Iterator[Event]:
         self._messages.append({"role": "user", "content": user_text})
+        conversation = self._conversation()
+        prompt, dropped, refusal = self._prompt(conversation, self._config)
         answer: list[str] = []
+        ids: list[int] = []
         started = False
-        for event in self.generate(self._conversation()):
+        for event in _refused(refusal) if refusal else self.generate_ids(prompt, dropped_turns=dropped):
             if isinstance(event, Started):
                 started = True
             elif isinstance(event, Step):
                 answer.append(event.text)
+                ids.extend(c.id for c in event.committed)
             elif isinstance(event, Finished):
                 answer = [event.text]
             yield event
@@ -252,12 +254,21 @@ class Session:
             self._messages.pop()
             return
         self._messages.append({"role": "assistant", "content": "".join(answer)})
+        self._spoken = None if dropped else spoken(self.tokenizer, [*conversation, self._messages[-1]], prompt, ids)
 
     def generate(self, messages: list[Message], config: SpecConfig | None = None) -> Iterator[Event]:
-        prompt, dropped, refusal = fit_context(self.tokenizer, messages, self._checked(config), self._cache_limit())
+        prompt, dropped, refusal = self._prompt(messages, self._checked(config))
         if refusal:
             return _refused(refusal)
         return self.generate_ids(prompt, config, dropped_turns=dropped)
+
+    def _prompt(self, messages: list[Message], config: SpecConfig) -> tuple[list[int], int, str]:
+        """The prompt for ``messages``: on the ids of the conversation so far where they go on from
+        it (engine/followup.py says why), else encoded afresh, dropping old turns where allowed."""
+        ids = follow_up(self.tokenizer, self._spoken, messages)
+        if ids is not None and not context_refusal(len(ids), config, self._cache_limit()):
+            return ids, 0, ""
+        return fit_context(self.tokenizer, messages, config, self._cache_limit())
 
     def generate_ids(self, prompt: Sequence[int], config: SpecConfig | None = None, *, dropped_turns: int = 0
                      ) -> Iterator[Event]:
@@ -310,13 +321,10 @@ class Session:
 
     def _apply(self, config: SpecConfig) -> None:
         if config.seed != self._config.seed:
-            self._reseed(config)
+            self._picker.reseed(config.seed)
         self._config = config
         self._pending = None
         self._config_version += 1
-
-    def _reseed(self, config: SpecConfig) -> None:
-        self._generator.manual_seed(config.seed if config.seed is not None else random.getrandbits(63))
 
     def _budget(self, method: str) -> DraftBudget:
         if method not in self._budgets:
@@ -364,26 +372,6 @@ class Session:
         elif needed > self._cache.capacity:
             self._cache.grow(needed + _CACHE_SLACK)
 
-    def _noise(self, config: SpecConfig) -> GumbelNoise | None:
-        """The coupled-sampling noise for this answer (None when greedy or rejection sampling).
-        With a seed it is a function of the seed alone, so every answer to the same prompt, with any
-        drafter, is the same sample; without one each answer draws a fresh stream."""
-        if config.greedy or config.sampling != "coupled":
-            return None
-        seed = config.seed if config.seed is not None else self._answer_seed
-        if self._noise_stream is None or self._noise_stream.seed != seed:
-            self._noise_stream = GumbelNoise(seed, self.model.vocab_size)
-        return self._noise_stream
-
-    def _first_token(self, logits: torch.Tensor, config: SpecConfig, position: int) -> int:
-        if config.greedy:
-            return int(logits.argmax())
-        noise = self._noise(config)
-        if noise is not None:
-            return coupled_sample(logits, config.temperature, config.top_p, config.top_k, noise.at(position))
-        return sample_from(target_probs(logits, config.temperature, config.top_p, config.top_k), self._generator)
-
-    # -- the step loop -----------------------------------------------------------------------------
     def _run(self, prompt: list[int], override: SpecConfig | None, dropped_turns: int = 0) -> Iterator[Event]:
         """Prefill, then per step: emit what the last forward produced, take hot-swapped settings,
         draft, verify, commit. The prefill's own next token is emitted as step 0."""
@@ -442,8 +430,8 @@ class Session:
                ) -> _Answer:
         """The answer's state after the prefill: its first token (the root of the first tree) is
         pending, as if a root-only step had produced it."""
-        self._answer_seed = int(torch.randint(0, 2**62, (), generator=self._generator))
-        root = self._first_token(logits, config, len(prompt))
+        self._picker.new_answer()
+        root = self._picker.first_token(logits, config, len(prompt))
         return _Answer(config=config, fixed=fixed, root=root, tally=RunningTally(started=t0),
                        decoder=self.tokenizer.incremental_decoder(prompt[-8:]),
                        timing=StepTiming(verify_ms=(time.perf_counter() - t0) * 1e3),
@@ -539,7 +527,7 @@ class Session:
                     last = answer.asked = (config, answer.levels, answer.width,
                                            config.replace(num_steps=answer.levels, eagle_topk=answer.width))
                 ask = last[3]
-        tree = drafter.propose(self._cached, answer.root, ask, noise=self._noise(config),
+        tree = drafter.propose(self._cached, answer.root, ask, noise=self._picker.noise(config),
                                stop=budget.stop_rule() if gated else None)
         answer.proposed = len(tree)
         if answer.levels:
@@ -559,14 +547,7 @@ class Session:
         else:
             out = self.model.forward(tokens, cache, positions=torch.tensor([start + d for d in tree.depths]),
                                      tree_mask=tree.ancestor_mask(), **self._capture.forward_kwargs)
-        if config.greedy:
-            return out, verify_greedy(tree, out.logits)
-        noise = self._noise(config)
-        if noise is not None:
-            return out, verify_predicted(tree, coupled_predictions(
-                out.logits, tree.depths, start, noise, config.temperature, config.top_p, config.top_k))
-        return out, verify_sampling(tree, out.logits, config.temperature, config.top_p, self._generator,
-                                    config.top_k)
+        return out, self._picker.verdict(tree, out.logits, config, start)
 
     def _commit(self, answer: _Answer, tree: DraftTree, out: Any, verdict: Verdict) -> None:
         """Root and accepted path into the cache (and the drafter); the bonus is the next root."""

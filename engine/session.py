@@ -372,6 +372,7 @@ class Session:
         elif needed > self._cache.capacity:
             self._cache.grow(needed + _CACHE_SLACK)
 
+    # -- the step loop -----------------------------------------------------------------------------
     def _run(self, prompt: list[int], override: SpecConfig | None, dropped_turns: int = 0) -> Iterator[Event]:
         """Prefill, then per step: emit what the last forward produced, take hot-swapped settings,
         draft, verify, commit. The prefill's own next token is emitted as step 0."""

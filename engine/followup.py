@@ -11,7 +11,8 @@ The text the model reads is the template's either way; the ids differ only where
 another split of the same text. Where that cannot be said (the template renders earlier turns
 differently once a later one follows, as templates that drop an answer's reasoning do; an answer
 whose ids do not decode to its text; turns dropped to fit the context), the prompt is the
-conversation encoded afresh, as before. A conversation reopened from a file is encoded afresh.
+conversation encoded afresh, as before. A conversation reopened from a recording goes on from its
+answers' recorded ids (:func:`replay`), so it reads what the live one would have.
 """
 
 from __future__ import annotations
@@ -68,3 +69,26 @@ def follow_up(tokenizer: Any, record: Spoken | None, messages: Sequence[Message]
     if not text.startswith(record.text):
         return None
     return [*record.ids, *tokenizer.encode(text[len(record.text):])]
+
+
+def replay(tokenizer: Any, messages: Sequence[Message], answers: Sequence[Sequence[int] | None]
+           ) -> Spoken | None:
+    """The record a live conversation left after ``messages`` (ending with an answer), rebuilt from
+    each answer's ids (``answers``: one per assistant message, in order, as a recording holds
+    them; None for a turn whose prompt dropped old turns to fit, which left no record): every
+    turn's prompt is built as the live turn built it. None where answers are missing or the
+    messages do not end with an answer."""
+    assistant = [i for i, m in enumerate(messages) if m.get("role") == "assistant"]
+    if not assistant or assistant[-1] != len(messages) - 1 or len(answers) < len(assistant):
+        return None
+    record: Spoken | None = None
+    for i, ids in zip(assistant, answers, strict=False):
+        before = list(messages[:i])
+        prompt = follow_up(tokenizer, record, before)
+        if prompt is None and ids is not None:
+            try:
+                prompt = tokenizer.encode_chat(before)
+            except ValueError:
+                return None
+        record = None if ids is None or prompt is None else spoken(tokenizer, messages[:i + 1], prompt, ids)
+    return record

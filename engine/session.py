@@ -38,7 +38,7 @@ from engine.events import (
     StepTiming,
 )
 from engine.features import FeatureCaptures, FeatureSpec
-from engine.followup import Spoken, follow_up, spoken
+from engine.followup import Spoken, follow_up, replay, spoken
 from engine.picking import Picker
 from engine.prefill import ChunkedPrefill
 from engine.prefix import chat_preamble, common_prefix
@@ -228,10 +228,14 @@ class Session:
         n = len(self._preamble)
         return n if n and self._cached[:n] == self._preamble else 0
 
-    def restore(self, messages: list[Message]) -> None:
-        """Go on from a saved conversation: its messages; the next turn prefills all but the preamble."""
+    def restore(self, messages: list[Message], answers: Sequence[Sequence[int] | None] | None = None) -> None:
+        """Go on from a saved conversation: its messages and, where the recording has them, each
+        answer's ids, so the next turn reads what it would have read live (engine/followup.py);
+        the next turn prefills all but the preamble."""
         self.reset()
         self._messages = [{"role": m["role"], "content": m["content"]} for m in messages]
+        if answers is not None:
+            self._spoken = replay(self.tokenizer, self._conversation(), answers)
 
     def chat(self, user_text: str) -> Iterator[Event]:
         self._messages.append({"role": "user", "content": user_text})

@@ -12,7 +12,7 @@ import pytest
 from engine.config import SpecConfig
 from engine.drafters.base import NoDrafter
 from engine.events import Started, Step
-from engine.followup import follow_up, spoken
+from engine.followup import follow_up, replay, spoken
 from engine.prefix import common_prefix
 from engine.session import Session
 from tests.drafters import RandomTreeDrafter
@@ -104,14 +104,31 @@ def test_a_compare_run_goes_on_from_the_conversation_too(merged: int) -> None:
     assert started.prompt_tokens == len(s._spoken.ids) + len(tok.encode("XUMOREXW"))
 
 
-def test_a_reopened_or_edited_conversation_is_encoded_afresh(merged: int) -> None:
+def test_a_reopened_conversation_reads_what_the_live_one_would_have(merged: int) -> None:
+    """Restored with its answers' recorded ids, a conversation's next turn takes the live session's
+    prompt and answer; restored from its messages alone, the conversation is encoded afresh."""
+    tok = MergingTokenizer(merged)
+    live = _session(tok)
+    answers = [_turn(live, "HELLO")[1], _turn(live, "MORE")[1]]
+    messages = live.messages
+    started, third = _turn(live, "AGAIN")
+    reopened = _session(tok)
+    reopened.restore(messages, answers)
+    assert reopened._spoken == replay(tok, messages, answers) and reopened._spoken is not None
+    again, third_reopened = _turn(reopened, "AGAIN")
+    assert (again.prompt_tokens, third_reopened) == (started.prompt_tokens, third)
+    plain = _session(tok)
+    plain.restore(messages)  # no ids: encoded afresh
+    afresh, _ = _turn(plain, "AGAIN")
+    assert afresh.prompt_tokens == len(tok.encode_chat([*messages, {"role": "user", "content": "AGAIN"}]))
+    assert replay(tok, messages, answers[:1]) is None  # an answer's ids missing
+    assert replay(tok, messages, [answers[0], None]) is None  # the last turn dropped old ones: no record
+
+
+def test_an_edited_conversation_is_encoded_afresh(merged: int) -> None:
     tok = MergingTokenizer(merged)
     s = _session(tok)
     _turn(s, "HELLO")
-    messages = list(s.messages)
-    s.restore(messages)  # a conversation read back from a file: no ids of it
-    started, _ = _turn(s, "MORE")
-    assert started.prompt_tokens == len(tok.encode_chat([*messages, {"role": "user", "content": "MORE"}]))
     edited = [{"role": "user", "content": "HELLP"}, *s.messages[1:]]
     assert follow_up(tok, s._spoken, [*edited, {"role": "user", "content": "X"}]) is None
     assert follow_up(tok, s._spoken, s.messages) is None  # nothing new to answer

@@ -371,7 +371,7 @@ class ScriptedSession:
         self._messages.clear()
         self._turn = 0
 
-    def restore(self, messages: list[Message]) -> None:
+    def restore(self, messages: list[Message], answers: Sequence[Sequence[int] | None] | None = None) -> None:
         self.reset()
         self._messages = [dict(m) for m in messages]
 

@@ -420,12 +420,12 @@ class EngineHost:
 
     def _job_restore(self, job: Job) -> None:
         """Reopen a saved conversation: the session goes on from its messages, the UI shows its turns."""
-        from specchat.tui.sessions import chat_records, conversation
+        from specchat.tui.sessions import answer_ids, chat_records, conversation
 
         restore = getattr(self.session, "restore", None)
         if restore is None:
             raise RuntimeError("this session cannot reopen conversations")
-        restore(conversation(job.records))
+        restore(conversation(job.records), answer_ids(job.records))
         for record in chat_records(job.records):
             self.mailbox.put(Delivery(job.id, "chat", record))
 

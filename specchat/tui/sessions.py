@@ -18,7 +18,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from engine.events import Finished, Started
+from engine.events import Finished, Started, Step
 from specchat.tui.trace import Record, Trace, UserTurn, open_trace
 
 ENV_VAR = "SPECCHAT_DATA_DIR"
@@ -135,18 +135,38 @@ def chat_records(records: Sequence[Record]) -> list[Record]:
 def conversation(records: Sequence[Record]) -> list[dict[str, str]]:
     """The messages a session needs to go on from a recording: each answered chat turn and its answer."""
     messages: list[dict[str, str]] = []
+    for user, answer, _, _ in answered_turns(records):
+        messages += [{"role": "user", "content": user}, {"role": "assistant", "content": answer}]
+    return messages
+
+
+def answer_ids(records: Sequence[Record]) -> list[list[int] | None]:
+    """The token ids of each answer of :func:`conversation`, as the model wrote them (its steps'
+    committed tokens), None for a turn whose prompt left old turns out to fit the context: a
+    reopened session goes on from them as the live one would have (engine/followup.py)."""
+    return [None if dropped else ids for _, _, ids, dropped in answered_turns(records)]
+
+
+def answered_turns(records: Sequence[Record]) -> list[tuple[str, str, list[int], bool]]:
+    """(question, answer, the answer's ids, whether its prompt dropped old turns) of each chat turn
+    that started answering; a turn refused or cut before its answer began (no Started, or no
+    Finished after a crash) is left out."""
+    turns: list[tuple[str, str, list[int], bool]] = []
     user: str | None = None
-    started = False
+    started: Started | None = None
+    ids: list[int] = []
     for rec in chat_records(records):
         if isinstance(rec, UserTurn):
-            user, started = rec.text, False
+            user, started, ids = rec.text, None, []
         elif isinstance(rec, Started):
-            started = True
+            started = rec
+        elif isinstance(rec, Step):
+            ids.extend(c.id for c in rec.committed)
         elif isinstance(rec, Finished) and user is not None:
-            if started:
-                messages += [{"role": "user", "content": user}, {"role": "assistant", "content": rec.text}]
+            if started is not None:
+                turns.append((user, rec.text, ids, started.dropped_turns > 0))
             user = None
-    return messages
+    return turns
 
 
 # exports --------------------------------------------------------------------------------------------

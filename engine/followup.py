@@ -1,11 +1,12 @@
 """A follow-up turn's prompt built on the ids the model read and wrote, not on re-encoded text.
 
-Why: the model writes a paragraph break as one token ("\\n\\n") where the chat template's text of
-its answer encodes as two (the pre-tokenizer splits whitespace before a word), so a follow-up
-turn's prompt parted from the cached ids at the first blank line of the previous answer and the
-rest of it was prefilled again: most of an ordinary answer, every turn. Continuing from the ids
-the model wrote, as a chat that keeps its context does (llama.cpp's interactive mode), the cache
-reuses the whole conversation so far and only the new turn is prefilled.
+Why: the model writes the blank line before a numbered item as one token ("\\n\\n") where the
+chat template's text of its answer encodes it as two (SmolLM2's pre-tokenizer splits the
+whitespace before a digit), so a follow-up turn's prompt parted from the cached ids at the first
+such line of the previous answer and the rest of it was prefilled again: most of a list answer
+(170 of its tokens on average, 50 ms before the first token on a 2-core CPU), every turn.
+Continuing from the ids the model wrote, as a chat that keeps its context does (llama.cpp's
+interactive mode), the cache reuses the whole conversation so far and only the new turn is read.
 
 The text the model reads is the template's either way; the ids differ only where the model chose
 another split of the same text. Where that cannot be said (the template renders earlier turns

@@ -331,8 +331,8 @@ class Session:
         self._config_version += 1
 
     def _budget(self, method: str) -> DraftBudget:
-        if method not in self._budgets:
-            self._budgets[method] = DraftBudget(self.cost_shape())
+        if method not in self._budgets:  # the baseline prunes nothing: it never waits for a calibration
+            self._budgets[method] = DraftBudget(self._cost_shape if method == "none" else self.cost_shape())
         return self._budgets[method]
 
     @property

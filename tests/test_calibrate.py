@@ -97,6 +97,18 @@ def test_measured_costs_cover_every_size_and_the_session_calibrates_once() -> No
     assert next(e for e in baseline.generate_ids(prompt) if isinstance(e, Started)).cost_shape == ()
 
 
+def test_a_baseline_answer_never_waits_for_the_calibration() -> None:
+    """The app loads a `--method none` session without calibrating; its first answer measured the
+    curve (a second of forwards on the embedded model, inside the answer's time) for a budget that
+    prunes nothing. A speculative method later still gets its calibration."""
+    model, tok = our_model("llama", 0)[0], TinyTokenizer(stop_ids=frozenset())
+    session = Session(model, tok, SpecConfig(method="none", max_new_tokens=6), calibrate_costs=True)
+    list(session.generate_ids([5, 6, 7, 5, 6, 7]))
+    assert session.measured_cost_shape is None
+    list(session.generate_ids([5, 6, 7, 5, 6, 7], SpecConfig(method="ngram", max_new_tokens=6)))
+    assert session.measured_cost_shape is not None
+
+
 class _Contended:
     """A model whose forwards stall at more than one thread, as OpenMP does beside a busy program."""
 

@@ -19,7 +19,7 @@ import torch
 from engine.kernels import native
 from engine.models.kv_cache import KVCache
 from engine.models.llama import LlamaConfig, LlamaModel
-from engine.train.data import DataCache, GenSettings, _generate_native, draw, iter_batches
+from engine.train.data import HIDDEN_FILES, DataCache, GenSettings, _generate_native, answer_tokens, draw, iter_batches
 from engine.train.data_engine import generate_data_rows
 from engine.train.head import default_aux_layer_ids
 from engine.train.rows import Request, RowEngine
@@ -210,6 +210,28 @@ def test_features_are_filled_for_shards_that_lack_them(engine_target, tmp_path: 
         for name in ("features", "hidden", "argmax"):
             assert np.array_equal(np.asarray(after[name])[keep], before[i][name][keep]), name
     assert fill_features(engine_target[1], cache, capture_layers=capture, rows=3, row_capacity=64) == 0
+
+
+def test_features_are_filled_only_as_far_as_the_training_budget(engine_target, tmp_path: Path) -> None:
+    """A run that trains on its first ``train_tokens`` (Medusa's --tokens) fills the shards that
+    hold them, in the cache's order, and no later ones; a larger budget fills the rest."""
+    from engine.train.data_engine import fill_features
+
+    _, cache = _generate(engine_target, tmp_path / "d", 40)
+    shards = cache.shard_indices()
+    assert len(shards) >= 2
+    for i in shards:
+        for name in HIDDEN_FILES:
+            (cache.folder / f"{name}-{i:06d}.npy").unlink()
+    first = cache.read(shards[0])
+    budget = answer_tokens([s for s in first if not s.held_out])
+    assert fill_features(engine_target[1], cache, capture_layers=(), rows=3, row_capacity=64,
+                         train_tokens=budget) == 1
+    assert cache.has_features(first, HIDDEN_FILES)
+    assert not cache.has_features(cache.read(shards[1]), HIDDEN_FILES)
+    assert fill_features(engine_target[1], cache, capture_layers=(), rows=3, row_capacity=64,
+                         train_tokens=budget + 1) == 1
+    assert cache.has_features(cache.read(shards[1]), HIDDEN_FILES)
 
 
 def test_a_rows_step_of_prompt_chunks_only_wants_no_logits() -> None:

@@ -133,7 +133,17 @@ def prepare_data(target: Target, settings: GenSettings, token_budget: int, promp
         samples = generate_data_rows(engine, target.tokenizer, cache, token_budget=token_budget, settings=settings,
                                      capture_layers=capture, prompt_list=prompt_rows, rows=rows, progress=progress)
         if not cache.has_features(samples, HIDDEN_FILES if hidden_only else FEATURE_FILES):
-            filled = fill_features(engine, cache, capture_layers=capture, rows=rows)  # imported or one-row shards
+            bar.close()
+            bar = tqdm(desc="target features (shards)", unit="shard", dynamic_ncols=True)
+
+            def shards_done(done: int, total: int) -> None:
+                bar.total = total
+                bar.n = done
+                bar.refresh()
+
+            # imported or one-row shards; Medusa trains on the first --tokens only (its ``budget``)
+            filled = fill_features(engine, cache, capture_layers=capture, rows=rows, progress=shards_done,
+                                   train_tokens=token_budget if hidden_only else None)
             log(f"stored the target's features for {filled} shards")
             samples = cache.samples()
     else:

@@ -270,6 +270,10 @@ def results_table(report: dict[str, Any]) -> Any:
                 "paused", "accept by depth", "identical", "tokens", "seconds"):
         table.add_column(col, justify="left" if col == "method" else "right", no_wrap=col == "method")
     multi = len(report.get("weights") or ()) > 1
+    config = report.get("config") or {}
+    # rejection sampling draws differently from plain sampling, so a drafted answer is another
+    # sample of the same distribution, not the baseline's: no count to show (bench says so above)
+    differs = config.get("temperature", 0) > 0 and config.get("sampling") == "rejection"
     for r in report["results"]:
         table.add_row(
             f"{r['method']} ({r['mode']})" if multi and r.get("mode") else r["method"],
@@ -281,7 +285,8 @@ def results_table(report: dict[str, Any]) -> Any:
             else "-",
             f"{r['paused_share']:.0%}" if r.get("paused_share") is not None else "-",
             depth_cells(r.get("accept_by_depth")),
-            f"{r['identical_prompts']}/{r['prompts']}", str(r["tokens"]), f"{r['seconds']:.1f}",
+            "-" if differs and r["method"] != "none" else f"{r['identical_prompts']}/{r['prompts']}",
+            str(r["tokens"]), f"{r['seconds']:.1f}",
         )
     return table
 

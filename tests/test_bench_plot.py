@@ -111,3 +111,19 @@ def test_a_gpu_run_names_the_gpu_and_its_precision() -> None:
     gpu = {**REPORT, "dtype": "bfloat16", "weights": ["fp32"], "cuda_graphs": {"fp32": {"replays": 9}},
            "machine": {"cpu": "Test CPU", "threads": 16, "gpu": "NVIDIA H200"}}
     assert results_table(gpu).title == "tiny-test-model on NVIDIA H200 (bfloat16, CUDA graphs, weights fp32)"
+
+
+def test_rejection_sampling_rows_show_no_identical_count() -> None:
+    """Rejection sampling draws another sample than plain sampling by design, so "0/2 identical"
+    would read as a failure: the drafted rows show "-", the baseline its own count."""
+    from specchat.bench_report import results_table
+
+    def identical_cells(report: dict) -> list[str]:
+        table = results_table(report)
+        column = next(c for c in table.columns if c.header == "identical")
+        return list(column.cells)
+
+    assert identical_cells(REPORT) == ["2/2", "2/2"]
+    sampled = {**REPORT, "config": {"temperature": 1.0, "sampling": "rejection"}}
+    assert identical_cells(sampled) == ["2/2", "-"]
+    assert identical_cells({**REPORT, "config": {"temperature": 1.0, "sampling": "coupled"}}) == ["2/2", "2/2"]

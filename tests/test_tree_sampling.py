@@ -124,7 +124,9 @@ def sample_answers(session: Session, config: SpecConfig) -> Counter:
                 seq += [c.id for c in event.committed]
                 accepted += len(event.accepted)
         counts[tuple(seq)] += 1
-    assert accepted > SAMPLES // 4, "drafts were hardly ever accepted: the test would not exercise the tree"
+    # the chain case lands ~285 drafts per 1,000 answers (mean over 100 seeds, sd ~18): a floor
+    # of 200 says "the tree was exercised" without hanging on one seed's stream
+    assert accepted > SAMPLES // 5, "drafts were hardly ever accepted: the test would not exercise the tree"
     return counts
 
 

@@ -305,7 +305,8 @@ def test_eagle_drafting_on_the_device(gpu, kind: str, temperature: float, sampli
     def run(device: str) -> tuple[list[int], object]:
         target = llama(device, layers=EAGLE_LAYERS)
         b = load_draft(str(_head_dir(kind)), target, TinyTokenizer())
-        return answer(Session(target, TinyTokenizer(), config, drafters={"none": NoDrafter, kind: b.factory},
+        tokenizer = TinyTokenizer(stop_ids=frozenset())  # a sampled stop token would end the answer early
+        return answer(Session(target, tokenizer, config, drafters={"none": NoDrafter, kind: b.factory},
                               features=b.features)), target
 
     got, target = run("cuda")

@@ -21,6 +21,7 @@ MEDUSA_TREES: tuple[str, ...] = ("dynamic", "static")
 NgramMatchType = Literal["BFS", "PROB"]
 NgramMode = Literal["tree", "chain"]
 SamplingMode = Literal["coupled", "rejection"]
+SAMPLINGS: tuple[str, ...] = ("coupled", "rejection")
 ContextOverflow = Literal["refuse", "drop_oldest"]
 CONTEXT_OVERFLOW: tuple[str, ...] = ("refuse", "drop_oldest")
 
@@ -137,7 +138,7 @@ class SpecConfig:
         if not (0.0 < self.top_p <= 1.0):
             raise ConfigError(f"top_p must be in (0, 1], got {self.top_p}")
         _at_least("top_k", self.top_k, 0, hint="0 turns the top-k cut off")
-        if self.sampling not in ("coupled", "rejection"):
+        if self.sampling not in SAMPLINGS:
             raise ConfigError(f"sampling must be coupled or rejection, not {self.sampling!r}")
         _at_least("max_new_tokens", self.max_new_tokens, 1)
         if self.context_overflow not in CONTEXT_OVERFLOW:

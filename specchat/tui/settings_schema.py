@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from engine.config import CONTEXT_OVERFLOW, DRAFT_KNOBS, MEDUSA_TREES, METHODS, ConfigError, knobs_for
+from engine.config import CONTEXT_OVERFLOW, DRAFT_KNOBS, MEDUSA_TREES, METHODS, SAMPLINGS, ConfigError, knobs_for
 
 FieldKind = Literal["int", "float", "choice", "bool", "text"]
 
@@ -38,6 +38,8 @@ ENGINE_FIELDS: tuple[SettingField, ...] = (
                  help="verify only the part of each tree expected to pay (off in teaching mode)"),
     SettingField("temperature", "temperature", "float", help="0 = greedy (identical to baseline)"),
     SettingField("top_p", "top_p", "float", help="nucleus sampling cut-off"),
+    SettingField("sampling", "sampling", "choice", choices=SAMPLINGS,
+                 help="temperature > 0: coupled (the baseline's very sample) or rejection (more drafts land)"),
     SettingField("max_new_tokens", "max_new_tokens", "int", help="answer length limit"),
     SettingField("context_overflow", "context overflow", "choice", choices=CONTEXT_OVERFLOW,
                  help="a turn that does not fit the context: refuse it, or drop the oldest turns"),

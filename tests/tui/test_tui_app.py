@@ -593,3 +593,15 @@ async def test_title_names_the_fast_precision_and_not_the_exact_one():
             await wait_loaded(pilot)
             title = str(app.chat_screen.query_one("#title").render())
             assert ("fast precision" in title) is shown and "exact" not in title
+
+
+def test_title_names_rejection_sampling_where_it_is_in_force() -> None:
+    """The title says how a sampled answer is drawn when it is not the default (coupled), so a
+    user who switched to rejection sampling sees why the compare view's texts now differ."""
+    from engine.config import SpecConfig
+    from specchat.tui.widgets.title_bar import config_summary
+
+    assert config_summary(SpecConfig(method="ngram")).endswith("· greedy")
+    assert config_summary(SpecConfig(temperature=0.7)).endswith("T 0.7 top-p 1")
+    assert config_summary(SpecConfig(temperature=0.7, sampling="rejection")).endswith("T 0.7 top-p 1 rejection")
+    assert config_summary(SpecConfig(sampling="rejection")).endswith("· greedy")  # greedy draws nothing

@@ -21,7 +21,9 @@ def config_summary(cfg: SpecConfig) -> str:
                  f"· tokens {cfg.num_draft_tokens}")
     else:
         knobs = f"{cfg.method} · steps {cfg.num_steps} · topk {cfg.eagle_topk} · tokens {cfg.num_draft_tokens}"
-    sampling = "greedy" if cfg.greedy else f"T {cfg.temperature:g} top-p {cfg.top_p:g}"
+    # the sampling scheme only where it differs from the default (coupled: the baseline's sample)
+    scheme = " rejection" if cfg.sampling == "rejection" else ""
+    sampling = "greedy" if cfg.greedy else f"T {cfg.temperature:g} top-p {cfg.top_p:g}{scheme}"
     return f"{knobs} · {sampling}"
 
 

@@ -7,6 +7,14 @@ conversation (both prefill cold). The TUI's tokens/s must be within 15% of the e
 of paired runs) while it keeps drawing (at least 2 frames a second, median): the engine gets
 every core in its own process, and the UI yields the CPU and paces its frames by their cost.
 
+Both sides do the same work: a fixed tree (``adaptive_draft=False``), checked step for step. The
+adaptive budget sizes trees from the timings it measures and keeps learning across answers, so
+two sessions with different histories verify different trees and their speeds part for reasons
+that have nothing to do with streaming (a CI run saw a median ratio of 0.81, the app's first
+answers far slower; locally the app's answers took 25 steps where the headless ones took 20).
+What the budget does beside a UI is the TUI-against-bench comparison of docs/BENCHMARKS.md,
+where both run as a user starts them.
+
     flock /tmp/specchat-bench.lock .venv/bin/python -m pytest tests/tui/test_tui_speed.py -m slow -s
 """
 
@@ -69,16 +77,19 @@ async def _wait_quietly(cond, timeout: float) -> None:
 async def test_tui_tokens_per_second_match_the_engine(tmp_path):
     from engine.loader import load_session
 
-    config = SpecConfig(method="ngram", max_new_tokens=128)
+    config = SpecConfig(method="ngram", max_new_tokens=128, adaptive_draft=False)  # the same work on both sides
     session = load_session(None, config, device="cpu")  # every core, as `specchat run` now does
     prompt = _prompt()
+
+    steps: list[tuple[int, int]] = []  # (headless, TUI) steps of each pair: the same tree, the same work
 
     def headless() -> float:
         session.reset()
         fin = [e for e in session.chat(prompt) if isinstance(e, Finished)][-1]
+        steps.append((fin.stats.steps, -1))
         return fin.stats.tokens_per_s
 
-    headless()  # warm-up: kernels, caches, the adaptive budget's first estimates
+    headless()  # warm-up: kernels, caches, the n-gram corpus
     # the app as `specchat run` starts it: the engine in its own process, loaded there
     app = SpecChatApp(factory=SessionLoader(None, config, "auto", "cpu", {}), config=config,
                       ui=ui_settings(save_sessions=False), engine_process=True)
@@ -103,12 +114,15 @@ async def test_tui_tokens_per_second_match_the_engine(tmp_path):
             answer = app.chat_screen.query(AnswerView).last()
             assert answer.finished is not None and answer.finished.tokens > 20
             tui.append(answer.finished.stats.tokens_per_s)
+            steps[-1] = (steps[-1][0], answer.finished.stats.steps)
             fps.append((app.frames - frames) / answer.finished.stats.elapsed_s)
     # each TUI answer is compared with the headless answer just before it (the machine's speed
     # drifts between runs), and the median of those ratios is the verdict
     ratio = _paired(engine, tui)
     e, t = statistics.median(engine), statistics.median(tui)
     print(f"\nengine {[round(x, 1) for x in engine]} -> median {e:.1f} tok/s; TUI {[round(x, 1) for x in tui]} -> "
-          f"median {t:.1f} tok/s; median paired ratio {ratio:.3f}; frames/s {[round(f, 1) for f in fps]}")
+          f"median {t:.1f} tok/s; median paired ratio {ratio:.3f}; steps {steps[1:]}; "
+          f"frames/s {[round(f, 1) for f in fps]}")
+    assert all(h == t for h, t in steps[1:]), f"the two sides verified different trees: steps {steps[1:]}"
     assert statistics.median(fps) >= 2, f"the TUI showed only {statistics.median(fps):.1f} frames a second"
     assert ratio >= 0.85, f"the TUI streams at {ratio:.2f}x the engine's own speed (median of paired runs)"

@@ -286,8 +286,9 @@ static const fast_tile_fn FT_Q8[FAST_ROWS + 1] = {0, ft_q8_1, ft_q8_2, ft_q8_3, 
 
 /* A tile's results into y (row r at y + r * ldy): out + bias where there is one, then y + that
  * (accumulate) or that alone: per element the same two roundings in either loop. Why a full panel
- * goes 8 lanes at a time: the scalar loop, testing bias and accumulate per element, took 3.4% of a
- * 16-node verify's samples (perf, fast, 300 cached). */
+ * goes 8 lanes at a time: as a scalar loop testing bias and accumulate per element, inlined in the
+ * panel loop, it made that loop's own code 3.4% of a 16-node verify's samples (perf, fast, 300
+ * cached; 2.1% for this function after), and a 16-node verify took 4% longer (docs/BENCHMARKS.md). */
 static AVX2F void put_tile(const float *out, int mr, int ncols, const float *bias, float *y, long ldy, int accumulate) {
     for (int r = 0; r < mr; r++) {
         float *yr = y + r * ldy;

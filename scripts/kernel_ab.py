@@ -29,8 +29,9 @@ def main() -> int:
     parser.add_argument("--reps", type=int, default=30, help="timed forwards per size and variant")
     parser.add_argument("--context", type=int, default=300, help="cached tokens under the tree")
     parser.add_argument("--variants", default="cpu,avx512",
-                        help="cpu (this CPU's pick), avx512 (VNNI, no AMX), avx2, attn8 (this CPU's pick with "
-                             "attention's 8-lane loops); the first is the reference")
+                        help="cpu (this CPU's pick), avx512 (VNNI, no AMX), avxvnni (as an AVX2 CPU with "
+                             "AVX-VNNI), avx2, attn8 (this CPU's pick with attention's 8-lane loops); the "
+                             "first is the reference")
     args = parser.parse_args()
     kernel = native.load()
     if kernel is None:
@@ -38,7 +39,7 @@ def main() -> int:
     variants = [v.strip() for v in args.variants.split(",")]
     for v in variants:
         if v not in ("cpu", "attn8", *native.VARIANTS[1:]):
-            raise SystemExit(f"--variants: {v!r} is not one of cpu, avx512, avx2, attn8")
+            raise SystemExit(f"--variants: {v!r} is not one of cpu, avx512, avxvnni, avx2, attn8")
     model = load_session(None, SpecConfig(), precision="fast", weights="stored").model
     gen = torch.Generator().manual_seed(0)
     sizes = [int(n) for n in args.sizes.split(",")]

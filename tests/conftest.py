@@ -15,21 +15,28 @@ from collections.abc import Iterator  # noqa: E402
 import pytest  # noqa: E402
 
 
-@pytest.fixture(params=["cpu", "avx512", "avx2"])
+@pytest.fixture(params=["cpu", "avx512", "avxvnni", "avx2"])
 def kernel_variant(request: pytest.FixtureRequest) -> Iterator[str]:
-    """Run a kernel test with the tiles this CPU picks, then without AMX (the VNNI tiles), then with
-    the AVX2 ones, so every variant's exactness is checked on whatever machine runs the suite (a
-    run that would repeat the CPU's own pick is skipped). Yields the stored-weight variant in force."""
+    """Run a kernel test with the tiles this CPU picks, then without AMX (the VNNI tiles), then as an
+    AVX2 CPU with AVX-VNNI, then with the AVX2 tiles, so every variant's exactness is checked on
+    whatever machine runs the suite (a run that would repeat the CPU's own pick, or that needs
+    instructions it lacks, is skipped). Yields the stored-weight variant in force."""
     from engine.kernels import native
 
     kernel = native.load()
     if kernel is None:
         pytest.skip(f"no native kernel here: {native.why_not}")
     kernel.choose_variant("")
+    own = (kernel.variant, kernel.fast_variant)
     if request.param == "avx512" and kernel.fast_variant != "amx":
         pytest.skip("this CPU has no AMX: its own pick is the VNNI or AVX2 tiles")
-    if request.param == "avx2" and kernel.variant == "avx2" and kernel.fast_variant == "avx2":
+    if request.param == "avx2" and own == ("avx2", "avx2"):
         pytest.skip("this CPU runs the AVX2 tiles already")
+    if request.param == "avxvnni":
+        kernel.choose_variant("avxvnni")
+        if kernel.fast_variant != "avxvnni" or own == ("avx2", "avxvnni"):
+            kernel.choose_variant(native.forced_variant())
+            pytest.skip("this CPU has no AVX-VNNI, or runs those tiles already")
     kernel.choose_variant("" if request.param == "cpu" else request.param)
     try:
         yield kernel.variant

@@ -73,10 +73,14 @@ def test_kernel_equals_the_torch_definition_and_is_row_invariant(weight, m: int,
 @needs_fast
 @pytest.mark.parametrize("m", [1, 4, 7, 16, 21])
 def test_every_variant_gives_the_same_bits(weight, m: int) -> None:
-    """The AVX2 tiles (vpmaddubsw + vpmaddwd), the VNNI ones (vpdpbusd) and the AMX ones (tdpbsud,
-    tdpbssd) sum the same exact integers and scale them in the same float steps."""
+    """The AVX2 tiles (vpmaddubsw + vpmaddwd), the VNNI ones (vpdpbusd on 16 lanes, or 8 with
+    AVX-VNNI) and the AMX ones (tdpbsud, tdpbssd) sum the same exact integers and scale them in the
+    same float steps."""
+    KERNEL.choose_variant("avxvnni")
+    vnni256 = ["avxvnni"] if KERNEL.fast_variant == "avxvnni" else []
     KERNEL.choose_variant("")
-    variants = {"amx": ["", "avx512", "avx2"], "avx512vnni": ["", "avx2"]}.get(KERNEL.fast_variant)
+    variants = {"amx": ["", "avx512", *vnni256, "avx2"], "avx512vnni": ["", *vnni256, "avx2"],
+                "avxvnni": ["", "avx2"]}.get(KERNEL.fast_variant)
     if variants is None:
         pytest.skip("this CPU has only the AVX2 tiles")
     x = torch.randn(m, weight.shape[1], generator=torch.Generator().manual_seed(9)) * 3

@@ -303,4 +303,6 @@ def test_kernel_variant_follows_cpu_flags() -> None:
     if native.forced_variant() == "":
         vnni = wide and {"avx512_vnni", "avx512vbmi"} <= flags
         amx = vnni and {"amx_tile", "amx_int8"} <= flags
-        assert native.load().fast_variant == ("amx" if amx else "avx512vnni" if vnni else "avx2")
+        vnni256 = "avx_vnni" in flags
+        assert native.load().fast_variant == ("amx" if amx else "avx512vnni" if vnni else "avxvnni" if vnni256
+                                              else "avx2")

@@ -45,22 +45,27 @@ static int has_vnni(void) {
            __builtin_cpu_supports("avx512vbmi");
 }
 
-static int variant = -1; /* 512: the VNNI tiles, 2: the AVX2 tiles (fast_avx2.c), 0: none; -1: not chosen */
+/* 512: the AVX-512 VNNI tiles; 256: the AVX-VNNI tiles, 2: the AVX2 ones (both fast_avx2.c); 0: none;
+ * -1: not chosen */
+static int variant = -1;
 static int amx = 0;      /* 1: calls of AMX_MIN_ROWS rows or more take the AMX tile (fast_amx.c) */
 
 int fast_amx_available(void); /* fast_amx.c */
+int fast_avxvnni_available(void); /* fast_avx2.c */
 void fast_amx_begin(void);
 void fast_amx_end(void);
 void fast_amx_tile(int mr, int q4, const int8_t *xq, long K, const float *xd, const float *xc, const void *codes,
                    const void *sc, const void *of, int hs, float *out);
 
-/* Choose the tiles for this CPU: 513 (AVX-512 VNNI, AMX for several rows), 512 (AVX-512 VNNI), 2
- * (AVX2) or 0 (none). force 2: AVX2 even where VNNI runs; force 1: VNNI without AMX
- * (SPECCHAT_KERNEL_VARIANT=avx2 / avx512, how the suite tests every variant on one machine). */
+/* Choose the tiles for this CPU: 513 (AVX-512 VNNI, AMX for several rows), 512 (AVX-512 VNNI), 256
+ * (AVX-VNNI on 8 lanes), 2 (AVX2) or 0 (none). force 2: AVX2 even where a VNNI variant runs; force
+ * 3: AVX-VNNI even where AVX-512 VNNI runs (where the CPU has it); force 1: AVX-512 VNNI without AMX
+ * (SPECCHAT_KERNEL_VARIANT=avx2 / avxvnni / avx512, how the suite tests every variant on one machine). */
 int fast_variant(int force) {
     __builtin_cpu_init();
     const int avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
-    variant = has_vnni() && force != 2 ? 512 : avx2 ? 2 : 0;
+    const int vnni256 = avx2 && fast_avxvnni_available();
+    variant = has_vnni() && force != 2 && force != 3 ? 512 : vnni256 && force != 2 ? 256 : avx2 ? 2 : 0;
     amx = variant == 512 && force == 0 && fast_amx_available();
     return variant + amx;
 }
@@ -277,7 +282,9 @@ typedef void (*fast_tile_fn)(const int8_t *, long, const float *, const int32_t 
         tile(n, 0, xq, K, xd, xs, group, c, s, o, hs, out);                                                        \
     }
 #define FAST_AVX2_ROWS 4
-extern const fast_tile_fn FAST_AVX2_Q4[FAST_AVX2_ROWS + 1], FAST_AVX2_Q8[FAST_AVX2_ROWS + 1]; /* fast_avx2.c */
+/* fast_avx2.c: the AVX2 tiles and the AVX-VNNI ones (the same rows a tile) */
+extern const fast_tile_fn FAST_AVX2_Q4[FAST_AVX2_ROWS + 1], FAST_AVX2_Q8[FAST_AVX2_ROWS + 1];
+extern const fast_tile_fn FAST_AVXVNNI_Q4[FAST_AVX2_ROWS + 1], FAST_AVXVNNI_Q8[FAST_AVX2_ROWS + 1];
 FTILE(1) FTILE(2) FTILE(3) FTILE(4) FTILE(5) FTILE(6) FTILE(7) FTILE(8) FTILE(9) FTILE(10) FTILE(11) FTILE(12)
 static const fast_tile_fn FT_Q4[FAST_ROWS + 1] = {0, ft_q4_1, ft_q4_2, ft_q4_3, ft_q4_4, ft_q4_5, ft_q4_6,
                                                   ft_q4_7, ft_q4_8, ft_q4_9, ft_q4_10, ft_q4_11, ft_q4_12};
@@ -344,7 +351,9 @@ int stored_linear_fast(const float *x, long M, long K, int kind, long group, con
     }
     const long npanels = (N + PANEL - 1) / PANEL;
     const long panel_bytes = q4 ? K * PANEL / 2 : K * PANEL;
-    const fast_tile_fn *tiles = vnni ? (q4 ? FT_Q4 : FT_Q8) : (q4 ? FAST_AVX2_Q4 : FAST_AVX2_Q8);
+    const fast_tile_fn *tiles = vnni               ? (q4 ? FT_Q4 : FT_Q8)
+                                : variant == 256 ? (q4 ? FAST_AVXVNNI_Q4 : FAST_AVXVNNI_Q8)
+                                                 : (q4 ? FAST_AVX2_Q4 : FAST_AVX2_Q8);
     const fast_g32_fn *gtiles = q4 ? G32_Q4 : G32_Q8;
 #pragma omp parallel num_threads(nthreads)
     {

@@ -26,8 +26,10 @@ if TYPE_CHECKING:
     from engine.kernels.weights import StoredPanels
 
 ENV_SWITCH = "SPECCHAT_LINEAR"  # "torch" turns the native kernel off
-VARIANT_SWITCH = "SPECCHAT_KERNEL_VARIANT"  # "avx2": the AVX2 tiles everywhere; "avx512": no AMX
-VARIANTS = ("", "avx2", "avx512")
+# "avx2": the AVX2 tiles everywhere; "avxvnni": what an AVX2 CPU with AVX-VNNI runs (Intel client
+# cores since Alder Lake), on any CPU that has the instructions; "avx512": no AMX
+VARIANT_SWITCH = "SPECCHAT_KERNEL_VARIANT"
+VARIANTS = ("", "avx2", "avxvnni", "avx512")
 
 
 _p, _i, _l, _f = ctypes.c_void_p, ctypes.c_int, ctypes.c_long, ctypes.c_float
@@ -88,22 +90,24 @@ class NativeKernel:
         self._lib.attention_variant.restype = _i
         self._lib.fast_variant.restype = _i
         # the fast precision's tiles: "amx" (AMX-INT8 for several rows, VNNI for one), "avx512vnni",
-        # "avx2"; None: no fast kernel on this CPU
+        # "avxvnni" (vpdpbusd on 8 lanes: AVX2 CPUs with AVX-VNNI), "avx2"; None: no fast kernel here
         self.fast_variant: str | None = None
 
     def choose_variant(self, force: str = "") -> None:
         """Pick the tiles from the CPU flags. ``force``: "avx2" keeps even an AVX-512 CPU on the
-        AVX2 tiles, "avx512" keeps an AMX CPU's fast products on the VNNI tiles; what
+        AVX2 tiles, "avxvnni" runs what an AVX2 CPU with AVX-VNNI runs (the AVX2 tiles where the CPU
+        lacks AVX-VNNI), "avx512" keeps an AMX CPU's fast products on the VNNI tiles; what
         ``SPECCHAT_KERNEL_VARIANT`` asks, and how the tests check every variant on one machine."""
         if force not in VARIANTS:
             raise ValueError(f"{VARIANT_SWITCH}={force!r}: use one of {', '.join(v for v in VARIANTS if v)}")
         self._lib.stored_variant.argtypes = [_i]
         self._lib.stored_variant.restype = _i
-        self.variant = "avx512" if self._lib.stored_variant(2 if force == "avx2" else 0) == 512 else "avx2"
-        code = self._lib.fast_variant({"avx2": 2, "avx512": 1}.get(force, 0))
-        self.fast_variant = {513: "amx", 512: "avx512vnni", 2: "avx2"}.get(code)
-        # attention's 16-lane loops (the same bits as its 8-lane ones): off under "avx2"
-        self.use_wide_attention(force != "avx2")
+        narrow = force in ("avx2", "avxvnni")  # an AVX2-class CPU: no AVX-512 anywhere
+        self.variant = "avx512" if self._lib.stored_variant(2 if narrow else 0) == 512 else "avx2"
+        code = self._lib.fast_variant({"avx2": 2, "avxvnni": 3, "avx512": 1}.get(force, 0))
+        self.fast_variant = {513: "amx", 512: "avx512vnni", 256: "avxvnni", 2: "avx2"}.get(code)
+        # attention's 16-lane loops (the same bits as its 8-lane ones): off on an AVX2-class pick
+        self.use_wide_attention(not narrow)
 
     def use_wide_attention(self, on: bool) -> None:
         """Attention's 16-lane loops where the CPU has AVX-512F (``on``), else its 8-lane ones: the
@@ -364,8 +368,8 @@ why_not = "not loaded yet"
 
 
 def forced_variant() -> str:
-    """The tiles ``SPECCHAT_KERNEL_VARIANT`` asks for: "avx2", "avx512", or "" (the CPU's own pick,
-    also for any other value)."""
+    """The tiles ``SPECCHAT_KERNEL_VARIANT`` asks for: "avx2", "avxvnni", "avx512", or "" (the CPU's
+    own pick, also for any other value)."""
     forced = os.environ.get(VARIANT_SWITCH, "").lower()
     return forced if forced in VARIANTS else ""
 

@@ -63,7 +63,8 @@ def machine_info(model: object | None = None) -> dict[str, Any]:
         info["kernel_variant"] = native.variant() if kernels == "native" else "torch"
         kernel = native.load() if kernels == "native" else None
         if kernel is not None and kernel.fast_variant:
-            info["fast_kernel_variant"] = kernel.fast_variant  # the fast precision's tiles: amx, avx512vnni, avx2
+            # the fast precision's tiles: amx, avx512vnni, avxvnni, avx2
+            info["fast_kernel_variant"] = kernel.fast_variant
     return info
 
 

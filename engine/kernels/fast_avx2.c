@@ -83,115 +83,116 @@ scale_group(const int MR, __m256 *acc, const __m256i *isum, const float *xd, con
     }
 }
 
-/* MR rows (<= 4) by one 16-column panel, as fast.c's tile(); results to out[MR][16]. */
+/* The integer sums of MR rows (<= 4) for group g of a panel's columns half*8..+7 (isum[r]: the
+ * exact dot product of row r's 8-bit activations with the codes), with vpmaddubsw + vpmaddwd. */
 static inline __attribute__((always_inline)) AVX2F void
-tile2(const int MR, const int q4, const int8_t *xq, long K, const float *xd, const int32_t *xs, long group,
-      const void *codes, const void *sc, const void *of, int hs, float *out) {
-    const long ng = K / group;
+isums_avx2(const int MR, const int q4, const int8_t *xq, long K, const int32_t *xs, long group, const void *codes,
+           long ng, long g, int half, __m256i *isum) {
+    (void)xs, (void)ng; /* the q8 path here needs no block sums (isums_vnni does) */
     const __m256i ones = _mm256_set1_epi16(1);
-    for (int half = 0; half < 2; half++) {
-        __m256 acc[4];
 #pragma GCC unroll 4
-        for (int r = 0; r < MR; r++) acc[r] = _mm256_setzero_ps();
-        for (long g = 0; g < ng; g++) {
-            __m256i isum[4];
+    for (int r = 0; r < MR; r++) isum[r] = _mm256_setzero_si256();
+    if (q4) {
+        const uint32_t *cw = (const uint32_t *)codes + g * (group / 8) * PANEL + half * 8;
+        for (long w0 = 0; w0 < group / 8; w0 += 4) {
+            const long w1 = w0 + 4 < group / 8 ? w0 + 4 : group / 8;
+            __m256i part[4];
 #pragma GCC unroll 4
-            for (int r = 0; r < MR; r++) isum[r] = _mm256_setzero_si256();
-            if (q4) {
-                const uint32_t *cw = (const uint32_t *)codes + g * (group / 8) * PANEL + half * 8;
-                for (long w0 = 0; w0 < group / 8; w0 += 4) {
-                    const long w1 = w0 + 4 < group / 8 ? w0 + 4 : group / 8;
-                    __m256i part[4];
+            for (int r = 0; r < MR; r++) part[r] = _mm256_setzero_si256();
+            for (long w = w0; w < w1; w++) {
+                __m256i lo, hi;
+                q4_word(cw, w, &lo, &hi);
+                const long k = g * group + w * 8;
 #pragma GCC unroll 4
-                    for (int r = 0; r < MR; r++) part[r] = _mm256_setzero_si256();
-                    for (long w = w0; w < w1; w++) {
-                        __m256i lo, hi;
-                        q4_word(cw, w, &lo, &hi);
-                        const long k = g * group + w * 8;
-#pragma GCC unroll 4
-                        for (int r = 0; r < MR; r++) {
-                            const int32_t *xr = (const int32_t *)(xq + r * K + k);
-                            part[r] = _mm256_add_epi16(part[r], _mm256_maddubs_epi16(lo, _mm256_set1_epi32(xr[0])));
-                            part[r] = _mm256_add_epi16(part[r], _mm256_maddubs_epi16(hi, _mm256_set1_epi32(xr[1])));
-                        }
-                    }
-#pragma GCC unroll 4
-                    for (int r = 0; r < MR; r++) isum[r] = _mm256_add_epi32(isum[r], _mm256_madd_epi16(part[r], ones));
-                }
-            } else {
-                const int8_t *cb = (const int8_t *)codes + g * group * PANEL;
-                for (long w = 0; w < group / 4; w++) {
-                    const __m256i wt = q8_four_k(cb + w * 4 * PANEL, half);
-                    const __m256i mag = _mm256_abs_epi8(wt); /* -128 -> 0x80, read as unsigned 128 */
-                    const long k = g * group + w * 4;
-#pragma GCC unroll 4
-                    for (int r = 0; r < MR; r++) {
-                        const __m256i xb = _mm256_set1_epi32(*(const int32_t *)(xq + r * K + k));
-                        const __m256i prod = _mm256_maddubs_epi16(mag, _mm256_sign_epi8(xb, wt));
-                        isum[r] = _mm256_add_epi32(isum[r], _mm256_madd_epi16(prod, ones));
-                    }
+                for (int r = 0; r < MR; r++) {
+                    const int32_t *xr = (const int32_t *)(xq + r * K + k);
+                    part[r] = _mm256_add_epi16(part[r], _mm256_maddubs_epi16(lo, _mm256_set1_epi32(xr[0])));
+                    part[r] = _mm256_add_epi16(part[r], _mm256_maddubs_epi16(hi, _mm256_set1_epi32(xr[1])));
                 }
             }
-            if (half == 0) prefetch_group(q4, codes, sc, of, ng, group, g, hs);
-            scale_group(MR, acc, isum, xd, xs, ng, g, sc, of, half, hs);
-        }
 #pragma GCC unroll 4
-        for (int r = 0; r < MR; r++) _mm256_storeu_ps(out + r * PANEL + half * 8, acc[r]);
+            for (int r = 0; r < MR; r++) isum[r] = _mm256_add_epi32(isum[r], _mm256_madd_epi16(part[r], ones));
+        }
+    } else {
+        const int8_t *cb = (const int8_t *)codes + g * group * PANEL;
+        for (long w = 0; w < group / 4; w++) {
+            const __m256i wt = q8_four_k(cb + w * 4 * PANEL, half);
+            const __m256i mag = _mm256_abs_epi8(wt); /* -128 -> 0x80, read as unsigned 128 */
+            const long k = g * group + w * 4;
+#pragma GCC unroll 4
+            for (int r = 0; r < MR; r++) {
+                const __m256i xb = _mm256_set1_epi32(*(const int32_t *)(xq + r * K + k));
+                const __m256i prod = _mm256_maddubs_epi16(mag, _mm256_sign_epi8(xb, wt));
+                isum[r] = _mm256_add_epi32(isum[r], _mm256_madd_epi16(prod, ones));
+            }
+        }
     }
 }
+
+/*
+ * The tile of an AVX2-class variant: MR rows (<= 4) by one 16-column panel, as fast.c's tile(),
+ * results to out[MR][16]; NAME compiled for TARGET with ISUMS for the integers, so the variants
+ * share their layout, prefetch and float steps and differ only in how they sum the integers.
+ */
+#define HALF_PANEL_TILE(NAME, TARGET, ISUMS)                                                                        \
+    static inline __attribute__((always_inline)) TARGET void NAME(                                                  \
+        const int MR, const int q4, const int8_t *xq, long K, const float *xd, const int32_t *xs, long group,      \
+        const void *codes, const void *sc, const void *of, int hs, float *out) {                                    \
+        const long ng = K / group;                                                                                   \
+        for (int half = 0; half < 2; half++) {                                                                       \
+            __m256 acc[4];                                                                                           \
+            _Pragma("GCC unroll 4") for (int r = 0; r < MR; r++) acc[r] = _mm256_setzero_ps();                      \
+            for (long g = 0; g < ng; g++) {                                                                          \
+                __m256i isum[4];                                                                                     \
+                ISUMS(MR, q4, xq, K, xs, group, codes, ng, g, half, isum);                                           \
+                if (half == 0) prefetch_group(q4, codes, sc, of, ng, group, g, hs);                                  \
+                scale_group(MR, acc, isum, xd, xs, ng, g, sc, of, half, hs);                                         \
+            }                                                                                                        \
+            _Pragma("GCC unroll 4") for (int r = 0; r < MR; r++) _mm256_storeu_ps(out + r * PANEL + half * 8, acc[r]); \
+        }                                                                                                            \
+    }
+HALF_PANEL_TILE(tile2, AVX2F, isums_avx2)
 
 #if (defined(__GNUC__) && !defined(__clang__) && __GNUC__ >= 11) || (defined(__clang__) && __clang_major__ >= 12)
 #define HAVE_AVXVNNI 1
 #define AVXVNNI __attribute__((target("avx2,fma,f16c,avxvnni")))
 
-/* tile2() with the integers by vpdpbusd: q4 codes (0..15, unsigned) times the activation bytes as
+/* isums_avx2() by vpdpbusd (AVX-VNNI): q4 codes (0..15, unsigned) times the activation bytes as
  * they are; q8 codes flipped to w + 128 (vpdpbusd takes unsigned weights) and 128 * the block's
  * activation sum taken off, as fast.c does. The same exact integers, so the same bits. */
 static inline __attribute__((always_inline)) AVXVNNI void
-tile_vnni(const int MR, const int q4, const int8_t *xq, long K, const float *xd, const int32_t *xs, long group,
-          const void *codes, const void *sc, const void *of, int hs, float *out) {
-    const long ng = K / group;
-    const __m256i flip = _mm256_set1_epi8((char)0x80);
-    for (int half = 0; half < 2; half++) {
-        __m256 acc[4];
+isums_vnni(const int MR, const int q4, const int8_t *xq, long K, const int32_t *xs, long group, const void *codes,
+           long ng, long g, int half, __m256i *isum) {
 #pragma GCC unroll 4
-        for (int r = 0; r < MR; r++) acc[r] = _mm256_setzero_ps();
-        for (long g = 0; g < ng; g++) {
-            __m256i isum[4];
+    for (int r = 0; r < MR; r++) isum[r] = _mm256_setzero_si256();
+    if (q4) {
+        const uint32_t *cw = (const uint32_t *)codes + g * (group / 8) * PANEL + half * 8;
+        for (long w = 0; w < group / 8; w++) {
+            __m256i lo, hi;
+            q4_word(cw, w, &lo, &hi);
+            const long k = g * group + w * 8;
 #pragma GCC unroll 4
-            for (int r = 0; r < MR; r++) isum[r] = _mm256_setzero_si256();
-            if (q4) {
-                const uint32_t *cw = (const uint32_t *)codes + g * (group / 8) * PANEL + half * 8;
-                for (long w = 0; w < group / 8; w++) {
-                    __m256i lo, hi;
-                    q4_word(cw, w, &lo, &hi);
-                    const long k = g * group + w * 8;
-#pragma GCC unroll 4
-                    for (int r = 0; r < MR; r++) {
-                        const int32_t *xr = (const int32_t *)(xq + r * K + k);
-                        isum[r] = _mm256_dpbusd_avx_epi32(isum[r], lo, _mm256_set1_epi32(xr[0]));
-                        isum[r] = _mm256_dpbusd_avx_epi32(isum[r], hi, _mm256_set1_epi32(xr[1]));
-                    }
-                }
-            } else {
-                const int8_t *cb = (const int8_t *)codes + g * group * PANEL;
-                for (long w = 0; w < group / 4; w++) {
-                    const __m256i wt = _mm256_xor_si256(q8_four_k(cb + w * 4 * PANEL, half), flip);
-                    const long k = g * group + w * 4;
-#pragma GCC unroll 4
-                    for (int r = 0; r < MR; r++)
-                        isum[r] = _mm256_dpbusd_avx_epi32(isum[r], wt, _mm256_set1_epi32(*(const int32_t *)(xq + r * K + k)));
-                }
-#pragma GCC unroll 4
-                for (int r = 0; r < MR; r++) isum[r] = _mm256_sub_epi32(isum[r], _mm256_set1_epi32(128 * xs[r * ng + g]));
+            for (int r = 0; r < MR; r++) {
+                const int32_t *xr = (const int32_t *)(xq + r * K + k);
+                isum[r] = _mm256_dpbusd_avx_epi32(isum[r], lo, _mm256_set1_epi32(xr[0]));
+                isum[r] = _mm256_dpbusd_avx_epi32(isum[r], hi, _mm256_set1_epi32(xr[1]));
             }
-            if (half == 0) prefetch_group(q4, codes, sc, of, ng, group, g, hs);
-            scale_group(MR, acc, isum, xd, xs, ng, g, sc, of, half, hs);
+        }
+    } else {
+        const __m256i flip = _mm256_set1_epi8((char)0x80);
+        const int8_t *cb = (const int8_t *)codes + g * group * PANEL;
+        for (long w = 0; w < group / 4; w++) {
+            const __m256i wt = _mm256_xor_si256(q8_four_k(cb + w * 4 * PANEL, half), flip);
+            const long k = g * group + w * 4;
+#pragma GCC unroll 4
+            for (int r = 0; r < MR; r++)
+                isum[r] = _mm256_dpbusd_avx_epi32(isum[r], wt, _mm256_set1_epi32(*(const int32_t *)(xq + r * K + k)));
         }
 #pragma GCC unroll 4
-        for (int r = 0; r < MR; r++) _mm256_storeu_ps(out + r * PANEL + half * 8, acc[r]);
+        for (int r = 0; r < MR; r++) isum[r] = _mm256_sub_epi32(isum[r], _mm256_set1_epi32(128 * xs[r * ng + g]));
     }
 }
+HALF_PANEL_TILE(tile_vnni, AVXVNNI, isums_vnni)
 #endif
 
 typedef void (*fast_tile_fn)(const int8_t *, long, const float *, const int32_t *, long, const void *, const void *,

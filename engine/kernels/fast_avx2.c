@@ -18,6 +18,7 @@
  * the same halves and float steps, the integers by vpdpbusd on 8 lanes (four byte products a lane
  * in one instruction, where vpmaddubsw + vpaddw + vpmaddwd take three for the same sums).
  */
+#include <cpuid.h>
 #include <immintrin.h>
 #include <stdint.h>
 
@@ -71,7 +72,8 @@ scale_group(const int MR, __m256 *acc, const __m256i *isum, const float *xd, con
 #pragma GCC unroll 4
     for (int r = 0; r < MR; r++) {
         const float dx = xd[r * ng + g];
-        acc[r] = _mm256_add_ps(acc[r], _mm256_mul_ps(_mm256_cvtepi32_ps(isum[r]), _mm256_mul_ps(s, _mm256_set1_ps(dx))));
+        const __m256 sd = _mm256_mul_ps(s, _mm256_set1_ps(dx));
+        acc[r] = _mm256_add_ps(acc[r], _mm256_mul_ps(_mm256_cvtepi32_ps(isum[r]), sd));
     }
     if (of) {
         const __m256 o = scales8(of, g * PANEL + half * 8, hs);
@@ -221,11 +223,16 @@ const fast_tile_fn FAST_AVXVNNI_Q8[5] = {0, ftv_q8_1, ftv_q8_2, ftv_q8_3, ftv_q8
 const fast_tile_fn FAST_AVXVNNI_Q4[5] = {0}, FAST_AVXVNNI_Q8[5] = {0}; /* this compiler has no AVX-VNNI */
 #endif
 
-/* Nonzero when the AVX-VNNI tiles were compiled and this CPU runs them. */
+/* Nonzero when the AVX-VNNI tiles were compiled and this CPU runs them. The flag is read from
+ * CPUID (leaf 7, subleaf 1, EAX bit 4) rather than __builtin_cpu_supports, whose list of names
+ * differs between compilers; the OS's support for the registers comes with the avx2 check. */
 int fast_avxvnni_available(void) {
 #ifdef HAVE_AVXVNNI
+    unsigned a = 0, b = 0, c = 0, d = 0;
     __builtin_cpu_init();
-    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("avxvnni");
+    if (!__builtin_cpu_supports("avx2") || !__builtin_cpu_supports("fma")) return 0;
+    if (!__get_cpuid_count(7, 1, &a, &b, &c, &d)) return 0;
+    return (a >> 4) & 1;
 #else
     return 0;
 #endif

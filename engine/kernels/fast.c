@@ -64,8 +64,12 @@ void fast_amx_tile(int mr, int q4, const int8_t *xq, long K, const float *xd, co
 int fast_variant(int force) {
     __builtin_cpu_init();
     const int avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
-    const int vnni256 = avx2 && fast_avxvnni_available();
-    variant = has_vnni() && force != 2 && force != 3 ? 512 : vnni256 && force != 2 ? 256 : avx2 ? 2 : 0;
+    if (has_vnni() && force != 2 && force != 3)
+        variant = 512;
+    else if (fast_avxvnni_available() && force != 2) /* it checks AVX2 and FMA too */
+        variant = 256;
+    else
+        variant = avx2 ? 2 : 0;
     amx = variant == 512 && force == 0 && fast_amx_available();
     return variant + amx;
 }

@@ -1,5 +1,6 @@
-"""The Python bindings of our native CPU kernels (``skinny.c``, ``ops.c``, ``attention.c``, ``stored.c``,
-``fast.c``, ``decoder.c``, ``head.c``): one loaded library, its C signatures, and thin typed wrappers.
+"""The Python bindings of our native CPU kernels (``skinny.c``, ``ops.c``, ``attention.c``,
+``attention_shared.c``, ``stored.c``, ``fast.c``, ``decoder.c``, ``head.c``): one loaded library,
+its C signatures, and thin typed wrappers.
 
 ``build.py`` compiles and caches the library; here it is loaded once per process. Where it
 cannot run (no compiler, no AVX2/FMA, a failed build, or ``SPECCHAT_LINEAR=torch``) ``load()``

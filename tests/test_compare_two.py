@@ -173,3 +173,26 @@ def test_the_loader_installs_the_shipped_heads_the_compare_asks_for(monkeypatch)
     assert answer(s, [1, 5, 6, 7], "medusa", 12) == want == answer(s, [1, 5, 6, 7], "eagle3", 12)
     medusa_first = loader.load_session(None, SpecConfig(method="medusa"))  # its shipped head, no --draft
     assert set(medusa_first.methods) == {"none", "ngram", "medusa"}
+
+
+def test_the_chat_loads_every_shipped_head_so_any_method_can_be_switched_to(monkeypatch) -> None:
+    """``specchat run --method eagle3`` on the embedded model: the TUI's session holds the shipped Medusa
+    heads too, so the settings (F2) and the palette can switch to medusa while chatting, and the
+    other way round (before, a session offered only the head it started with)."""
+    import engine.drafters.loading as loading
+    import engine.loader as loader
+    from specchat.cli import build_parser
+    from specchat.tui.launch import _real_factory, config_from_args
+
+    fake = loader.LoadedModel(target(), TinyTokenizer(), "tiny", "", "specchat", "embedded", "tiny-key")
+    monkeypatch.setattr(loader, "load_model", lambda *a, **k: fake)
+    monkeypatch.setattr(loading, "SHIPPED_HEADS", {"tiny-key": eagle_dir("eagle3", "specforge", 40)})
+    monkeypatch.setattr(loading, "SHIPPED_MEDUSA", {"tiny-key": medusa_dir("vllm", None)})
+    for method in ("eagle3", "medusa", "none"):
+        args = build_parser().parse_args(["run", "--method", method])
+        config = config_from_args(args).replace(max_new_tokens=12, adaptive_draft=False)
+        session = _real_factory(args, config)(progress=None)
+        assert set(session.methods) == {"none", "ngram", "eagle3", "medusa"}, method
+        assert session.config.method == method
+        want = answer(session, [1, 5, 6, 7], "none", 12)
+        assert answer(session, [1, 5, 6, 7], "medusa", 12) == want == answer(session, [1, 5, 6, 7], "eagle3", 12)

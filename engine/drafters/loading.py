@@ -42,6 +42,10 @@ def shipped_head(model_key: str) -> Path | None:
     return path if path is not None and (path / "config.json").is_file() else None
 
 
+# The methods a head may be shipped for (shipped_heads says which are there for a model).
+SHIPPED_METHODS = ("eagle3", "medusa")
+
+
 def shipped_heads(model_key: str) -> dict[str, Path]:
     """Method -> the head shipped for this model (only those present)."""
     found = {"eagle3": SHIPPED_HEADS.get(model_key), "medusa": SHIPPED_MEDUSA.get(model_key)}

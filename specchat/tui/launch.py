@@ -79,6 +79,11 @@ def _real_factory(args: argparse.Namespace, config: SpecConfig) -> SessionLoader
     from specchat.options import draft_options
 
     extra.update(draft_options(args))
+    # every head shipped for the model is loaded beside the one in force (a second or two, ~12 MB), so
+    # the settings and the palette can switch to any of those methods while chatting
+    from engine.drafters.loading import SHIPPED_METHODS
+
+    extra["also"] = tuple(dict.fromkeys((*extra["also"], *SHIPPED_METHODS)))
     return SessionLoader(getattr(args, "model", None), config, getattr(args, "dtype", None) or "auto",
                          getattr(args, "device", None) or "auto", extra)
 

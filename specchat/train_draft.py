@@ -183,6 +183,9 @@ def _train(args: argparse.Namespace, out: Path, target: Any, cache: Any, trains:
     json.dumps(card)  # the card must stay serialisable
     source = StoredTarget(cache, target.hf) if cache.has_features(trains + held) else None
     print("training reads the stored target features" if source else "training runs the target on every batch")
+    if args.refit_vocab:  # said in the log, since a device run is read from it afterwards
+        print(f"draft vocabulary: re-picked from this run's data ({settings.draft_vocab_size} most frequent answer "
+              "tokens; a resumed run keeps its checkpoint's)")
     result = train(target.hf, trains, held, out, settings, stop_ids=sorted(target.tokenizer.stop_token_ids),
                    resume=args.resume, card=card, deadline=deadline, init_from=args.init_from, source=source)
     tau = result.eval.get("tau") if result.eval else None

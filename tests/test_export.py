@@ -20,7 +20,7 @@ from specchat.cli import build_parser, main
 from specchat.export import EMBEDDED_HUB_ID, launch_line, serving_model
 from specchat.options import UsageError, draft_options, load_settings, make_config
 from specchat.tui.launch import config_from_args
-from specchat.tui.testing import SIZE, make_app, make_session, wait_loaded, wait_until
+from specchat.tui.testing import SIZE, make_app, make_session, palette, wait_loaded, wait_until
 
 # vllm/config/speculative.py, SpeculativeConfig: the fields our JSON may use
 VLLM_FIELDS = {"method", "model", "num_speculative_tokens", "prompt_lookup_min", "prompt_lookup_max"}
@@ -177,12 +177,7 @@ async def test_the_palette_copies_the_launch_line_of_the_settings_in_force(title
         await wait_loaded(pilot)
         assert app.apply_setting("method", "ngram") is None
         assert app.apply_setting("num_draft_tokens", "5") is None
-        await pilot.press("ctrl+p")
-        await pilot.pause()
-        await pilot.press(*title.lower())
-        await wait_until(pilot, lambda: title in str(
-            [str(o.prompt) for o in app.screen.query_one("CommandList").options]), what="palette entry")
-        await pilot.press("enter")
+        await palette(pilot, title.lower(), title)
         await wait_until(pilot, lambda: app.clipboard.startswith(expected), what="copied")
         line = launch_line("sglang" if "SGLang" in title else "vllm", app.applied_config, "org/m")
         assert app.clipboard == line.command

@@ -73,6 +73,17 @@ async def send(pilot, text: str, prompt_id: str = "#prompt") -> None:
     await pilot.press("enter")
 
 
+async def palette(pilot, typed: str, entry: str) -> None:
+    """Open the command palette (Ctrl+P), type ``typed``, wait for an option reading ``entry`` and
+    run it with Enter, as a user does."""
+    await pilot.press("ctrl+p")
+    await pilot.pause()
+    await pilot.press(*typed)
+    await wait_until(pilot, lambda: entry in str(
+        [str(o.prompt) for o in pilot.app.screen.query_one("CommandList").options]), what=f"palette: {entry}")
+    await pilot.press("enter")
+
+
 
 
 # --- screenshot scenarios: the same states for the snapshot tests and the README screenshots --------

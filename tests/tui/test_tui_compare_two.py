@@ -16,6 +16,7 @@ from specchat.tui.testing import (
     SIZE,
     make_app,
     make_session,
+    palette,
     replay_app,
     send,
     settled_screenshot,
@@ -86,12 +87,7 @@ async def test_the_palette_picks_method_a_and_method_b_and_both_run_against_the_
     app = make_app(session)
     async with app.run_test(size=SIZE) as pilot:
         await wait_loaded(pilot)
-        await pilot.press("ctrl+p")
-        await pilot.pause()
-        await pilot.press(*"compare medusa,eagle3")
-        await wait_until(pilot, lambda: "Set compare = medusa,eagle3" in str(
-            [str(o.prompt) for o in app.screen.query_one("CommandList").options]), what="palette hit")
-        await pilot.press("enter")
+        await palette(pilot, "compare medusa,eagle3", "Set compare = medusa,eagle3")
         await wait_until(pilot, lambda: app.ui.compare == "medusa,eagle3", what="chosen")
         screen = await run_compare(app, pilot)
         assert sorted(session.calls) == [("generate", "medusa"), ("generate", "none"), ("generate", "session")]

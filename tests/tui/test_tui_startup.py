@@ -11,6 +11,7 @@ from specchat.tui.testing import (
     SIZE,
     make_app,
     make_session,
+    palette,
     send,
     wait_idle,
     wait_loaded,
@@ -109,12 +110,7 @@ async def test_command_palette_sets_a_value_by_name():
     app = make_app(session)
     async with app.run_test(size=SIZE) as pilot:
         await wait_loaded(pilot)
-        await pilot.press("ctrl+p")
-        await pilot.pause()
-        await pilot.press(*"topk 2")
-        await wait_until(pilot, lambda: "Set eagle_topk = 2" in str(
-            [str(o.prompt) for o in app.screen.query_one("CommandList").options]), what="palette hit")
-        await pilot.press("enter")
+        await palette(pilot, "topk 2", "Set eagle_topk = 2")
         await wait_until(pilot, lambda: app.applied_config.eagle_topk == 2, what="applied")
         assert session.config.eagle_topk == 2
 

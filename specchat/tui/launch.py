@@ -79,7 +79,8 @@ def _real_factory(args: argparse.Namespace, config: SpecConfig) -> SessionLoader
     from specchat.options import draft_options
 
     extra.update(draft_options(args))
-    # every head shipped for the model is loaded beside the one in force (a second or two, ~12 MB), so
+    # every head shipped for the model is loaded beside the one in force (its load time was within the
+    # noise of loading one, the Medusa heads ~12 MB), so
     # the settings and the palette can switch to any of those methods while chatting
     from engine.drafters.loading import SHIPPED_METHODS
 

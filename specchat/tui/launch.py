@@ -80,8 +80,8 @@ def _real_factory(args: argparse.Namespace, config: SpecConfig) -> SessionLoader
 
     extra.update(draft_options(args))
     # every head shipped for the model is loaded beside the one in force (its load time was within the
-    # noise of loading one, the Medusa heads ~12 MB), so
-    # the settings and the palette can switch to any of those methods while chatting
+    # noise of loading one; the Medusa heads are ~12 MB), so the settings and the palette can switch
+    # to any of those methods while chatting
     from engine.drafters.loading import SHIPPED_METHODS
 
     extra["also"] = tuple(dict.fromkeys((*extra["also"], *SHIPPED_METHODS)))

@@ -15,7 +15,7 @@
 /*
  * Eight cached K/V values from element i of a cache that holds fp32, or fp16 (kv16: the fast
  * precision's cache, half the bytes; F16C widens each value exactly, so the arithmetic after the
- * load is the fp32 cache's on the rounded values). The attention below is written once and
+ * load is the fp32 cache's on the rounded values). The attention in both files is written once and
  * inlined for each kind (kv16 is a constant at every call site that matters).
  */
 INLINE AVX2 __m256 kv8(const void *base, long i, const int kv16) {

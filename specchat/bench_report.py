@@ -63,8 +63,10 @@ def machine_info(model: object | None = None) -> dict[str, Any]:
         info["kernel_variant"] = native.variant() if kernels == "native" else "torch"
         kernel = native.load() if kernels == "native" else None
         if kernel is not None and kernel.fast_variant:
-            # the fast precision's tiles: amx, avx512vnni, avxvnni, avx2
-            info["fast_kernel_variant"] = kernel.fast_variant
+            # the fast precision's tiles: amx, avx512vnni, avxvnni, avx2; "+bf16" where a bf16
+            # model's products run on vdpbf16ps (fast_bf16.c)
+            bf16 = kernel.fast_bf16 and "bf16" in getattr(model, "stored_kinds", ())
+            info["fast_kernel_variant"] = kernel.fast_variant + ("+bf16" if bf16 else "")
     return info
 
 

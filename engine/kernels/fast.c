@@ -36,7 +36,7 @@
 #define FAST_ROWS 12
 #define AVX2F __attribute__((target("avx2,fma")))
 
-enum { KIND_Q8 = 3, KIND_Q4 = 4 };
+enum { KIND_BF16 = 2, KIND_Q8 = 3, KIND_Q4 = 4 };
 
 static int has_vnni(void) {
     __builtin_cpu_init();
@@ -52,6 +52,9 @@ static int amx = 0;      /* 1: calls of AMX_MIN_ROWS rows or more take the AMX t
 
 int fast_amx_available(void); /* fast_amx.c */
 int fast_avxvnni_available(void); /* fast_avx2.c */
+int fast_bf16_choose(int off); /* fast_bf16.c */
+int fast_bf16_linear(const float *x, long M, long K, const void *codes, long N, const float *bias, float *y,
+                     long ldy, int accumulate, int nthreads);
 void fast_amx_begin(void);
 void fast_amx_end(void);
 void fast_amx_tile(int mr, int q4, const int8_t *xq, long K, const float *xd, const float *xc, const void *codes,
@@ -71,6 +74,7 @@ int fast_variant(int force) {
     else
         variant = avx2 ? 2 : 0;
     amx = variant == 512 && force == 0 && fast_amx_available();
+    fast_bf16_choose(force == 2 || force == 3); /* an AVX2-class CPU has no AVX512_BF16 */
     return variant + amx;
 }
 
@@ -295,31 +299,6 @@ static const fast_tile_fn FT_Q4[FAST_ROWS + 1] = {0, ft_q4_1, ft_q4_2, ft_q4_3, 
 static const fast_tile_fn FT_Q8[FAST_ROWS + 1] = {0, ft_q8_1, ft_q8_2, ft_q8_3, ft_q8_4, ft_q8_5, ft_q8_6,
                                                   ft_q8_7, ft_q8_8, ft_q8_9, ft_q8_10, ft_q8_11, ft_q8_12};
 
-/* A tile's results into y (row r at y + r * ldy): out + bias where there is one, then y + that
- * (accumulate) or that alone: per element the same two roundings in either loop. Why a full panel
- * goes 8 lanes at a time: as a scalar loop testing bias and accumulate per element, inlined in the
- * panel loop, it made that loop's own code 3.4% of a 16-node verify's samples (perf, fast, 300
- * cached; 2.1% for this function after), and a 16-node verify took 4% longer (docs/BENCHMARKS.md). */
-static AVX2F void put_tile(const float *out, int mr, int ncols, const float *bias, float *y, long ldy, int accumulate) {
-    for (int r = 0; r < mr; r++) {
-        float *yr = y + r * ldy;
-        const float *o = out + r * PANEL;
-        if (ncols < PANEL) {
-            for (int j = 0; j < ncols; j++) {
-                const float val = bias ? o[j] + bias[j] : o[j];
-                yr[j] = accumulate ? yr[j] + val : val;
-            }
-            continue;
-        }
-        for (int j = 0; j < PANEL; j += 8) {
-            __m256 val = _mm256_loadu_ps(o + j);
-            if (bias) val = _mm256_add_ps(val, _mm256_loadu_ps(bias + j));
-            if (accumulate) val = _mm256_add_ps(_mm256_loadu_ps(yr + j), val);
-            _mm256_storeu_ps(yr + j, val);
-        }
-    }
-}
-
 /*
  * Arguments as stored_linear's (stored.c), except that with half != 0 the scales and offsets are
  * the weight's fp16 copies (same layout, uint16 elements). Returns 0, -1 for a kind or shape this
@@ -328,6 +307,8 @@ static AVX2F void put_tile(const float *out, int mr, int ncols, const float *bia
 int stored_linear_fast(const float *x, long M, long K, int kind, long group, const void *codes, const void *scales,
                        const void *offsets, long N, const float *bias, float *y, long ldy, int accumulate,
                        int nthreads, int half) {
+    if (kind == KIND_BF16) /* vdpbf16ps where the CPU has it (fast_bf16.c) */
+        return fast_bf16_linear(x, M, K, codes, N, bias, y, ldy, accumulate, nthreads);
     const int q4 = kind == KIND_Q4;
     if ((kind != KIND_Q4 && kind != KIND_Q8) || group <= 0 || K % group || group % (q4 ? 8 : 4) || !fast_supported())
         return -1;

@@ -1,7 +1,8 @@
 /*
  * What the fast precision's VNNI tiles (fast.c) and AMX tiles (fast_amx.c) share: the panel width,
  * the target attribute, and the two register helpers both read weights with, so the variants
- * cannot drift apart in how they widen scales or order q8 codes.
+ * cannot drift apart in how they widen scales or order q8 codes; and the epilogue every fast tile
+ * (fast_bf16.c's too) writes its results with.
  */
 #ifndef SPECCHAT_FAST_H
 #define SPECCHAT_FAST_H
@@ -70,6 +71,34 @@ g32_prefetch(const int q4, const void *codes, const void *sc, const void *of, lo
     const long ahead = (PF_PANELS * ng + g) * PANEL * (hs ? 2 : 4);
     _mm_prefetch((const char *)sc + ahead, _MM_HINT_T0);
     if (of) _mm_prefetch((const char *)of + ahead, _MM_HINT_T0);
+}
+
+/* A tile's results into y (row r at y + r * ldy): out + bias where there is one, then y + that
+ * (accumulate) or that alone: per element the same two roundings in either loop. Why a full panel
+ * goes 8 lanes at a time: as a scalar loop testing bias and accumulate per element, inlined in the
+ * panel loop, it made that loop's own code 3.4% of a 16-node verify's samples (perf, fast, 300
+ * cached; 2.1% for this function after), and a 16-node verify took 4% longer (docs/BENCHMARKS.md).
+ * Out of line, as it was when it lived in fast.c: inlined into the panel loops, one-token steps
+ * measured slower (old and new builds alternated, four rounds). */
+static __attribute__((target("avx2,fma"), noinline, unused)) void
+put_tile(const float *out, int mr, int ncols, const float *bias, float *y, long ldy, int accumulate) {
+    for (int r = 0; r < mr; r++) {
+        float *yr = y + r * ldy;
+        const float *o = out + r * PANEL;
+        if (ncols < PANEL) {
+            for (int j = 0; j < ncols; j++) {
+                const float val = bias ? o[j] + bias[j] : o[j];
+                yr[j] = accumulate ? yr[j] + val : val;
+            }
+            continue;
+        }
+        for (int j = 0; j < PANEL; j += 8) {
+            __m256 val = _mm256_loadu_ps(o + j);
+            if (bias) val = _mm256_add_ps(val, _mm256_loadu_ps(bias + j));
+            if (accumulate) val = _mm256_add_ps(_mm256_loadu_ps(yr + j), val);
+            _mm256_storeu_ps(yr + j, val);
+        }
+    }
 }
 
 #endif

@@ -46,3 +46,28 @@ def fast_linear_reference(x: torch.Tensor, rows: QuantRows, bias: torch.Tensor |
     if bias is not None:
         acc = acc + bias.float()
     return acc
+
+
+def fast_bf16_reference(x: torch.Tensor, rows: QuantRows, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """y [M, N] = the fast precision's x @ W.T (+ bias) for a bf16 weight: what ``fast_bf16.c``
+    computes with vdpbf16ps. x is rounded to bf16 (to nearest even); each output is one fp32 chain
+    over the pairs of k in order, the odd k's product added before the even k's, each sum rounded
+    once (a product of two bf16 values is exact in fp32). bf16 denormals count as zero, as the
+    instruction reads them."""
+    if rows.kind != "bf16":
+        raise ValueError(f"fast_bf16_reference takes bf16 weights, not {rows.kind!r}")
+    xb = _bf16_daz(x.float().to(torch.bfloat16))
+    w = _bf16_daz(rows.codes.view(torch.bfloat16))
+    acc = torch.zeros(x.shape[0], w.shape[0], dtype=torch.float32)
+    for j in range(0, x.shape[1], 2):
+        acc = acc + xb[:, j + 1, None] * w[None, :, j + 1]
+        acc = acc + xb[:, j, None] * w[None, :, j]
+    if bias is not None:
+        acc = acc + bias.float()
+    return acc
+
+
+def _bf16_daz(t: torch.Tensor) -> torch.Tensor:
+    """bf16 values as fp32, denormals as zero of their sign."""
+    f = t.float()
+    return torch.where(f.abs() < torch.finfo(torch.float32).tiny, f * 0.0, f)

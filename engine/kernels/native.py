@@ -1,6 +1,6 @@
 """The Python bindings of our native CPU kernels (``skinny.c``, ``ops.c``, ``attention.c``,
-``attention_shared.c``, ``stored.c``, ``fast.c``, ``decoder.c``, ``head.c``): one loaded library,
-its C signatures, and thin typed wrappers.
+``attention_shared.c``, ``stored.c``, ``fast.c``, ``fast_bf16.c``, ``decoder.c``, ``head.c``): one
+loaded library, its C signatures, and thin typed wrappers.
 
 ``build.py`` compiles and caches the library; here it is loaded once per process. Where it
 cannot run (no compiler, no AVX2/FMA, a failed build, or ``SPECCHAT_LINEAR=torch``) ``load()``
@@ -90,9 +90,13 @@ class NativeKernel:
         self._lib.attention_variant.argtypes = [_i]
         self._lib.attention_variant.restype = _i
         self._lib.fast_variant.restype = _i
+        self._lib.fast_bf16_enabled.restype = _i
         # the fast precision's tiles: "amx" (AMX-INT8 for several rows, VNNI for one), "avx512vnni",
         # "avxvnni" (vpdpbusd on 8 lanes: AVX2 CPUs with AVX-VNNI), "avx2"; None: no fast kernel here
         self.fast_variant: str | None = None
+        # whether the fast precision multiplies bf16 weights by vdpbf16ps (AVX512_BF16: fast_bf16.c);
+        # where it does not, bf16 weights keep the exact kernel in either precision
+        self.fast_bf16 = False
 
     def choose_variant(self, force: str = "") -> None:
         """Pick the tiles from the CPU flags. ``force``: "avx2" keeps even an AVX-512 CPU on the
@@ -107,6 +111,7 @@ class NativeKernel:
         self.variant = "avx512" if self._lib.stored_variant(2 if narrow else 0) == 512 else "avx2"
         code = self._lib.fast_variant({"avx2": 2, "avxvnni": 3, "avx512": 1}.get(force, 0))
         self.fast_variant = {513: "amx", 512: "avx512vnni", 256: "avxvnni", 2: "avx2"}.get(code)
+        self.fast_bf16 = bool(self._lib.fast_bf16_enabled())
         # attention's 16-lane loops (the same bits as its 8-lane ones): off on an AVX2-class pick
         self.use_wide_attention(not narrow)
 

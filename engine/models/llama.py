@@ -150,6 +150,12 @@ class LlamaModel:
         """Bytes of matrix weights one token's forward streams (layers + LM head)."""
         return sum(lin.nbytes for lin in self._linears())
 
+    @property
+    def stored_kinds(self) -> frozenset[str]:
+        """The stored formats of the matrix weights ("q4", "q8", "bf16", ...; empty for fp32 panels):
+        which products the fast precision runs, as the bench title reports."""
+        return frozenset(p.kind for lin in self._linears() if isinstance(lin, StoredLinear) for p in lin.parts)
+
     def _linears(self) -> list[Linear | StoredLinear]:
         return [self.lm_head, *(lin for layer in self.layers for lin in layer.linears)]
 

@@ -46,5 +46,9 @@ class SessionAPI(Protocol):
     def update_config(self, config: SpecConfig) -> None:
         """Validate and queue ``config``; raises ConfigError (old settings stay) if unusable."""
 
+    def set_precision(self, precision: str) -> bool:
+        """Switch the target's arithmetic (exact | fast) now (True) or when the answer streaming
+        ends (False); the next answer reads the conversation again in it. ConfigError if it cannot."""
+
     def reset(self) -> None:
         """Start a new conversation (the KV cache is dropped)."""

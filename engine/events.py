@@ -62,6 +62,7 @@ class Started:
     config: dict[str, Any] = field(default_factory=dict)
     model: str = ""
     drafter: str = ""
+    precision: str = ""  # the target's arithmetic, exact or fast ("" for a backend with one)
     context_limit: int = 0  # the model's context length (0: unknown); prompt + answer must fit
     dropped_turns: int = 0  # oldest messages left out so the prompt fits (context_overflow=drop_oldest)
     # the relative verify cost by tree size the adaptive budget was calibrated with, (size, relative)

@@ -7,7 +7,7 @@ could make their outputs differ.
 
 The loop (:meth:`Session._run`) reads top to bottom like gpt-fast's speculative step: each
 function below it does one part of a step, and what a step hands to the next lives in one
-:class:`_Answer`.
+:class:`AnswerState`.
 """
 
 from __future__ import annotations
@@ -15,13 +15,14 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable, Generator, Iterator, Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
 from engine.adaptive import DraftBudget
+from engine.answer import AnswerState
 from engine.api import Message
+from engine.budgets import Budgets
 from engine.config import ConfigError, SpecConfig
 from engine.context import context_refusal, fit_context
 from engine.drafters.base import Drafter, NoDrafter
@@ -30,8 +31,6 @@ from engine.events import (
     ConfigApplied,
     Event,
     Finished,
-    FinishReason,
-    Origin,
     PrefillProgress,
     Started,
     Step,
@@ -56,36 +55,6 @@ def default_drafters() -> dict[str, DrafterFactory]:
     from engine.drafters.ngram import NgramDrafter
 
     return {"none": NoDrafter, "ngram": NgramDrafter}
-
-
-@dataclass
-class _Answer:
-    """What one answer carries from step to step: the settings, the drafter, and what the last
-    forward produced (``tree``, ``verdict``, ``pending``), emitted at the top of the next step."""
-
-    config: SpecConfig
-    fixed: bool  # generate() with its own config: hot-swapped settings do not apply
-    root: int  # the token the next tree grows from: produced, not yet in the cache
-    tally: RunningTally
-    decoder: Any  # the tokenizer's incremental decoder
-    timing: StepTiming
-    tree: DraftTree
-    verdict: Verdict
-    pending: list[tuple[int, Origin]]  # tokens the last forward produced, not yet emitted
-    proposed: int = 1  # nodes the drafter proposed, before pruning
-    drafted: bool = True  # False: the budget paused drafting this step
-    levels: int = 0  # levels asked of a drafter that pays per level (0: not such a drafter)
-    width: int = 0  # top-k the budget chose for such a drafter (0: not chosen)
-    grown: int = 0  # levels such a drafter actually grew (its confidence may stop it early)
-    index: int = 0  # the next Step's index
-    text: list[str] = field(default_factory=list)
-    finished: FinishReason | None = None
-    method: str | None = None  # the method whose drafter and budget are in use
-    drafter: Drafter = field(default_factory=NoDrafter)
-    budget: DraftBudget = field(default_factory=DraftBudget)
-    # the last (settings, levels, top-k) the budget asked of the drafter, and that request: a validated
-    # copy of the settings costs as much as a tenth of a drafted level, and mostly repeats
-    asked: tuple[SpecConfig, int, int, SpecConfig] | None = None
 
 
 class Session:
@@ -114,6 +83,7 @@ class Session:
         self._config = config or SpecConfig()
         self._check(self._config)
         self._pending: SpecConfig | None = None
+        self._pending_precision: str | None = None  # set_precision() while an answer streams
         self._config_version = 0
         self._lock = threading.Lock()
         self._cancel = threading.Event()
@@ -124,13 +94,7 @@ class Session:
         self._cache = None
         self._cached: list[int] = []  # tokens whose K/V sit in the cache, in order
         self._picker = Picker(model, self._config.seed)  # how kept tokens are chosen, and its random state
-        # adaptive budgets, one per method: acceptance is the drafter's own, and so is the verify
-        # cost (an EAGLE-3 target forward also captures features)
-        self._budgets: dict[str, DraftBudget] = {}
-        # the verify-cost curve's shape, measured once on a scratch cache (engine/calibrate.py)
-        # when asked for: loaders of real models ask, tests of the budget's learning do not
-        self._calibrate = calibrate_costs
-        self._cost_shape: dict[int, float] | None = None
+        self._costs = Budgets(model, calibrate=calibrate_costs, threads=threads)  # adaptive budgets
         self._preamble: list[int] | None = None  # what every conversation opens with (reset() keeps it)
         # target states the drafters read (EAGLE and Medusa heads), one row per cached token,
         # captured only while a method that reads them drafts (engine/features.py says why): one
@@ -192,6 +156,32 @@ class Session:
 
     def cancel(self) -> None:
         self._cancel.set()
+
+    @property
+    def precision(self) -> str:
+        """The target's arithmetic, "exact" or "fast" (LlamaModel.precision); "" where it has one."""
+        return getattr(self.model, "precision", "")
+
+    def check_precision(self, precision: str) -> None:
+        """Raise ConfigError (one line) where this session's target cannot run ``precision``."""
+        if not self.precision:
+            raise ConfigError("this backend computes in one precision; specchat's own forward has exact and fast")
+        if precision not in ("exact", "fast"):
+            raise ConfigError(f"precision is exact or fast, not {precision!r}")
+        if precision == "fast" and not self.model.fast_available:
+            raise ConfigError("the fast precision needs stored weights and our native kernel (a CPU with AVX2)")
+
+    def set_precision(self, precision: str) -> bool:
+        """Switch the target's arithmetic: True if done now, False if it waits for the answer streaming
+        to end. It drops the KV cache (computed, and in fast stored, in the other arithmetic), the
+        drafters' state and the cost curves: the next answer reads the conversation again in the new
+        precision. Raises ConfigError, nothing changed, where it cannot run."""
+        self.check_precision(precision)
+        with self._lock:
+            self._pending_precision = precision if self._busy else None
+            if not self._busy:
+                self._apply_precision(precision)
+            return not self._busy
 
     def set_draft(self, method: str, factory: DrafterFactory, features: FeatureSpec | None) -> None:
         """Install a draft loaded with engine.drafters.loading.load_draft (which validates it first,
@@ -297,6 +287,8 @@ class Session:
                 self._busy = False
                 if self._pending is not None:
                     self._apply(self._pending)
+                if self._pending_precision is not None:
+                    self._apply_precision(self._pending_precision)
 
     # -- internals ------------------------------------------------------------------------------
     def _conversation(self) -> list[Message]:
@@ -330,40 +322,34 @@ class Session:
         self._pending = None
         self._config_version += 1
 
+    def _apply_precision(self, precision: str) -> None:
+        self._pending_precision = None
+        if precision != self.model.precision:
+            self.model.precision = precision
+            self.rewind_cache(0)
+            self._cache = None  # a cache of the new kind
+            self._drafters.clear()
+            self._costs.clear()  # the new precision's verify costs, measured again
+
     def _budget(self, method: str) -> DraftBudget:
-        if method not in self._budgets:  # the baseline prunes nothing: it never waits for a calibration
-            self._budgets[method] = DraftBudget(self._cost_shape if method == "none" else self.cost_shape())
-        return self._budgets[method]
+        return self._costs.get(method)
 
     @property
     def calibrates(self) -> bool:
         """Whether this session measures its verify-cost curve (``SPECCHAT_CALIBRATE=0``: not)."""
-        return self._calibrate
+        return self._costs.calibrates
 
     @property
     def measured_cost_shape(self) -> dict[int, float] | None:
-        """The verify-cost curve this session measured, or None before a budget first needed it
-        (reading it measures nothing)."""
-        return self._cost_shape
+        return self._costs.measured  # None before a budget first needed it
 
     @property
     def learned_cost_curves(self) -> dict[str, dict[int, float]]:
-        """Each method's verify-cost curve as its budget plans with it now: the measured one,
-        corrected where the live steps timed a size often enough (engine/costs.py); methods whose
-        steps have not corrected it yet are left out."""
-        return {m: dict(b.cost.curve) for m, b in self._budgets.items() if b.cost.curve}
+        return self._costs.learned()  # Budgets.learned
 
     def cost_shape(self) -> dict[int, float] | None:
-        """The relative verify cost by tree size (measured on first use, about a second on the
-        embedded model), or None for a session that learns costs from its steps alone."""
-        if self._calibrate and self._cost_shape is None:
-            from engine.calibrate import threads_for_calibration, verify_cost_shape
-
-            threads = threads_for_calibration(self.model)
-            if self._threads is not None and threads < self._threads.full:
-                self._threads.start_reduced()  # a core is taken already: the first steps need not find out
-            self._cost_shape = verify_cost_shape(self.model, threads=threads)
-        return self._cost_shape
+        """The relative verify cost by tree size, measured on first use (Budgets.shape)."""
+        return self._costs.shape()
 
     def _drafter(self, method: str) -> Drafter:
         if method not in self._drafters:
@@ -389,9 +375,9 @@ class Session:
         answer = self._begin(prompt, logits, config, fixed=override is not None, t0=t0)
         # the cost shape if measured (a baseline answer never pays for measuring it)
         yield Started(prompt_tokens=len(prompt), reused_tokens=reused, prefill_ms=answer.timing.verify_ms,
-                      config=config.to_dict(), model=self.model_name, drafter=config.method,
+                      config=config.to_dict(), model=self.model_name, drafter=config.method, precision=self.precision,
                       context_limit=self._cache_limit(), dropped_turns=dropped_turns,
-                      cost_shape=tuple(sorted((self._cost_shape or {}).items())))
+                      cost_shape=tuple(sorted((self._costs.measured or {}).items())))
         while True:
             yield self._emit(answer)
             if answer.finished is None and self._cancel.is_set():
@@ -432,17 +418,17 @@ class Session:
         return logits, reuse
 
     def _begin(self, prompt: list[int], logits: torch.Tensor, config: SpecConfig, *, fixed: bool, t0: float
-               ) -> _Answer:
+               ) -> AnswerState:
         """The answer's state after the prefill: its first token (the root of the first tree) is
         pending, as if a root-only step had produced it."""
         self._picker.new_answer()
         root = self._picker.first_token(logits, config, len(prompt))
-        return _Answer(config=config, fixed=fixed, root=root, tally=RunningTally(started=t0),
+        return AnswerState(config=config, fixed=fixed, root=root, tally=RunningTally(started=t0),
                        decoder=self.tokenizer.incremental_decoder(prompt[-8:]),
                        timing=StepTiming(verify_ms=(time.perf_counter() - t0) * 1e3),
                        tree=DraftTree.root_only(prompt[-1]), verdict=Verdict((), root), pending=[(root, "target")])
 
-    def _emit(self, answer: _Answer) -> Step:
+    def _emit(self, answer: AnswerState) -> Step:
         """The Step event of what the last forward produced, honouring stops exactly like the
         baseline: a stop token ends the answer uncommitted, max_new_tokens cuts inside a path."""
         committed: list[CommittedToken] = []
@@ -468,7 +454,7 @@ class Session:
         answer.index += 1
         return step
 
-    def _take_pending(self, answer: _Answer) -> ConfigApplied | None:
+    def _take_pending(self, answer: AnswerState) -> ConfigApplied | None:
         """Hot-swapped settings take effect at a step boundary (not in a generate() with its own)."""
         if answer.fixed or self._pending is None:
             return None
@@ -479,7 +465,7 @@ class Session:
         answer.config = self._config
         return ConfigApplied(version=self._config_version, config=answer.config.to_dict())
 
-    def _use_drafter(self, answer: _Answer) -> None:
+    def _use_drafter(self, answer: AnswerState) -> None:
         """Draft with the method in force: on its first step (or a switch) its drafter takes the
         history, with target features caught up when it reads them, and its budget restarts."""
         method = answer.config.method
@@ -492,7 +478,7 @@ class Session:
         answer.drafter.reset(self._cached, self._capture.rows())
         answer.budget.restart()
 
-    def _step(self, answer: _Answer) -> None:
+    def _step(self, answer: AnswerState) -> None:
         """Draft, verify with one target forward, commit; what it produced waits for :meth:`_emit`."""
         config, budget = answer.config, answer.budget
         gated = config.adaptive_draft and config.method != "none"  # "none" has no drafting to pause
@@ -513,7 +499,7 @@ class Session:
         answer.timing = StepTiming(draft_ms=(t_verify - t_draft) * 1e3, verify_ms=(t_commit - t_verify) * 1e3,
                                    other_ms=(t_done - t_commit) * 1e3)
 
-    def _draft(self, answer: _Answer, gated: bool) -> DraftTree:
+    def _draft(self, answer: AnswerState, gated: bool) -> DraftTree:
         """This step's tree: the drafter's proposal pruned by the adaptive budget, or the root
         alone while the budget pauses drafting (it has recently cost more than it saved)."""
         config, budget, drafter = answer.config, answer.budget, answer.drafter
@@ -554,7 +540,7 @@ class Session:
                                      tree_mask=tree.ancestor_mask(), **self._capture.forward_kwargs)
         return out, self._picker.verdict(tree, out.logits, config, start)
 
-    def _commit(self, answer: _Answer, tree: DraftTree, out: Any, verdict: Verdict) -> None:
+    def _commit(self, answer: AnswerState, tree: DraftTree, out: Any, verdict: Verdict) -> None:
         """Root and accepted path into the cache (and the drafter); the bonus is the next root."""
         rows = [0, *verdict.accepted]
         self._cache.commit(rows)

@@ -86,7 +86,7 @@ def test_a_session_reports_each_methods_corrected_curve() -> None:
     plans with now, once the steps have corrected it (methods not yet corrected are left out)."""
     model, tok = our_model("llama", 0)[0], TinyTokenizer(stop_ids=frozenset())
     session = Session(model, tok, SpecConfig(method="ngram"))
-    session._cost_shape = dict(NOISY)  # as if calibrated (a real calibration's values are noise here)
+    session._costs.measured = dict(NOISY)  # as if calibrated (a real calibration's values are noise here)
     assert session.learned_cost_curves == {}
     cost = session._budget("ngram").cost
     session._budget("eagle3")  # a budget without corrected steps

@@ -102,7 +102,6 @@ class SpecChatApp(ChartsHost, CompareHost, App[int]):
         self.ui = ui or UISettings()
         self._warnings = list(warnings)
         self.model_name = model_label
-        self.precision = precision  # the engine's arithmetic (exact | fast), fixed for the app's life
         self.draft_model, self.serve_model = draft_model, serve_model
         self.start_in = start_in
         self.teaching = teach or (replay is not None and replay.step)
@@ -115,8 +114,9 @@ class SpecChatApp(ChartsHost, CompareHost, App[int]):
         self.host: Host = make_host(factory, self._wake, process=engine_process, record_path=record,
                                     replay_speed=replay.speed if replay else 1.0,
                                     ui_thread=threading.get_native_id(), ui_nice=UI_NICE)
+        # the engine's arithmetic (exact | fast) is the settings' too: the palette and F2 switch it
         self.settings_control = SettingsControl(self.host, config, replay=replay is not None,
-                                                ui_values=self.ui_values)
+                                                ui_values=self.ui_values, precision=precision)
         self.host.gate.set_stepping(self.teaching)
         self._stopping = False
         self.frames = 0  # engine output shown so far, in frames (tests check the UI keeps streaming)
@@ -256,7 +256,7 @@ class SpecChatApp(ChartsHost, CompareHost, App[int]):
             self.prefill = None
         in_force = lane == "chat" or (lane == "spec" and not self.ui.compare)  # not a compare's chosen method
         if isinstance(record, Started) and in_force and record.config:
-            self.settings_control.reported(record.config)
+            self.settings_control.reported(record.config, record.precision)
         elif isinstance(record, ConfigApplied) and self.settings_control.reported(record.config):
             self.notify(f"settings applied at the step boundary (v{record.version})", timeout=3)
 
@@ -290,6 +290,7 @@ class SpecChatApp(ChartsHost, CompareHost, App[int]):
         target.query_one(PromptInput).carry(typed, send=send_it)
 
     def _job_done(self, item: JobDone) -> None:
+        self.settings_control.job_done()
         if item.job == self.busy_job:
             self.busy_job = None
             if self._new_chat_when_done:
@@ -318,8 +319,8 @@ class SpecChatApp(ChartsHost, CompareHost, App[int]):
             replay=replay_line(speed=self.host.replay_speed, paused=self.replay_paused,
                                stepping=self.teaching) if replay else "",
             context=self.chat_screen.context_line() if self.chat_screen.ready else "",
-            precision=precision_line(self.precision), stepping=self.host.gate.stepping, prefill=self.prefill,
-            teaching=self.teaching, waiting=self.gate_waiting, replaying=replay,
+            precision=precision_line(self.settings_control.precision), stepping=self.host.gate.stepping,
+            prefill=self.prefill, teaching=self.teaching, waiting=self.gate_waiting, replaying=replay,
         )
         for screen in (self.chat_screen, self.compare_screen):
             if screen.ready:
@@ -349,7 +350,8 @@ class SpecChatApp(ChartsHost, CompareHost, App[int]):
 
     # settings ---------------------------------------------------------------------------------------
     def ui_values(self) -> dict[str, Any]:
-        return {"show_rejected": self.ui.show_rejected, "theme": self.theme, "compare": self.ui.compare or "default"}
+        return {"show_rejected": self.ui.show_rejected, "theme": self.theme, "compare": self.ui.compare or "default",
+                "precision": self.settings_control.current("precision")}
 
     def on_change_setting(self, event: ChangeSetting) -> None:
         self.apply_setting(event.name, event.value)

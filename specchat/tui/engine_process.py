@@ -9,9 +9,10 @@ cycles the engine leaves and gets every core back when the engine is idle.
 
 The child runs an ordinary :class:`EngineHost` (load, jobs, gate, recording) plus two threads:
 one forwards the mailbox's items to the parent in batches, one carries out commands (submit,
-cancel, settings, gate, recording). ``update_config`` is a call with an answer, so a refused
-hot-swap raises the session's own ``ConfigError`` in the UI and the old settings stay. If the
-child dies, the UI is told in one line (load failed, or the running job ended with an error).
+cancel, settings, gate, recording). ``update_config`` and ``set_precision`` are calls with an
+answer, so a refused hot-swap raises the session's own ``ConfigError`` in the UI and the old
+settings stay. If the child dies, the UI is told in one line (load failed, or the running job
+ended with an error).
 
 The factory must pickle (the child is spawned, not forked: the UI process has threads).
 """
@@ -104,7 +105,7 @@ class ProcessHost:
         self._ids = itertools.count(1)
         self._open_jobs: dict[int, str] = {}
         self._lock = threading.Lock()  # the open jobs (UI thread and receiving thread)
-        self._rpc_lock = threading.Lock()  # one update_config call at a time
+        self._rpc_lock = threading.Lock()  # one call with an answer (update_config, set_precision) at a time
         self._items_in, items_out = ctx.Pipe(duplex=False)
         cmd_in, self._cmd_out = ctx.Pipe(duplex=False)
         self._rpc_in, rpc_out = ctx.Pipe(duplex=False)
@@ -154,16 +155,24 @@ class ProcessHost:
     def update_config(self, config: SpecConfig) -> bool:
         """Raises the session's ConfigError if it refuses (the old settings stay), or if the engine is gone;
         True when the idle session applied it at once."""
+        self.session.config, self.session.pending_config = self._call("update_config", config)
+        return applied_at_once(self.session.config, self.session.pending_config, config)
+
+    def set_precision(self, precision: str) -> bool:
+        """As update_config: the session's ConfigError raised here; True when it switched at once."""
+        return self._call("set_precision", precision)[0]
+
+    def _call(self, op: str, *args: Any) -> list[Any]:
+        """A command with an answer: the child's reply after "ok", or its exception raised here."""
         with self._rpc_lock:
-            self._send("update_config", config)
+            self._send(op, *args)
             try:
                 status, *rest = self._rpc_in.recv()
             except (EOFError, OSError):
                 raise ConfigError("the engine process has stopped; restart specchat") from None
         if status == "error":
             raise rest[0]
-        self.session.config, self.session.pending_config = rest
-        return applied_at_once(self.session.config, self.session.pending_config, config)
+        return rest
 
     def drain(self) -> list[Item]:
         return self.mailbox.drain()
@@ -289,10 +298,17 @@ def _command_handlers(host: EngineHost, rpc_out: Any) -> dict[str, Callable[...,
         except Exception as exc:  # the session's ConfigError, raised again in the UI
             rpc_out.send(("error", exc))
 
+    def set_precision(precision: str) -> None:
+        try:
+            rpc_out.send(("ok", host.set_precision(precision)))
+        except Exception as exc:
+            rpc_out.send(("error", exc))
+
     return {
         "submit": host.enqueue,  # the parent numbers the jobs
         "cancel": host.cancel,
         "update_config": update_config,
+        "set_precision": set_precision,
         "gate_stepping": host.gate.set_stepping,
         "gate_release": host.gate.release,
         "gate_interrupt": host.gate.interrupt,

@@ -315,6 +315,8 @@ class ScriptedSession:
         self.refuse_methods = dict(refuse_methods or {})
         self._lock = threading.Lock()
         self._pending: SpecConfig | None = None
+        self.precision = "exact"  # the arithmetic its Started events report (set_precision switches it)
+        self._pending_precision: str | None = None
         self._busy = False
         self._version = 0
         self._cancel = threading.Event()
@@ -366,6 +368,19 @@ class ScriptedSession:
                 self._config = config
                 self._pending = None
                 self._version += 1
+
+    def check_precision(self, precision: str) -> None:
+        if precision not in ("exact", "fast"):
+            raise ConfigError(f"precision is exact or fast, not {precision!r}")
+
+    def set_precision(self, precision: str) -> bool:
+        self.check_precision(precision)
+        with self._lock:  # like the engine: at once when idle, else when the answer ends
+            if self._busy:
+                self._pending_precision = precision
+            else:
+                self.precision = precision
+            return not self._busy
 
     def reset(self) -> None:
         self._messages.clear()
@@ -435,6 +450,8 @@ class ScriptedSession:
                 if self._pending is not None:
                     self._config, self._pending = self._pending, None
                     self._version += 1
+                if self._pending_precision is not None:
+                    self.precision, self._pending_precision = self._pending_precision, None
 
     def _play_steps(
         self, answer: Sequence[Event], config: SpecConfig | None, text_parts: list[str]
@@ -455,7 +472,8 @@ class ScriptedSession:
             elif isinstance(ev, Started):
                 self._started = True
                 cfg = (config or self._config).to_dict()
-                yield from self._yield(dataclasses.replace(ev, config=cfg, model=self.model_name))
+                yield from self._yield(dataclasses.replace(ev, config=cfg, model=self.model_name,
+                                                           precision=self.precision))
             elif isinstance(ev, Step):
                 if self._cancel.is_set():
                     yield from self._yield(

@@ -256,6 +256,8 @@ class EngineHost:
         self.thread_id: int | None = None
         self.ui_niced = False
         self.running_job: int | None = None
+        self._job_lock = threading.Lock()  # a job's start and end against set_precision()
+        self._pending_precision: str | None = None  # asked for while a job ran
         self.compares = 0  # compare jobs run; odd ones run the baseline first, even ones speculative first
         self._last_started: Started | None = None
 
@@ -297,6 +299,19 @@ class EngineHost:
             raise RuntimeError("no session loaded")
         self.session.update_config(config)
         return applied_at_once(self.session.config, self.session.pending_config, config)
+
+    def set_precision(self, precision: str) -> bool:
+        """Raises ConfigError if the session refuses; True when it switched at once. While a job
+        runs the switch waits for the job's end, not its answer's: a compare's two runs share one
+        precision."""
+        if self.session is None:
+            raise RuntimeError("no session loaded")
+        with self._job_lock:
+            if self.running_job is None:
+                return self.session.set_precision(precision)
+            self.session.check_precision(precision)
+            self._pending_precision = precision
+            return False
 
     def shutdown(self) -> None:
         self._stop.set()
@@ -341,14 +356,18 @@ class EngineHost:
                 break
             self._cancelled.clear()
             self.gate.reset()
-            self.running_job = job.id
+            with self._job_lock:
+                self.running_job = job.id
             error = ""
             try:
                 getattr(self, f"_job_{job.kind}")(job)
             except Exception as exc:
                 error = _one_line(exc)
             finally:
-                self.running_job = None
+                with self._job_lock:
+                    self.running_job, precision, self._pending_precision = None, self._pending_precision, None
+                    if precision is not None:  # checked when asked for: the same model, so it runs
+                        self.session.set_precision(precision)
             self.mailbox.put(JobDone(job.id, job.kind, error))
 
     def _open_writer(self, path: str) -> TraceWriter:

@@ -52,6 +52,9 @@ class Host(Protocol):
     def update_config(self, config: SpecConfig) -> bool:
         """Raises ConfigError if the session refuses; True when an idle session applied it at once."""
 
+    def set_precision(self, precision: str) -> bool:
+        """Raises ConfigError if the session refuses; True when it switched at once."""
+
     def set_record_path(self, path: str | None, records: Sequence[Record] = ()) -> None: ...
 
     def drain(self) -> list[Item]: ...

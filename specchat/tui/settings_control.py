@@ -6,7 +6,9 @@ turns the answers into notifications and panel errors; nothing here imports Text
 
 * ``applied``: what the engine reported in force (Started / ConfigApplied);
 * ``pending``: what the user asked for and the engine accepted but has not applied yet (it applies
-  at the next step boundary, or when the next answer starts).
+  at the next step boundary, or when the next answer starts);
+* ``precision`` / ``pending_precision``: the target's arithmetic, outside those settings: the
+  session switches it between answers (``Session.set_precision``) and each Started reports it.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from specchat.tui.host_api import Host
 from specchat.tui.settings_schema import (
     ENGINE_FIELDS,
     FIELDS,
+    MODEL_FIELDS,
     UI_FIELDS,
     SettingField,
     applies,
@@ -32,10 +35,12 @@ class SettingsControl:
     """Engine settings as the engine reports them, and the one path by which the UI changes them."""
 
     def __init__(self, host: Host, config: SpecConfig, *, replay: bool,
-                 ui_values: Callable[[], dict[str, Any]]) -> None:
+                 ui_values: Callable[[], dict[str, Any]], precision: str = "exact") -> None:
         self.host = host
         self.applied = config
         self.pending: SpecConfig | None = None
+        self.precision = precision
+        self.pending_precision: str | None = None
         self.methods: tuple[str, ...] = ()  # what the loaded session can run ("" until loaded)
         self.loaded = False
         self.replay = replay
@@ -50,6 +55,8 @@ class SettingsControl:
     def current(self, name: str) -> Any:
         if FIELDS[name].scope == "ui":
             return self._ui_values()[name]
+        if FIELDS[name].scope == "model":
+            return self.pending_precision or self.precision
         return getattr(self.in_force, name)
 
     def ui_values(self) -> dict[str, Any]:
@@ -58,7 +65,7 @@ class SettingsControl:
     def fields(self) -> list[SettingField]:
         """The settings that act on the method in force (knobs of other drafters are left out)."""
         method = self.applied.method
-        return [f for f in (*ENGINE_FIELDS, *UI_FIELDS) if applies(f.name, method)]
+        return [f for f in (*ENGINE_FIELDS, *MODEL_FIELDS, *UI_FIELDS) if applies(f.name, method)]
 
     def field(self, name: str) -> SettingField:
         """The field a typed name means (aliases allowed); ConfigError names what was typed."""
@@ -82,6 +89,8 @@ class SettingsControl:
             raise ConfigError("replay: the settings are those recorded; no engine to change")
         if not self.loaded:
             raise ConfigError("the model is still loading")
+        if FIELDS[name].scope == "model":
+            return self._change_precision(value)
         base = self.in_force
         if not applies(name, base.method):
             raise ConfigError(f"{name} does nothing here: {why_not(name, base.method)}")
@@ -100,8 +109,28 @@ class SettingsControl:
         when = "at the next step" if busy else "when the next answer starts"
         return f"{name} = {format_value(value)} pending; applies {when}"
 
-    def reported(self, data: dict[str, Any]) -> bool:
-        """The engine says these settings are in force; True when that was the pending change."""
+    def _change_precision(self, value: str) -> str:
+        if value == self.current("precision"):
+            return ""
+        if self.host.set_precision(value):
+            self.precision, self.pending_precision = value, None
+            return f"precision = {value} applied; the next answer reads the conversation again in it"
+        self.pending_precision = None if value == self.precision else value
+        return f"precision = {value} pending; applies when this job ends" if self.pending_precision else ""
+
+    def job_done(self) -> None:
+        """A job ended: a precision asked for while it ran is in force now (the host switches
+        between jobs, so that a compare's two runs share one)."""
+        if self.pending_precision is not None:
+            self.precision, self.pending_precision = self.pending_precision, None
+
+    def reported(self, data: dict[str, Any], precision: str = "") -> bool:
+        """The engine says these settings (and precision) are in force; True when that was the
+        pending change of settings."""
+        if precision:
+            self.precision = precision
+            if self.pending_precision == precision:
+                self.pending_precision = None
         try:
             cfg = SpecConfig.from_dict(data)
         except (ConfigError, TypeError):

@@ -16,7 +16,7 @@ class SettingField:
     name: str
     label: str
     kind: FieldKind
-    scope: Literal["engine", "ui"] = "engine"
+    scope: Literal["engine", "model", "ui"] = "engine"
     choices: tuple[str, ...] = ()
     help: str = ""
 
@@ -45,6 +45,14 @@ ENGINE_FIELDS: tuple[SettingField, ...] = (
                  help="a turn that does not fit the context: refuse it, or drop the oldest turns"),
 )
 
+# the target's own arithmetic: not part of an answer's settings (SpecConfig), switched by the session
+# between answers (Session.set_precision), after which the conversation is read again in it
+MODEL_FIELDS: tuple[SettingField, ...] = (
+    SettingField("precision", "precision", "choice", scope="model", choices=("exact", "fast"),
+                 help="CPU arithmetic: exact (fp32) or fast (8-bit or bf16 products); the conversation is "
+                      "read again in it"),
+)
+
 UI_FIELDS: tuple[SettingField, ...] = (
     SettingField("show_rejected", "show rejected", "bool", scope="ui", help="refused drafts, struck through"),
     SettingField("theme", "theme", "choice", scope="ui", help="colours (every state also has a glyph/style)"),
@@ -55,7 +63,7 @@ COMPARE_FIELD = SettingField("compare", "compare", "text", scope="ui",
                              help="the compare view's two methods, A,B (e.g. medusa,eagle3; 'default': the "
                                   "baseline vs the method in force)")
 
-FIELDS: dict[str, SettingField] = {f.name: f for f in (*ENGINE_FIELDS, *UI_FIELDS, COMPARE_FIELD)}
+FIELDS: dict[str, SettingField] = {f.name: f for f in (*ENGINE_FIELDS, *MODEL_FIELDS, *UI_FIELDS, COMPARE_FIELD)}
 
 # short names accepted in the command palette ("topk 2", "steps=3")
 ALIASES: dict[str, str] = {

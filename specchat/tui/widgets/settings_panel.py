@@ -16,7 +16,15 @@ from textual.widgets import Input, Label, Select, Static, Switch
 
 from engine.config import SpecConfig
 from specchat.tui.messages import ChangeSetting
-from specchat.tui.settings_schema import ENGINE_FIELDS, UI_FIELDS, SettingField, applies, format_value, why_not
+from specchat.tui.settings_schema import (
+    ENGINE_FIELDS,
+    MODEL_FIELDS,
+    UI_FIELDS,
+    SettingField,
+    applies,
+    format_value,
+    why_not,
+)
 
 
 class SettingsPanel(VerticalScroll):
@@ -33,7 +41,7 @@ class SettingsPanel(VerticalScroll):
 
     def compose(self):
         yield Static("Settings · Enter applies · Esc closes", classes="panel-title")
-        for field in (*ENGINE_FIELDS, *UI_FIELDS):
+        for field in (*ENGINE_FIELDS, *MODEL_FIELDS, *UI_FIELDS):
             with Horizontal(classes="setting-row", id=f"row-{field.name}"):
                 yield Label(field.label, classes="setting-label")
                 yield self._editor(field)
@@ -92,7 +100,7 @@ class SettingsPanel(VerticalScroll):
             elif status.has_class("-pending"):
                 status.update("")
                 status.set_class(False, "-pending")
-        for field in UI_FIELDS:
+        for field in (*MODEL_FIELDS, *UI_FIELDS):  # values the app keeps (precision: the settings control)
             self._set_editor(field, ui[field.name])
 
     def _set_editor(self, field: SettingField, value: Any) -> None:

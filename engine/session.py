@@ -183,6 +183,29 @@ class Session:
                 self._apply_precision(precision)
             return not self._busy
 
+    def reread(self) -> None:
+        """Read the conversation so far into the (emptied) cache now, and measure the verify-cost
+        curve where the budget will want it, so the next answer after set_precision() prefills only
+        its own turn and is timed as any other."""
+        with self._lock:
+            if self._busy:
+                raise RuntimeError("this session is already generating")
+            self._busy = True
+            self._cancel.clear()
+        try:
+            if self._config.method != "none" and self._config.adaptive_draft:
+                self.cost_shape()
+            # the ids the model read and wrote, else the conversation encoded (what a next prompt
+            # is then built from; a template that drops old turns leaves no record)
+            ids = list(self._spoken.ids) if self._spoken is not None else \
+                self.tokenizer.encode_chat(self._conversation()) if self._messages else []
+            if ids and not self._cached and len(ids) < self._cache_limit():
+                for _ in self._prefill_prompt(ids, self._config):
+                    pass
+        finally:
+            with self._lock:
+                self._busy = False
+
     def set_draft(self, method: str, factory: DrafterFactory, features: FeatureSpec | None) -> None:
         """Install a draft loaded with engine.drafters.loading.load_draft (which validates it first,
         so a bad head never gets here and the old drafter stays). Not while an answer streams.

@@ -95,3 +95,20 @@ def test_the_budgets_measure_the_new_precisions_costs(tmp_path: Path) -> None:
     assert session.measured_cost_shape is None and session.learned_cost_curves == {}
     turn(session, "bcd")
     assert session.measured_cost_shape is not None  # measured again, in fast
+
+
+@needs_fast
+def test_reread_reads_the_conversation_before_the_next_answer(tmp_path: Path) -> None:
+    """What the TUI's host runs right after a switch: the next answer then prefills only its own
+    turn, and is the same answer as without the re-read."""
+    model = stored_model(tmp_path)
+    session = Session(model, tokenizer(), CONFIG)
+    _, first = turn(session, "abcabc")
+    session.set_precision("fast")
+    session.reread()
+    assert session.context_used > len(first)  # the prompt and the answer, in fast
+    started, second = turn(session, "bcd")
+    assert started.precision == "fast" and started.reused_tokens > len(first)  # the first turn was read already
+    lazy = Session(model, tokenizer(), CONFIG)
+    lazy.restore(session.messages[:2], answers=[first])
+    assert turn(lazy, "bcd")[1] == second

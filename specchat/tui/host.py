@@ -126,7 +126,8 @@ Item = LoadProgress | Loaded | LoadFailed | Delivery | JobDone | GateWaiting
 
 
 # jobs -------------------------------------------------------------------------------------------
-JobKind = Literal["chat", "compare", "replay", "reset", "restore"]
+JobKind = Literal["chat", "compare", "replay", "reset", "restore", "reread"]
+REREAD_JOB = 0  # the host's own job after a precision switch (the UI numbers its jobs from 1)
 
 
 @dataclass(frozen=True)
@@ -307,11 +308,13 @@ class EngineHost:
         if self.session is None:
             raise RuntimeError("no session loaded")
         with self._job_lock:
-            if self.running_job is None:
-                return self.session.set_precision(precision)
-            self.session.check_precision(precision)
-            self._pending_precision = precision
-            return False
+            if self.running_job is not None:
+                self.session.check_precision(precision)
+                self._pending_precision = precision
+                return False
+            self.session.set_precision(precision)
+        self.enqueue(Job("reread", id=REREAD_JOB))
+        return True
 
     def shutdown(self) -> None:
         self._stop.set()
@@ -368,6 +371,7 @@ class EngineHost:
                     self.running_job, precision, self._pending_precision = None, self._pending_precision, None
                     if precision is not None:  # checked when asked for: the same model, so it runs
                         self.session.set_precision(precision)
+                        self.enqueue(Job("reread", id=REREAD_JOB))
             self.mailbox.put(JobDone(job.id, job.kind, error))
 
     def _open_writer(self, path: str) -> TraceWriter:
@@ -407,6 +411,12 @@ class EngineHost:
     def _job_chat(self, job: Job) -> None:
         self._deliver(job, "chat", UserTurn(text=job.text, mode="chat"))
         self._pump(job, "chat", self.session.chat(job.text))
+
+    def _job_reread(self, job: Job) -> None:
+        """After a precision switch: the conversation read again, before the next answer is timed."""
+        reread = getattr(self.session, "reread", None)
+        if reread is not None:
+            reread()
 
     def _job_compare(self, job: Job) -> None:
         """Method A and method B (by default the baseline and the method in force) one after the

@@ -114,7 +114,7 @@ class SettingsControl:
             return ""
         if self.host.set_precision(value):
             self.precision, self.pending_precision = value, None
-            return f"precision = {value} applied; the next answer reads the conversation again in it"
+            return f"precision = {value} applied; the conversation is read again in it"
         self.pending_precision = None if value == self.precision else value
         return f"precision = {value} pending; applies when this job ends" if self.pending_precision else ""
 

@@ -5,7 +5,7 @@ while an answer streams waits for that job to end, and a refused value keeps the
 from __future__ import annotations
 
 from engine.events import Started
-from specchat.tui.host import Delivery, EngineHost, JobDone, Loaded, wait_items
+from specchat.tui.host import REREAD_JOB, Delivery, EngineHost, JobDone, Loaded, wait_items
 from specchat.tui.testing import make_app, make_session, palette, send, wait_idle, wait_loaded, wait_until
 from specchat.tui.widgets.title_bar import TitleBar
 
@@ -75,7 +75,9 @@ def test_the_host_holds_a_switch_until_the_running_job_ends():
         job = host.submit("compare", "hello", methods=("none", "ngram"))
         seen += wait_items(host, until(lambda items: any(isinstance(i, Delivery) for i in items)))
         assert host.set_precision("fast") is False and session.precision == "exact"
-        seen += wait_items(host, until(lambda items: any(isinstance(i, JobDone) and i.job == job for i in items)))
+        seen += wait_items(host, until(lambda items: any(isinstance(i, JobDone) and i.job == REREAD_JOB
+                                                         for i in items)))
+        assert [i.job for i in seen if isinstance(i, JobDone)] == [job, REREAD_JOB]  # switched, then read again
         started = [i.record for i in seen if isinstance(i, Delivery) and isinstance(i.record, Started)]
         assert len(started) == 2 and {s.precision for s in started} == {"exact"}
         assert session.precision == "fast"

@@ -197,8 +197,10 @@ class Session:
                 self.cost_shape()
             # the ids the model read and wrote, else the conversation encoded (what a next prompt
             # is then built from; a template that drops old turns leaves no record)
-            ids = list(self._spoken.ids) if self._spoken is not None else \
-                self.tokenizer.encode_chat(self._conversation()) if self._messages else []
+            if self._spoken is not None:
+                ids = list(self._spoken.ids)
+            else:
+                ids = self.tokenizer.encode_chat(self._conversation()) if self._messages else []
             if ids and not self._cached and len(ids) < self._cache_limit():
                 for _ in self._prefill_prompt(ids, self._config):
                     pass

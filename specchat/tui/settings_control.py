@@ -8,7 +8,8 @@ turns the answers into notifications and panel errors; nothing here imports Text
 * ``pending``: what the user asked for and the engine accepted but has not applied yet (it applies
   at the next step boundary, or when the next answer starts);
 * ``precision`` / ``pending_precision``: the target's arithmetic, outside those settings: the
-  session switches it between answers (``Session.set_precision``) and each Started reports it.
+  host switches it between jobs (``Session.set_precision``, then the conversation read again) and
+  each Started reports it.
 """
 
 from __future__ import annotations

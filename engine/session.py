@@ -15,6 +15,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable, Generator, Iterator, Sequence
+from contextlib import contextmanager
 from typing import Any
 
 import torch
@@ -187,12 +188,7 @@ class Session:
         """Read the conversation so far into the (emptied) cache now, and measure the verify-cost
         curve where the budget will want it, so the next answer after set_precision() prefills only
         its own turn and is timed as any other."""
-        with self._lock:
-            if self._busy:
-                raise RuntimeError("this session is already generating")
-            self._busy = True
-            self._cancel.clear()
-        try:
+        with self._working():
             if self._config.method != "none" and self._config.adaptive_draft:
                 self.cost_shape()
             # the ids the model read and wrote, else the conversation encoded (what a next prompt
@@ -204,9 +200,6 @@ class Session:
             if ids and not self._cached and len(ids) < self._cache_limit():
                 for _ in self._prefill_prompt(ids, self._config):
                     pass
-        finally:
-            with self._lock:
-                self._busy = False
 
     def set_draft(self, method: str, factory: DrafterFactory, features: FeatureSpec | None) -> None:
         """Install a draft loaded with engine.drafters.loading.load_draft (which validates it first,
@@ -300,13 +293,20 @@ class Session:
         return self._generate_ids(list(prompt), config, dropped_turns)
 
     def _generate_ids(self, prompt: list[int], config: SpecConfig | None, dropped_turns: int) -> Iterator[Event]:
+        with self._working():
+            yield from self._run(prompt, config, dropped_turns)
+
+    @contextmanager
+    def _working(self) -> Iterator[None]:
+        """The session busy with one thing at a time (an answer, a re-read); what was asked for
+        meanwhile (settings, a precision) applies when it ends."""
         with self._lock:
             if self._busy:
                 raise RuntimeError("this session is already generating")
             self._busy = True
             self._cancel.clear()
         try:
-            yield from self._run(prompt, config, dropped_turns)
+            yield
         finally:
             with self._lock:
                 self._busy = False

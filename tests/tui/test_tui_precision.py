@@ -31,6 +31,23 @@ async def test_the_palette_switches_the_precision_and_the_title_follows():
         assert app.settings_control.precision == "fast"  # the answer's Started reported it
 
 
+async def test_the_settings_panel_has_a_precision_row_that_switches_it():
+    session = make_session()
+    session.precision = "fast"
+    app = make_app(session, precision="fast")
+    async with app.run_test(size=SIZE) as pilot:
+        await wait_loaded(pilot)
+        assert "fast precision" in title(app)
+        await pilot.press("f2")
+        await pilot.pause()
+        select = app.chat_screen.settings.query_one("#set-precision")
+        assert select.value == "fast"
+        select.value = "exact"  # what choosing it from the drop-down does
+        await wait_until(pilot, lambda: session.precision == "exact", what="switched")
+        await pilot.pause()
+        assert "fast precision" not in title(app) and select.value == "exact"
+
+
 async def test_a_switch_asked_for_during_an_answer_waits_for_the_job_to_end():
     session = make_session(step_delay=0.05)
     app = make_app(session, precision="exact")

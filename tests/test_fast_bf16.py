@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from engine.kernels import native
 from engine.kernels.fast import fast_bf16_reference
@@ -48,6 +50,25 @@ def test_kernel_equals_the_torch_definition_and_is_row_invariant(m: int, k: int)
     acc = torch.ones(m, 37)
     KERNEL.stored_linear_fast(x, panels, bias, acc, True)
     assert torch.equal(acc, 1 + y)
+
+
+@needs_bf16
+@settings(max_examples=40, deadline=None)
+@given(m=st.integers(1, 40), pairs=st.integers(1, 60), n=st.integers(1, 40), seed=st.integers(0, 2**16),
+       scale=st.sampled_from([1e-3, 1.0, 1e3]))
+def test_any_shape_is_the_definition_and_each_row_its_own(m: int, pairs: int, n: int, seed: int, scale: float) -> None:
+    """The lossless invariant's root, as a property: whatever the rows, depth and width, each row of
+    a call equals that row alone, and both equal the torch definition."""
+    rows = bf16_rows(n, 2 * pairs, seed)
+    panels = StoredPanels.from_rows(rows)
+    x = torch.randn(m, 2 * pairs, generator=torch.Generator().manual_seed(seed)) * scale
+    y = torch.empty(m, n)
+    assert KERNEL.stored_linear_fast(x, panels, None, y, False)
+    assert torch.equal(y, fast_bf16_reference(x, rows))
+    r = seed % m
+    alone = torch.empty(1, n)
+    KERNEL.stored_linear_fast(x[r:r + 1].contiguous(), panels, None, alone, False)
+    assert torch.equal(alone[0], y[r])
 
 
 @needs_bf16

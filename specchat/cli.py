@@ -43,7 +43,8 @@ def _add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--precision", default="auto",
                    help="auto (default: fast where this CPU runs it, else exact), exact (fp32 arithmetic, the "
                         "reference) or fast (8-bit activations, integer products on the stored blocks; AVX2 or "
-                        "AVX-512 VNNI); speculation is lossless against the baseline of the same precision")
+                        "AVX-512 VNNI; bf16 weights: bf16 products where the CPU has AVX512_BF16); speculation "
+                        "is lossless against the baseline of the same precision")
     p.add_argument("--backend", default="auto", choices=["auto", "specchat", "hf"],
                    help="specchat: our own forward (Llama family, Gemma 3); hf: any transformers causal LM")
     p.add_argument("--threads", type=int, default=None,

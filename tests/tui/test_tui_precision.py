@@ -101,3 +101,26 @@ def test_the_host_holds_a_switch_until_the_running_job_ends():
         assert host.set_precision("exact") is True and session.precision == "exact"
     finally:
         host.shutdown()
+
+
+async def test_a_recording_keeps_its_precision_and_its_replay_shows_it(tmp_path):
+    """``Started.precision`` goes into the trace; a replay's title says which arithmetic ran, and a
+    replay has no engine to switch."""
+    from specchat.tui.testing import replay_app
+    from specchat.tui.trace import read_trace
+
+    path = tmp_path / "rec.jsonl"
+    session = make_session()
+    session.precision = "fast"
+    live = make_app(session, precision="fast", record=str(path))
+    async with live.run_test(size=SIZE) as pilot:
+        await wait_loaded(pilot)
+        await send(pilot, "first")
+        await wait_idle(pilot)
+    assert [r.precision for r in read_trace(path)[1] if isinstance(r, Started)] == ["fast"]
+    replay = replay_app(path)
+    async with replay.run_test(size=SIZE) as pilot:
+        await wait_loaded(pilot)
+        await wait_idle(pilot)
+        assert "fast precision" in title(replay)
+        assert "replay" in replay.apply_setting("precision", "exact")

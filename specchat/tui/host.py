@@ -312,8 +312,10 @@ class EngineHost:
                 self.session.check_precision(precision)
                 self._pending_precision = precision
                 return False
+            changed = self.session.precision != precision
             self.session.set_precision(precision)
-        self.enqueue(Job("reread", id=REREAD_JOB))
+        if changed:  # the same precision again keeps its cache: nothing to read
+            self.enqueue(Job("reread", id=REREAD_JOB))
         return True
 
     def shutdown(self) -> None:
@@ -369,7 +371,7 @@ class EngineHost:
             finally:
                 with self._job_lock:
                     self.running_job, precision, self._pending_precision = None, self._pending_precision, None
-                    if precision is not None:  # checked when asked for: the same model, so it runs
+                    if precision is not None and precision != self.session.precision:  # checked when asked for
                         self.session.set_precision(precision)
                         self.enqueue(Job("reread", id=REREAD_JOB))
             self.mailbox.put(JobDone(job.id, job.kind, error))

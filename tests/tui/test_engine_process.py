@@ -14,9 +14,9 @@ import pytest
 from engine.config import ConfigError, SpecConfig
 from engine.events import Finished, Step
 from specchat.tui.app import SpecChatApp
-from specchat.tui.engine_process import ProcessHost
+from specchat.tui.engine_process import ProcessHost, _Forwarder
 from specchat.tui.fake import ScriptedLoader
-from specchat.tui.host import Delivery, GateWaiting, JobDone, Loaded, LoadFailed, LoadProgress
+from specchat.tui.host import Delivery, GateWaiting, JobDone, Loaded, LoadFailed, LoadProgress, Mailbox
 from specchat.tui.testing import send, ui_settings, wait_until
 from specchat.tui.widgets.transcript import AnswerView
 
@@ -151,3 +151,77 @@ async def test_the_app_streams_from_an_engine_process():
         assert answer.finished is not None and answer.finished.reason == "stop"
         assert answer.stream.plain_text.strip()
     assert not app.host._process.is_alive()  # quitting the app ends the engine process
+
+
+class _Pipe:
+    """The forwarder's end of the pipe: what it sent, and when."""
+
+    def __init__(self) -> None:
+        self.sent: list[tuple[float, list]] = []
+        self.got = threading.Event()
+
+    def send(self, message) -> None:
+        self.sent.append((time.monotonic(), message[1]))
+        self.got.set()
+
+
+class _MailHost:
+    """What the forwarder reads of an EngineHost: its mailbox."""
+
+    def __init__(self, wake) -> None:
+        self.mailbox = Mailbox(wake)
+
+    def drain(self) -> list:
+        return self.mailbox.drain()
+
+
+def _forwarding(batch_s: float) -> tuple[_Forwarder, _MailHost, _Pipe, threading.Thread]:
+    pipe = _Pipe()
+    forwarder = _Forwarder(pipe, batch_s=batch_s)
+    host = _MailHost(forwarder.wake.set)
+    forwarder.host = host
+    thread = threading.Thread(target=forwarder.loop, daemon=True)
+    thread.start()
+    return forwarder, host, pipe, thread
+
+
+def _stop(forwarder: _Forwarder, thread: threading.Thread) -> None:
+    forwarder.stop = True
+    forwarder.wake.set()
+    thread.join(timeout=5)
+    assert not thread.is_alive()
+
+
+def _delivery(n: int) -> Delivery:
+    return Delivery(job=1, lane="chat", record=Finished(reason="stop", text=str(n), tokens=n))
+
+
+def test_deliveries_go_to_the_ui_in_batches():
+    """A run of steps is one pipe write, not one per step (each write wakes two threads that take a
+    core from the engine's OpenMP team)."""
+    forwarder, host, pipe, thread = _forwarding(batch_s=0.5)
+    for n in range(5):
+        host.mailbox.put(_delivery(n))
+        time.sleep(0.01)  # steps come a few ms apart
+    assert pipe.got.wait(5)
+    assert [len(batch) for _, batch in pipe.sent] == [5]
+    _stop(forwarder, thread)
+
+
+def test_an_urgent_item_is_sent_without_waiting_for_the_batch():
+    forwarder, host, pipe, thread = _forwarding(batch_s=60.0)
+    t0 = time.monotonic()
+    host.mailbox.put(_delivery(0))
+    host.mailbox.put(JobDone(1, "chat"))  # the answer ended: the UI must know now
+    assert pipe.got.wait(5), "the batch waited out batch_s despite an urgent item"
+    assert pipe.sent[0][0] - t0 < 5
+    assert [type(i).__name__ for i in pipe.sent[0][1]] == ["Delivery", "JobDone"]
+    _stop(forwarder, thread)
+
+
+def test_a_stop_sends_what_waits():
+    forwarder, host, pipe, thread = _forwarding(batch_s=60.0)
+    host.mailbox.put(_delivery(0))
+    time.sleep(0.05)  # the forwarder is waiting for company
+    _stop(forwarder, thread)
+    assert [len(batch) for _, batch in pipe.sent] == [1]

@@ -9,13 +9,21 @@ frame, a machine with more cores can afford more), so the pacer measures the eve
 time per frame and spaces frames so that it stays under ``budget`` of one core: at 0.15, a frame
 that costs 5 ms is drawn every 50 ms at most (the 20 fps cap), one that costs 25 ms every 167 ms,
 and never less often than ``max_interval`` (a quarter of a core measured worse for the engine).
+
+The cost is the median of the last ``FRAMES_KEPT`` frames, not a running average: a frame that
+mounts widgets (the model loaded, a new message sent) costs 10-20 times a streaming one, and the
+average it inflated spaced the next answer's frames at ``max_interval``, about three a second.
 """
 
 from __future__ import annotations
 
+import statistics
 import time
+from collections import deque
 from collections.abc import Callable
 from typing import Protocol
+
+FRAMES_KEPT = 5  # the frames whose median CPU cost the pacer spaces frames by
 
 
 class FramePacer:
@@ -28,7 +36,8 @@ class FramePacer:
         self._cpu = cpu  # CPU seconds of the calling (event-loop) thread
         self._last_wall: float | None = None
         self._last_cpu = 0.0
-        self.frame_cost = 0.0  # running estimate of the event loop's CPU seconds per frame
+        self._costs: deque[float] = deque(maxlen=FRAMES_KEPT)
+        self.frame_cost = 0.0  # the event loop's CPU seconds per frame: the median of the last few
 
     @property
     def interval(self) -> float:
@@ -49,8 +58,8 @@ class FramePacer:
         """The frame is on screen (called after the refresh): its CPU cost, layout and rendering included."""
         if self._last_wall is None:
             return
-        used = max(0.0, self._cpu() - self._last_cpu)
-        self.frame_cost = used if self.frame_cost == 0.0 else 0.7 * self.frame_cost + 0.3 * used
+        self._costs.append(max(0.0, self._cpu() - self._last_cpu))
+        self.frame_cost = statistics.median(self._costs)
 
 
 class Stoppable(Protocol):

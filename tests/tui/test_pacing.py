@@ -42,6 +42,22 @@ def test_cheap_frames_run_at_the_cap_and_costly_ones_are_spaced_to_the_budget():
     assert p.interval == 0.3  # never slower than max_interval
 
 
+def test_one_costly_frame_does_not_space_out_the_next_ones():
+    """A frame that mounts widgets (the model loaded, a message sent) costs 10-20 streaming frames:
+    the frames after it keep the streaming pace (a running average stretched them to
+    max_interval, three frames a second, for the whole next answer)."""
+    t = FakeTime()
+    p = pacer(t, min_interval=0.05, max_interval=0.3, budget=0.15)
+    for _ in range(5):
+        frame(p, t, 0.006)
+    frame(p, t, 0.240)
+    frame(p, t, 0.006)
+    assert p.interval == 0.05
+    for _ in range(3):  # costly frames that persist do count
+        frame(p, t, 0.030)
+    assert abs(p.interval - 0.2) < 1e-3
+
+
 def test_wait_counts_from_the_last_frame():
     t = FakeTime()
     p = pacer(t, min_interval=0.05, budget=0.25)

@@ -36,7 +36,10 @@ static inline const char *kv_head(const void *cache, long g, long cap, int hd, i
 }
 
 /* Softmax numerators exp(s - mx) of a row's scores from element a on, in place, 8 at a time into
- * the running lane sums s8, then one at a time; returns 1 / the whole sum. */
+ * the running lane sums s8, then the last n - a < 8 added to the sum one at a time; returns 1 /
+ * the whole sum. The last ones' exponentials come from one exp8() (each lane's is the one-lane
+ * call's: exp8 works lane by lane): one call per element was half a causal prefill's exponentials
+ * (rows of ~70 keys). */
 static inline AVX2 float softmax_rest(float *sr, long a, long n, float mx, __m256 s8) {
     const __m256 m8 = _mm256_set1_ps(mx);
     for (; a + 8 <= n; a += 8) {
@@ -45,12 +48,15 @@ static inline AVX2 float softmax_rest(float *sr, long a, long n, float mx, __m25
         s8 = _mm256_add_ps(s8, e);
     }
     float sum = hsum(s8);
-    for (; a < n; a++) {
-        float lane[8] = {sr[a] - mx};
+    if (a < n) {
+        float lane[8] = {0};
         float e[8];
+        for (long j = a; j < n; j++) lane[j - a] = sr[j] - mx;
         _mm256_storeu_ps(e, exp8(_mm256_loadu_ps(lane)));
-        sr[a] = e[0];
-        sum += e[0];
+        for (long j = a; j < n; j++) {
+            sr[j] = e[j - a];
+            sum += e[j - a];
+        }
     }
     return 1.0f / sum;
 }

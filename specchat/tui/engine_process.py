@@ -32,6 +32,7 @@ from typing import Any
 
 from engine.config import ConfigError, SpecConfig
 from engine.events import Step
+from specchat.tui.backpressure import UiLag
 from specchat.tui.host import (
     Delivery,
     EngineHost,
@@ -175,7 +176,10 @@ class ProcessHost:
         return rest
 
     def drain(self) -> list[Item]:
-        return self.mailbox.drain()
+        items = self.mailbox.drain()
+        if items:
+            self._send("ack")  # the engine may be waiting for a UI that fell behind (backpressure.py)
+        return items
 
     def shutdown(self) -> None:
         if self._closed:
@@ -262,6 +266,7 @@ class _Forwarder:
     wake: threading.Event = field(default_factory=threading.Event)
     stop: bool = False
     batch_s: float = BATCH_S
+    lag: UiLag = field(default_factory=UiLag)
 
     def loop(self) -> None:
         while True:
@@ -274,6 +279,7 @@ class _Forwarder:
             items = [_lean(i) for i in self.host.drain()] if self.host is not None else []
             if items:
                 self.conn.send(("items", items))
+                self.lag.sent()
             if stopping:
                 return
 
@@ -292,9 +298,10 @@ def _child_main(factory: SessionFactory, record_path: str | None, replay_speed: 
     forwarder = _Forwarder(items_out)
     host = EngineHost(factory, forwarder.wake.set, record_path=record_path, replay_speed=replay_speed)
     forwarder.host = host
+    host.pace = forwarder.lag.wait
     sender = threading.Thread(target=forwarder.loop, name="specchat-forward", daemon=True)
     sender.start()
-    handlers = _command_handlers(host, rpc_out)
+    handlers = _command_handlers(host, rpc_out, forwarder.lag)
     threading.Thread(target=_obey, args=(cmd_in, host, handlers), name="specchat-commands", daemon=True).start()
     try:
         host.run()
@@ -306,8 +313,12 @@ def _child_main(factory: SessionFactory, record_path: str | None, replay_speed: 
             items_out.send(("exit", None))
 
 
-def _command_handlers(host: EngineHost, rpc_out: Any) -> dict[str, Callable[..., object]]:
+def _command_handlers(host: EngineHost, rpc_out: Any, lag: UiLag) -> dict[str, Callable[..., object]]:
     """The parent's commands (``ProcessHost._send``'s first argument) and what each does here."""
+
+    def cancel() -> None:
+        host.cancel()
+        lag.ack()  # an engine waiting for the UI stops now, not after the wait
 
     def update_config(config: SpecConfig) -> None:
         try:
@@ -324,7 +335,8 @@ def _command_handlers(host: EngineHost, rpc_out: Any) -> dict[str, Callable[...,
 
     return {
         "submit": host.enqueue,  # the parent numbers the jobs
-        "cancel": host.cancel,
+        "cancel": cancel,
+        "ack": lag.ack,
         "update_config": update_config,
         "set_precision": set_precision,
         "gate_stepping": host.gate.set_stepping,
@@ -344,6 +356,7 @@ def _obey(cmd_in: Any, host: EngineHost, handlers: dict[str, Callable[..., objec
         except (EOFError, OSError):
             op, args = "shutdown", []
         if op == "shutdown":
+            handlers["ack"]()  # an engine waiting for the UI does not hold up the shutdown
             host.shutdown()
             return
         handlers[op](*args)

@@ -180,6 +180,10 @@ class Mailbox:
         return items
 
 
+def _no_pause() -> None:
+    pass
+
+
 class StepGate:
     """Pauses the engine thread between steps while 'stepping' is on; 'release' lets one step through."""
 
@@ -260,6 +264,7 @@ class EngineHost:
         self._job_lock = threading.Lock()  # a job's start and end against set_precision()
         self._pending_precision: str | None = None  # asked for while a job ran
         self.compares = 0  # compare jobs run; odd ones run the baseline first, even ones speculative first
+        self.pace: Callable[[], None] = _no_pause  # between steps: the engine process waits for a lagging UI
         self._last_started: Started | None = None
 
     def set_record_path(self, path: str | None, records: Sequence[Record] = ()) -> None:
@@ -402,6 +407,7 @@ class EngineHost:
                     last = ev
                 elif isinstance(ev, Step):
                     self.gate.wait(lambda: self.mailbox.put(GateWaiting(job.id)))
+                    self.pace()
                 if self._stop.is_set():
                     break
         finally:

@@ -12,7 +12,8 @@ what was sent has waited more than ``LAG_S`` for one, the engine pauses between 
 Measured in the chat (tmux 120x40, Esc 1.2 s into a 2,048-token EAGLE-3 answer, time until
 "cancelled" shows): 2.75 / 0.35 / 2.60 s without, 0.56 / 0.76 / 0.52 s at 0.4 s of lag, 0.80 /
 1.04 / 0.81 s at 0.7 s; the 250-token focus prompt streamed 6% slower at 0.4 s (means of five
-alternated answers, 427 against 455 tok/s) and as fast at 0.7 s (467), so 0.7 s it is.
+alternated answers, 427 against 455 tok/s) and at 0.7 s 467 (three answers, the same hour), so
+0.7 s it is.
 """
 
 from __future__ import annotations

@@ -10,6 +10,7 @@ from pathlib import Path
 from textual.widgets import OptionList
 
 from specchat.tui import engine_process
+from specchat.tui.backpressure import UiLag
 from specchat.tui.engine_process import ProcessHost
 from specchat.tui.fake import ScriptedLoader, baseline_answer, synthetic_answer
 from specchat.tui.host import EngineHost
@@ -111,7 +112,7 @@ def test_both_hosts_implement_the_host_protocol_with_the_same_signatures():
 
 def test_the_engine_child_has_a_handler_for_every_command_the_parent_sends():
     sent = set(re.findall(r'_(?:send|call)\("(\w+)"', inspect.getsource(engine_process))) - {"shutdown"}
-    handlers = engine_process._command_handlers(EngineHost(None, lambda: None), rpc_out=None)
+    handlers = engine_process._command_handlers(EngineHost(None, lambda: None), rpc_out=None, lag=UiLag())
     assert sent == set(handlers)
 
 

@@ -278,8 +278,8 @@ class _Forwarder:
             stopping = self.stop  # read before draining: whatever was put before the stop goes out
             items = [_lean(i) for i in self.host.drain()] if self.host is not None else []
             if items:
+                self.lag.sent()  # before the write: the UI's acknowledgement of it must come after
                 self.conn.send(("items", items))
-                self.lag.sent()
             if stopping:
                 return
 

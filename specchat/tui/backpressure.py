@@ -54,13 +54,16 @@ class UiLag:
 
     def behind(self) -> bool:
         with self._cond:
-            return self._oldest is not None and self._clock() - self._oldest > self.lag_s
+            return self._lagging()
 
     def wait(self) -> None:
         """Between steps (the engine thread): return at once unless the UI is more than ``lag_s``
         behind, else until it acknowledges, ``max_wait_s`` at most."""
         with self._cond:
-            if self._oldest is None or self._clock() - self._oldest <= self.lag_s:
+            if not self._lagging():
                 return
             self.pauses += 1
             self._cond.wait_for(lambda: self._oldest is None, timeout=self.max_wait_s)
+
+    def _lagging(self) -> bool:  # with the lock held
+        return self._oldest is not None and self._clock() - self._oldest > self.lag_s

@@ -33,6 +33,11 @@ def shared_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
     kernels = cache_dir() / "kernels"
     kernels.mkdir(parents=True, exist_ok=True)
     (cache / "kernels").symlink_to(kernels, target_is_directory=True)
+    with pytest.MonkeyPatch.context() as mp:  # built here, on a fresh machine, not inside a case's timeout
+        mp.setenv("SPECCHAT_CACHE_DIR", str(cache))
+        from engine.kernels import native
+
+        native.load()
     return cache
 
 

@@ -25,7 +25,7 @@ from pathlib import Path
 import guards
 import pytest
 from builders import Where
-from cases import CASES, CONFIG_CASES, MODEL, TMP, Case, ConfigCase
+from cases import CASES, CONFIG_CASES, MODEL, PORT, TMP, Case, ConfigCase
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -45,11 +45,14 @@ def _params() -> list:
 @pytest.mark.parametrize("case", _params())
 def test_bad_input(case: Case, tmp_path: Path, tiny_model: Path, capfd: pytest.CaptureFixture[str],
                    monkeypatch: pytest.MonkeyPatch) -> None:
+    if case.cpu_only and _gpu_visible():
+        pytest.skip("a CUDA GPU is visible: this input is not bad here")
     where = Where(tmp_path / "case", tiny_model)
     where.tmp.mkdir()
     for make in case.files:
         make(where)
-    argv = [a.replace(TMP, str(where.tmp)).replace(MODEL, str(where.model)) for a in case.argv]
+    port = str(_free_port()) if any(PORT in a for a in case.argv) else ""
+    argv = [a.replace(TMP, str(where.tmp)).replace(MODEL, str(where.model)).replace(PORT, port) for a in case.argv]
     monkeypatch.chdir(where.tmp)
     for name, value in case.env:
         monkeypatch.setenv(name, value.replace(TMP, str(where.tmp)))
@@ -58,6 +61,16 @@ def test_bad_input(case: Case, tmp_path: Path, tiny_model: Path, capfd: pytest.C
     else:
         code, out, err, seen = _run_in_process(case, argv, capfd, monkeypatch)
     check(case, code, out, err, seen)
+
+
+def test_the_table_covers_every_command() -> None:
+    """At least 100 rows, and rows for every command of the parser and for the global flags."""
+    from specchat.cli import COMMANDS
+
+    assert len(CASES) >= 100
+    covered = {c.argv[0] if c.argv and not c.argv[0].startswith("-") else "" for c in CASES}
+    assert {"", *COMMANDS} <= covered | {""}, sorted(set(COMMANDS) - covered)
+    assert any(not c.argv or c.argv[0].startswith("-") for c in CASES), "no row for the global flags"
 
 
 def check(case: Case, code: int | None, out: str, err: str, seen: list[str]) -> None:
@@ -109,6 +122,21 @@ def _run_in_process(case: Case, argv: list[str], capfd: pytest.CaptureFixture[st
         signal.signal(signal.SIGALRM, previous)
     out, err = capfd.readouterr()
     return code, out, err, seen.events
+
+
+def _gpu_visible() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
+
+def _free_port() -> int:
+    """A port nothing listens on now (the kernel's pick for port 0)."""
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
 
 
 def _raise_hang(signum: int, frame: object) -> None:

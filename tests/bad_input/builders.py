@@ -1,0 +1,130 @@
+"""The files a bad-input case needs, as small builders: each returns ``make(where)``.
+
+Why builders rather than fixtures: a case is one row of data (tests/bad_input/cases.py); what it
+needs on disk is part of that row. ``make`` receives a :class:`Where` (the case's own folder and the
+shared tiny model) and writes under the case's folder only.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import struct
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+
+@dataclass(frozen=True)
+class Where:
+    tmp: Path  # the case's own folder: {tmp} in an argv
+    model: Path  # the shared tiny model folder: {model} in an argv (never written to)
+
+
+Make = Callable[[Where], None]
+
+
+def text(name: str, content: str | bytes) -> Make:
+    """A file of this content (bytes for undecodable ones)."""
+    def make(w: Where) -> None:
+        path = w.tmp / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        if isinstance(content, bytes):
+            path.write_bytes(content)
+        else:
+            path.write_text(content, encoding="utf-8")
+    return make
+
+
+def jsonl(name: str, *rows: Any) -> Make:
+    """A JSON-lines file, one row a line (a str row is written as is: a damaged line)."""
+    return text(name, "".join((r if isinstance(r, str) else json.dumps(r)) + "\n" for r in rows))
+
+
+def json_file(name: str, value: Any) -> Make:
+    return text(name, json.dumps(value))
+
+
+def folder(name: str) -> Make:
+    def make(w: Where) -> None:
+        (w.tmp / name).mkdir(parents=True, exist_ok=True)
+    return make
+
+
+def fifo(name: str) -> Make:
+    """A named pipe: opening it for reading blocks until a writer comes (none will)."""
+    def make(w: Where) -> None:
+        os.mkfifo(w.tmp / name)
+    return make
+
+
+def model_copy(name: str, config: dict[str, Any] | None = None, *, drop: tuple[str, ...] = (),
+               weights: bytes | None = None) -> Make:
+    """A copy of the tiny model with config.json fields changed (None removes a field), files left
+    out, or model.safetensors replaced by these bytes."""
+    def make(w: Where) -> None:
+        out = w.tmp / name
+        shutil.copytree(w.model, out)
+        for f in drop:
+            (out / f).unlink()
+        if config:
+            cfg = json.loads((out / "config.json").read_text())
+            for key, value in config.items():
+                if value is None:
+                    cfg.pop(key, None)
+                else:
+                    cfg[key] = value
+            (out / "config.json").write_text(json.dumps(cfg))
+        if weights is not None:
+            (out / "model.safetensors").write_bytes(weights)
+    return make
+
+
+def gguf(name: str, *, magic: bytes = b"GGUF", version: int = 3, n_tensors: int = 0, n_kv: int = 0,
+         tail: bytes = b"") -> Make:
+    """A GGUF file of just a header (crafted counts), then ``tail``."""
+    return text(name, magic + struct.pack("<IQQ", version, n_tensors, n_kv) + tail)
+
+
+def trace(name: str, *records: Any, header: dict[str, Any] | None = None) -> Make:
+    """A trace: a specchat-trace header (or ``header``), then the records."""
+    from specchat.tui.trace import make_header
+
+    return jsonl(name, header if header is not None else make_header("tiny", "ngram", {}), *records)
+
+
+def head(name: str, *, hidden: int | None = None, kind: str = "eagle3", pickle: bool = False) -> Make:
+    """An EAGLE head for the tiny model (``hidden``: another width, a head for some other model)."""
+    def make(w: Where) -> None:
+        from heads import write_head
+
+        target = json.loads((w.model / "config.json").read_text())
+        if hidden is not None:
+            target = {**target, "hidden_size": hidden}
+        write_head(w.tmp / name, target, kind, pickle=pickle)
+    return make
+
+
+def write_tiny_model(folder: Path) -> Path:
+    """A complete tiny Llama folder (config.json, model.safetensors, a byte-level BPE tokenizer), built
+    without transformers: random weights of the shape the config says."""
+    import torch
+    from safetensors.torch import save_file
+    from test_tokenizer import write_tiny
+    from tiny import family_config
+
+    from engine.models.llama import LlamaConfig
+    from engine.models.random_init import random_state_dict
+
+    write_tiny(folder)
+    from engine.tokenizer import Tokenizer
+
+    vocab = Tokenizer.from_dir(folder).vocab_size
+    cfg = {**family_config("llama"), "vocab_size": vocab, "num_hidden_layers": 2, "eos_token_id": None,
+           "bos_token_id": None, "max_position_embeddings": 256}
+    (folder / "config.json").write_text(json.dumps(cfg))
+    state = random_state_dict(LlamaConfig.from_dict(cfg), torch.float32, "cpu")
+    save_file({k: v.contiguous() for k, v in state.items()}, str(folder / "model.safetensors"))
+    return folder

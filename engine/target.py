@@ -35,6 +35,9 @@ class TargetModel(Protocol):
     """A target the session drafts for, verifies with and caches."""
 
     device: torch.device
+    dtype: torch.dtype
+    weights: str  # "stored" (q4/q8/bf16 blocks our kernels read) or "fp32": draft heads take the same form
+    ops: Any  # our native kernel where the forward runs it (draft heads call it too), else None
     # "exact" or "fast" where the backend has both arithmetics (settable), "" where it computes in one
     precision: str
 

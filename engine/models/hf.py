@@ -62,6 +62,8 @@ class HFModel:
     precision = ""  # one arithmetic: torch's (the exact/fast switch is our forward's)
     fast_available = False
     rows_independent = False  # torch's products promise no batch invariance
+    weights = "fp32"  # transformers' own tensors: no stored (q4/q8) forms for draft heads to match
+    ops = None  # no native kernel: heads bound to this target run torch ops
 
     def __init__(self, model: torch.nn.Module) -> None:
         self.net = model.eval()

@@ -104,7 +104,7 @@ class FeatureCapture:
     loaded for every method (so eagle3 can be chosen mid-chat), and capturing for the baseline or
     n-gram would tax each of their forwards with a copy per layer (and keep CUDA off its CUDA
     graphs). While off, the store keeps its rows for the cached prefix it still covers; turning
-    capture on again goes with a catch-up of the rows it lacks (engine/session.py).
+    capture on again goes with a catch-up of the rows it lacks (engine/step.py, SpecLoop.use_drafter).
     """
 
     def __init__(self, spec: FeatureSpec | None) -> None:

@@ -60,7 +60,7 @@ class EagleHead:
         # the target's verify forward loses less of the L3 cache to the head. SPECCHAT_HEAD_WEIGHTS
         # =q8 takes 8-bit codes (the default until then), =stored the checkpoint's own values,
         # 16-bit ones kept 16-bit (our kernels widen them exactly: the same drafts as fp32).
-        stored = getattr(target, "weights", "fp32") == "stored"
+        stored = target.weights == "stored"
 
         def w(key: str) -> torch.Tensor:
             return weights[key].to(device=dev, dtype=dt)
@@ -113,7 +113,7 @@ class EagleHead:
         self.rotary = RotaryTable.for_shape(spec, dev)
         self.scale = hd**-0.5
         # a level in one native call where the target runs our CPU kernels (SPECCHAT_NATIVE_HEAD=0: per op)
-        ops = getattr(target, "ops", None)
+        ops = target.ops
         self.native = self._bind_native(ops) if os.environ.get("SPECCHAT_NATIVE_HEAD", "1") != "0" else None
         self.kernel = ops if self.native is not None else None  # also picks coupled drafts (tree_search.py)
         if self.native is not None and q8:

@@ -84,7 +84,7 @@ class MedusaHeads:
         self.shared = bool(all(torch.equal(lm[0], lm[i]) for i in range(1, lm.shape[0])))
         # On a stored-weights target the lm_heads become 8-bit codes like an EAGLE head's (drafts are
         # verified, so their exact values never reach the output): faster than the target's own form.
-        stored = getattr(target, "weights", "fp32") == "stored"
+        stored = target.weights == "stored"
         q8 = stored and os.environ.get("SPECCHAT_HEAD_WEIGHTS", "q8") != "stored"
         self.uses_target_lm_head = not q8 and self.shared and weights.token_map is None and _is_targets(target, lm[0])
 
@@ -103,9 +103,9 @@ class MedusaHeads:
         self.vocab_ids = weights.token_map.to(dev) if weights.token_map is not None else None
         # our native kernel, where the logits are host fp32: it takes each head's best candidates
         # as plain lists (ops.c's log_softmax_topk and perturbed_topk; MedusaDrafter._ranked says why)
-        ops = getattr(target, "ops", None)
+        ops = target.ops
         self.kernel = ops if ops is not None and dev.type == "cpu" else None
-        if q8 and heads_take_fast_products(getattr(target, "ops", None)):
+        if q8 and heads_take_fast_products(ops):
             # as for EAGLE heads (the four shipped heads on the Xeon VM: the 4-row lm_head 0.27 ->
             # 0.14-0.15 ms, a propose 0.65 -> 0.46-0.51 ms; docs/BENCHMARKS.md, session 30)
             for layer in [self.first_blocks, *self.lm_layers]:

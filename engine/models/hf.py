@@ -57,6 +57,14 @@ class HFCache:
 
 
 class HFModel:
+    """A transformers model behind the engine's target protocol (engine/target.py)."""
+
+    precision = ""  # one arithmetic: torch's (the exact/fast switch is our forward's)
+    fast_available = False
+    rows_independent = False  # torch's products promise no batch invariance
+    weights = "fp32"  # transformers' own tensors: no stored (q4/q8) forms for draft heads to match
+    ops = None  # no native kernel: heads bound to this target run torch ops
+
     def __init__(self, model: torch.nn.Module) -> None:
         self.net = model.eval()
         cfg = model.config
@@ -65,6 +73,8 @@ class HFModel:
         self.dtype = next(model.parameters()).dtype
         self.vocab_size = int(cfg.vocab_size)
         self.num_layers = int(getattr(cfg, "num_hidden_layers", 0))
+        # transformers' configs differ by architecture: one without the field sets no limit here
+        self.context_limit = int(getattr(cfg, "max_position_embeddings", None) or 1 << 30)
 
     @classmethod
     def from_pretrained(cls, path: str | Path, *, dtype: torch.dtype = torch.float32,

@@ -142,6 +142,11 @@ class LlamaModel:
         return self.config.vocab_size
 
     @property
+    def context_limit(self) -> int:
+        """Tokens the model attends to (engine/target.py)."""
+        return self.config.max_position_embeddings
+
+    @property
     def num_layers(self) -> int:
         return self.config.num_layers
 

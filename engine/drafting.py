@@ -1,0 +1,101 @@
+"""A session's drafters: the methods it can run, the settings in force and those waiting to be
+hot-swapped in, and the target features the feature-reading drafters are given.
+
+Why together: which settings are accepted depends on the drafters (a method must be installed, a
+top-k must fit its draft vocabulary), and which target features the forwards capture depends on
+the method drafting. A refused hot-swap or draft leaves the old in force: every check runs before
+anything changes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from engine.config import ConfigError, SpecConfig
+from engine.drafters.base import Drafter, NoDrafter
+from engine.features import FeatureCapture, FeatureCaptures, FeatureSpec
+
+DrafterFactory = Callable[[], Drafter]
+
+
+def default_drafters() -> dict[str, DrafterFactory]:
+    from engine.drafters.ngram import NgramDrafter
+
+    return {"none": NoDrafter, "ngram": NgramDrafter}
+
+
+class Drafters:
+    """The installed drafters (made on first use), the settings, and the feature captures."""
+
+    def __init__(self, factories: dict[str, DrafterFactory] | None, config: SpecConfig,
+                 features: FeatureSpec | None) -> None:
+        self._factories = factories if factories is not None else default_drafters()
+        self._made: dict[str, Drafter] = {}
+        # target states the drafters read (EAGLE and Medusa heads), one row per cached token,
+        # captured only while a method that reads them drafts (engine/features.py says why): one
+        # store per kind of state, so an EAGLE-3 head and Medusa heads can share one session
+        self._default_features = features  # what a feature-reading drafter reads unless install() says
+        self._features: dict[str, FeatureSpec | None] = {}
+        self.captures = FeatureCaptures()
+        self.capture: FeatureCapture = self.captures.off  # the capture of the method drafting now
+        self.check(config)
+        self.config = config  # the settings in force
+        self.pending: SpecConfig | None = None  # accepted while an answer streams, applied at a step boundary
+        self.version = 0  # counts the settings applied, for the Step events
+
+    @property
+    def methods(self) -> tuple[str, ...]:
+        return tuple(self._factories)
+
+    def get(self, method: str) -> Drafter:
+        if method not in self._made:
+            self._made[method] = self._factories[method]()
+        return self._made[method]
+
+    def check(self, config: SpecConfig) -> None:
+        """Refuse a method this session cannot run, or settings its drafter cannot honour (a top-k
+        beyond the draft vocabulary), up front: a refused hot-swap leaves the old settings."""
+        if config.method not in self._factories:
+            have = ", ".join(self._factories)
+            drafts = ("eagle", "eagle3", "standalone", "medusa")
+            hint = " (load a draft with --draft)" if config.method in drafts else ""
+            raise ConfigError(f"method {config.method!r} is not available in this session{hint}; have: {have}")
+        self.get(config.method).check(config)
+
+    def checked(self, config: SpecConfig | None) -> SpecConfig:
+        """The settings for an answer or a hot-swap: ``config`` validated and checked against the
+        drafters (raising ConfigError before anything changes), or those in force."""
+        if config is None:
+            return self.config
+        config.validate()
+        self.check(config)
+        return config
+
+    def apply(self, config: SpecConfig) -> None:
+        """Put ``config`` (checked) in force; what was pending is superseded."""
+        self.config = config
+        self.pending = None
+        self.version += 1
+
+    def install(self, method: str, factory: DrafterFactory, features: FeatureSpec | None) -> None:
+        """Add (or replace) ``method``'s drafter, made on first use. The drafters already installed
+        keep theirs: a head that reads other target features than the cached ones gets its own
+        store, filled by a catch-up when its method first drafts."""
+        self._factories = {**self._factories, method: factory}
+        self._features[method] = features
+        self._made.pop(method, None)
+
+    def forget(self) -> None:
+        """Drop every drafter's state (a new conversation, another precision): made again on use."""
+        self._made.clear()
+
+    def use_capture(self, method: str) -> FeatureCapture:
+        """Forwards capture the target features ``method``'s drafter reads from now on (nothing for
+        a drafter that reads none); the other stores keep their rows for the prefix they cover."""
+        spec = self._features.get(method, self._default_features) if self.get(method).needs_features else None
+        capture = self.captures.get(spec)
+        if capture is not self.capture:
+            self.capture.set(False)
+            self.capture = capture
+        capture.set(spec is not None)
+        return capture

@@ -41,10 +41,11 @@ section() {
   local name=$1 limit=$2 start rc
   shift 2
   echo "== $name: $*"
-  start=$(date +%s.%N)
+  start=$(date +%s%N)
   timeout "$limit" "$@"
   rc=$?
-  printf '%s\t%s\t%.1f\n' "$name" "$rc" "$(echo "$(date +%s.%N) - $start" | bc)" >> "$files/sections.tsv"
+  local ms=$(( ($(date +%s%N) - start) / 1000000 ))
+  printf '%s\t%s\t%d.%03d\n' "$name" "$rc" $(( ms / 1000 )) $(( ms % 1000 )) >> "$files/sections.tsv"
   echo "== $name exit $rc"
 }
 skip() { printf '%s\tskipped\t0\t%s\n' "$1" "$2" >> "$files/sections.tsv"; echo "== $1 skipped: $2"; }

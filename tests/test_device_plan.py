@@ -79,3 +79,34 @@ def test_the_batch_invariance_probe_runs_and_its_kernel_is_invariant() -> None:
     assert found, proc.stdout
     assert set(ast.literal_eval(found.group(1)).values()) == {0}  # {M: differing elements}
     assert float(found.group(2)) < 1e-5
+
+
+def test_the_check_runs_dry_on_the_cpu_and_writes_one_json(tmp_path: Path) -> None:
+    """scripts/device/check.sh (issue 51's one device call) on the CPU: a tiny random shape, the
+    embedded model's sections skipped (they need the GGUF and minutes here). Every section is a
+    row of check.json, with its exit code, and the bench's JSON under it; the bundle comes back."""
+    import sys
+
+    from tests.tiny import family_config
+
+    config = tmp_path / "tiny" / "config.json"
+    config.parent.mkdir()
+    config.write_text(json.dumps(family_config("llama")))
+    out = tmp_path / "out"
+    env = {**os.environ, "PY": sys.executable, "DEVICE": "cpu", "DRY": "1", "EMBEDDED": "0", "SHAPE": str(config),
+           "OUT": str(out), "PYTEST_ARGS": "tests/gpu/test_gpu_static.py -k bucket_choice",
+           "SPECCHAT_CACHE_DIR": str(tmp_path / "cache"), "SPECCHAT_STASH": str(tmp_path / "stash")}
+    proc = subprocess.run(["bash", str(DEVICE / "check.sh")], capture_output=True, text=True, env=env,
+                          cwd=DEVICE.parent.parent, timeout=240)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
+    report = json.loads((out / "check.json").read_text())
+    rows = report["sections"]
+    assert set(rows) == {"pytest", "random-invariant", "random-cublas", "embedded-mt_bench", "embedded-rewrite",
+                         "embedded-standalone", "pilot"}
+    assert rows["pytest"]["rc"] == 0
+    for linear in ("invariant", "cublas"):
+        assert rows[f"random-{linear}"]["rc"] == 0, proc.stdout[-3000:]
+        assert rows[f"random-{linear}"]["result"]["cost_curve"]
+        assert report["headline"][f"random-{linear}"]["verify_max_over_1"] is not None
+    assert rows["pilot"]["rc"] is None and rows["pilot"]["skipped"]
+    assert sorted(p.name for p in out.iterdir()) == ["check-files.tgz", "check.json", "check.log"]

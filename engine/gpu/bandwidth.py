@@ -8,13 +8,14 @@ figures; ``--peak-bandwidth`` overrides them (and supplies one for a CPU).
 
 from __future__ import annotations
 
-# (substring of torch.cuda.get_device_name(), GB/s); first match wins, so specific names come first
+# (substring of torch.cuda.get_device_name(), GB/s); first match wins, so a name that holds another
+# comes before it ("GH200" before "H200", "A100" before "A10"): tests/gpu/test_gpu_bench.py checks
 PEAK_BANDWIDTH_GBPS: tuple[tuple[str, float], ...] = (
+    ("GH200", 4000.0),  # the 96 GB HBM3 Grace Hopper; torch names it "NVIDIA GH200 480GB"
     ("H200", 4800.0),
     ("H100 NVL", 3900.0),
     ("H100 PCIe", 2000.0),
     ("H100", 3350.0),  # SXM (HBM3), "NVIDIA H100 80GB HBM3"
-    ("GH200", 4000.0),
     ("B200", 8000.0),
     ("A100-SXM4-80GB", 2039.0),
     ("A100 80GB PCIe", 1935.0),

@@ -87,6 +87,14 @@ class _State:
     # host syncs and blocking host<->device copies (each waits for the GPU's queue to drain); an
     # asynchronous copy to the device (non_blocking) does not wait and is not counted
     syncs: int = 0
+    # work the host queues one by one outside a graph replay (each a kernel launch or a copy on a
+    # GPU, ~5-10 us of Python and driver apiece): device ops that compute (views excluded),
+    # device factories, copies to the device and Triton launches, by name for the diagnostics
+    eager: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def eager_launches(self) -> int:
+        return sum(self.eager.values())
 
 
 STATE = _State()
@@ -123,6 +131,8 @@ class FakeCudaTensor(torch.Tensor):
     def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         _check(func, args, kwargs)
+        if not func.is_view and func not in _SYNCS:
+            _launched(str(func.overloadpacket))
         out = _run(func, args, kwargs)
         if STATE.tape is not None:
             STATE.tape.append(_replayer(func, args, kwargs, out))
@@ -147,6 +157,12 @@ def _is_fake(x: Any) -> bool:
 
 def _is_host(x: Any) -> bool:
     return isinstance(x, torch.Tensor) and not _is_fake(x) and x.device.type == "cpu"
+
+
+def _launched(name: str) -> None:
+    """One kernel launch or copy queued by the host; inside a capture it becomes a graph node."""
+    if not STATE.capturing:
+        STATE.eager[name] = STATE.eager.get(name, 0) + 1
 
 
 def _sync(what: str, waits: bool = True) -> None:
@@ -315,6 +331,7 @@ class FakeCudaMode(TorchFunctionMode):
             kwargs["device"] = _CPU
             kwargs.pop("pin_memory", None)
             out = FakeCudaTensor(func(*args, **kwargs))
+            _launched(getattr(func, "__name__", str(func)))
             if STATE.tape is not None:  # a device factory inside a capture: a graph node too
                 STATE.tape.append(_factory_replayer(func, args, kwargs, out))
             return out
@@ -331,6 +348,7 @@ class FakeCudaMode(TorchFunctionMode):
             return t if out is elem else (FakeCudaTensor(out) if to_cuda else out)
         _sync("a copy " + ("to the device" if to_cuda else "to the host"), waits=not (to_cuda and non_blocking))
         if to_cuda:
+            _launched("copy to the device")
             return FakeCudaTensor(t.to(_CPU, dtype, copy=True))
         return t.elem.to(_CPU, dtype, copy=True)
 
@@ -350,6 +368,8 @@ def _index(func, t: FakeCudaTensor, index: Any, value: Any = None) -> Any:
     if func is torch.Tensor.__getitem__:
         out = t.elem[u_index]
         wrapped = FakeCudaTensor(out)
+        if not _same_memory(out, t.elem):
+            _launched("gather (t[index])")
         if STATE.tape is not None and not _same_memory(out, t.elem):  # a gather: a graph node
             STATE.tape.append(lambda: wrapped.elem.copy_(t.elem[u_index]))
         return wrapped
@@ -359,6 +379,7 @@ def _index(func, t: FakeCudaTensor, index: Any, value: Any = None) -> Any:
                                       "devices, cuda:0 and cpu! (index_put_ of a host value)")
         _sync("a host-to-device copy (assignment of a host tensor)")
     u_value = _unwrap(value)
+    _launched("scatter (t[index] = value)")
     t.elem[u_index] = u_value
     if STATE.tape is not None:
         STATE.tape.append(lambda: t.elem.__setitem__(u_index, u_value))
@@ -457,6 +478,7 @@ class _Launcher:
                     raise ValueError(f"Pointer argument (at {i}) cannot be accessed from Triton (cpu tensor?) "
                                      f"in kernel {self.name}")
             STATE.launches[self.name] = STATE.launches.get(self.name, 0) + 1
+            _launched(f"triton {self.name}")
             self.kernel[grid](*(_unwrap(a) for a in args), **kwargs)
             if STATE.tape is not None:  # a launch inside a capture is a graph node
                 STATE.tape.append(lambda: self.kernel[grid](*(_unwrap(a) for a in args), **kwargs))
@@ -472,6 +494,11 @@ def _kernel_patch(original: Callable[[str, Callable[[], Any]], Any]) -> Callable
         return _Launcher(name, built)
 
     return kernel
+
+
+def _no_grad_enter(self: Any) -> None:
+    self._inference_mode_context = torch.no_grad() if self.mode else contextlib.nullcontext()
+    self._inference_mode_context.__enter__()
 
 
 @contextlib.contextmanager
@@ -491,6 +518,12 @@ def fake_cuda(monkeypatch: Any, *, kernels: bool = True) -> Iterator[_State]:
     monkeypatch.setattr(torch.cuda, "CUDAGraph", _CUDAGraph)
     monkeypatch.setattr(torch.cuda, "graph", _graph)
     monkeypatch.setattr(torch.cuda, "graph_pool_handle", lambda: object())
+    # inference mode cannot version a wrapper subclass made inside it ("Cannot set version_counter for
+    # inference tensor": the Medusa heads' logits run under it); it only spares autograd's
+    # bookkeeping, so no_grad computes the same values here
+    grad_mode = torch.autograd.grad_mode.inference_mode
+    monkeypatch.setattr(grad_mode, "__enter__", _no_grad_enter)
+    monkeypatch.setattr(grad_mode, "__exit__", lambda self, *exc: self._inference_mode_context.__exit__(*exc))
     if kernels:
         monkeypatch.setenv("TRITON_INTERPRET", "1")
         monkeypatch.setattr(engine.gpu, "kernel", _kernel_patch(engine.gpu.kernel))

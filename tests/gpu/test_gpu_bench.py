@@ -39,6 +39,16 @@ def test_peak_bandwidth_by_gpu_name() -> None:
     assert peak_bandwidth_gbps("NVIDIA A100-SXM4-80GB") == 2039
     assert peak_bandwidth_gbps("NVIDIA A100-PCIE-40GB") == 1555
     assert peak_bandwidth_gbps("Some Future GPU") is None
+    assert peak_bandwidth_gbps("NVIDIA GH200 480GB") == 4000  # not the H200's 4800
+
+
+def test_no_gpu_name_is_shadowed_by_an_earlier_one() -> None:
+    """First match wins, so a pattern that holds an earlier one ("GH200" holds "H200") would never
+    be reached: every name in the table must be found as itself."""
+    from engine.gpu.bandwidth import PEAK_BANDWIDTH_GBPS
+
+    for name, gbps in PEAK_BANDWIDTH_GBPS:
+        assert peak_bandwidth_gbps(f"NVIDIA {name}") == gbps, name
 
 
 def test_weight_bytes_count_every_matrix_once(tiny_config) -> None:

@@ -16,6 +16,7 @@ Structure:
 
 from __future__ import annotations
 
+import asyncio
 import os
 import sys
 import threading
@@ -36,7 +37,17 @@ from specchat.themes import THEMES, VARIABLE_DEFAULTS, pick_theme, resolve_theme
 from specchat.tui.chrome import Chrome, precision_line, replay_line, status_line
 from specchat.tui.commands import SYSTEM_COMMANDS, SettingsCommands, copy_launch_line
 from specchat.tui.compare_host import CompareHost
-from specchat.tui.host import Delivery, GateWaiting, Item, JobDone, Loaded, LoadFailed, LoadProgress, SessionFactory
+from specchat.tui.host import (
+    Delivery,
+    GateWaiting,
+    Item,
+    JobDone,
+    Loaded,
+    LoadFailed,
+    LoadProgress,
+    SaveFailed,
+    SessionFactory,
+)
 from specchat.tui.host_api import Host, make_host
 from specchat.tui.keys import APP_KEYS
 from specchat.tui.messages import ChangeSetting, ChromeStale, EngineWake, OpenSettings
@@ -233,6 +244,8 @@ class SpecChatApp(ChartsHost, CompareHost, App[int]):
                 self._job_done(item)
             elif isinstance(item, GateWaiting):
                 self.gate_waiting = True
+            elif isinstance(item, SaveFailed):
+                self._save_failed(item)
         flush()
         self.refresh_chrome()
 
@@ -303,6 +316,11 @@ class SpecChatApp(ChartsHost, CompareHost, App[int]):
         if item.kind == "replay" and not item.error:
             self.notify("replay stopped" if self._stopping else "replay finished", timeout=4)
         self._stopping = False
+
+    def _save_failed(self, item: SaveFailed) -> None:
+        """Said once per file: the chat goes on in memory; Ctrl+E exports it once there is room again."""
+        self.notify(f"could not save the conversation to {item.path} ({item.reason}); it goes on in memory only, "
+                    "export it (Ctrl+E) once there is room", title="Not saved", severity="warning", timeout=15)
 
     # chrome: title bar, status, stats and teaching panels -----------------------------------------------
     def on_chrome_stale(self, _: ChromeStale) -> None:
@@ -528,16 +546,18 @@ class SpecChatApp(ChartsHost, CompareHost, App[int]):
             self.chat_screen.toggle_panels()
 
     # saved sessions and exports -----------------------------------------------------------------------
-    def action_open_sessions(self) -> None:
+    async def action_open_sessions(self) -> None:
         if self.replay is not None or not self.loaded:
             self.notify("reopening needs a loaded model", severity="warning")
             return
         if self.busy_job is not None:
             self.notify("still answering · Esc stops it first", severity="warning")
             return
-        current = self.host.record_path
-        found = [s for s in list_sessions() if str(s.path) != current]
-        self.push_screen(SessionsScreen(found, str(sessions_dir())), self._reopen)
+        current, screen = self.host.record_path, self.screen
+        # read in a thread: the folder may hold big files, or a file on a stalled disk, and the UI must go on
+        found = [s for s in await asyncio.to_thread(list_sessions) if str(s.path) != current]
+        if self.busy_job is None and self.screen is screen:  # nothing started, no other screen opened meanwhile
+            self.push_screen(SessionsScreen(found, str(sessions_dir())), self._reopen)
 
     def _reopen(self, saved: SavedSession | None) -> None:
         if saved is None:

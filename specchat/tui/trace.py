@@ -18,6 +18,7 @@ events and knows nothing of files of them (and must not import ``specchat``).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import stat
@@ -164,6 +165,16 @@ class TraceWriter:
             self._write_header()
         self._file.close()
         self._file = None
+
+    def abandon(self) -> None:
+        """Close the file after a write failed, whatever is left in its buffer: closing still frees the
+        descriptor when the flush of that rest fails again (a full disk), and nothing is raised (the
+        failure was said when it happened; at quit it would be a traceback)."""
+        file, self._file = self._file, None
+        if file is None:
+            return
+        with contextlib.suppress(OSError, ValueError):
+            file.close()
 
     def _write_header(self) -> None:
         self._write_line(self._header)

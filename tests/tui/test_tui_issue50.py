@@ -93,3 +93,41 @@ async def test_a_full_disk_keeps_the_conversation_in_memory_and_says_so_once(mon
         assert not any("failed" in n for n in notes), notes
         await pilot.press("ctrl+q")
     assert app.return_code in (0, None)
+
+
+# --- a key binding Textual cannot read -------------------------------------------------------------------------
+def test_a_broken_key_binding_is_refused_with_a_warning_and_the_default_kept(tmp_path):
+    """``quit = "ctrl+banana"`` silently replaced Ctrl+Q with a key no terminal sends; now it is refused in one
+    line naming the key and the action, and Ctrl+Q stays."""
+    from specchat.tui.userconfig import load_ui_settings
+
+    config = tmp_path / "config.toml"
+    config.write_text('[keys]\nquit = "ctrl+banana"\nnext-step = "f8,n"\nhelp = "f1,banana"\ncharts = "f25"\n')
+    ui, warnings = load_ui_settings(config)
+    assert dict(ui.keymap) == {"next-step": "f8,n"}
+    assert len(warnings) == 3 and all(w.count("\n") == 0 for w in warnings), warnings
+    quit_warning = next(w for w in warnings if "keys.quit" in w)
+    assert "'ctrl+banana' is not a key" in quit_warning and "quit stays on ctrl+q" in quit_warning
+    assert any("'banana'" in w and "help stays on f1" in w for w in warnings)
+
+
+def test_every_default_and_usual_key_is_accepted():
+    from specchat.tui.keys import APP_KEYS, bad_keys, is_key
+
+    assert not [k.key for k in APP_KEYS if bad_keys(k.key)]
+    assert all(map(is_key, ["ctrl+q", "f8", "n", "N", "?", "plus", "minus", "equals_sign", "question_mark",
+                            "shift+tab", "ctrl+shift+up", "alt+x", "enter", "ctrl+space", "pagedown"]))
+    assert not any(map(is_key, ["ctrl+banana", "banana", "f25", "ctrl+", "", "hyperspace+q", "ctrl+ q"]))
+
+
+async def test_ctrl_q_still_quits_after_a_broken_binding(tmp_path):
+    from specchat.tui.userconfig import load_ui_settings
+
+    config = tmp_path / "config.toml"
+    config.write_text('[keys]\nquit = "ctrl+banana"\n')
+    ui, _ = load_ui_settings(config)
+    app = make_app(make_session(), ui=ui.replace(save_sessions=False))
+    async with app.run_test(size=SIZE) as pilot:
+        await wait_loaded(pilot)
+        await pilot.press("ctrl+q")
+        await asyncio.wait_for(wait_until(pilot, lambda: not app.is_running), 10)

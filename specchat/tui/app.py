@@ -24,7 +24,7 @@ import time
 from collections.abc import Sequence
 from functools import partial
 from pathlib import Path
-from typing import Any, ClassVar, Literal
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 from textual.app import App, SystemCommand
 from textual.binding import Binding
@@ -37,17 +37,7 @@ from specchat.themes import THEMES, VARIABLE_DEFAULTS, pick_theme, resolve_theme
 from specchat.tui.chrome import Chrome, precision_line, replay_line, status_line
 from specchat.tui.commands import SYSTEM_COMMANDS, SettingsCommands, copy_launch_line
 from specchat.tui.compare_host import CompareHost
-from specchat.tui.host import (
-    Delivery,
-    GateWaiting,
-    Item,
-    JobDone,
-    Loaded,
-    LoadFailed,
-    LoadProgress,
-    SaveFailed,
-    SessionFactory,
-)
+from specchat.tui.host import Delivery, GateWaiting, JobDone, Loaded, LoadFailed, LoadProgress, SaveFailed
 from specchat.tui.host_api import Host, make_host
 from specchat.tui.keys import APP_KEYS
 from specchat.tui.messages import ChangeSetting, ChromeStale, EngineWake, OpenSettings
@@ -72,6 +62,9 @@ from specchat.tui.terminal import terminal_gone
 from specchat.tui.trace import Record, ReplaySource, TraceError
 from specchat.tui.userconfig import UISettings
 from specchat.tui.widgets.prompt import PromptInput
+
+if TYPE_CHECKING:
+    from specchat.tui.host import Item, SessionFactory
 
 # The UI drains the engine's mailbox at most this often, and less often when frames are expensive
 # (see pacing.py): whatever arrived meanwhile is shown in one repaint, so a fast engine costs the UI
@@ -244,8 +237,8 @@ class SpecChatApp(ChartsHost, CompareHost, App[int]):
                 self._job_done(item)
             elif isinstance(item, GateWaiting):
                 self.gate_waiting = True
-            elif isinstance(item, SaveFailed):
-                self._save_failed(item)
+            elif isinstance(item, SaveFailed):  # said once per file: the chat goes on, in memory
+                self.notify(item.message(), title="Not saved", severity="warning", timeout=15)
         flush()
         self.refresh_chrome()
 
@@ -316,11 +309,6 @@ class SpecChatApp(ChartsHost, CompareHost, App[int]):
         if item.kind == "replay" and not item.error:
             self.notify("replay stopped" if self._stopping else "replay finished", timeout=4)
         self._stopping = False
-
-    def _save_failed(self, item: SaveFailed) -> None:
-        """Said once per file: the chat goes on in memory; Ctrl+E exports it once there is room again."""
-        self.notify(f"could not save the conversation to {item.path} ({item.reason}); it goes on in memory only, "
-                    "export it (Ctrl+E) once there is room", title="Not saved", severity="warning", timeout=15)
 
     # chrome: title bar, status, stats and teaching panels -----------------------------------------------
     def on_chrome_stale(self, _: ChromeStale) -> None:

@@ -130,6 +130,10 @@ class SaveFailed:
     path: str
     reason: str
 
+    def message(self) -> str:
+        return (f"could not save the conversation to {self.path} ({self.reason}); it goes on in memory only: "
+                "export it (Ctrl+E) once there is room")
+
 
 Item = LoadProgress | Loaded | LoadFailed | Delivery | JobDone | GateWaiting | SaveFailed
 

@@ -182,7 +182,8 @@ def _same_kind(value: Any, default: Any) -> bool:
 def prepare_json_out(path: str | None, flag: str = "--json") -> None:
     """Make sure ``--json PATH`` can be written, before any model loads: create its parent folder
     (``--json bench-out/x.json`` on a fresh machine) or refuse in one line, rather than ending a
-    run of minutes in a FileNotFoundError with the results lost. ``flag``: the option named in errors."""
+    run of minutes in a FileNotFoundError with the results lost, and refuse to replace a file of another
+    kind (see :func:`_replaceable_output`). ``flag``: the option named in errors."""
     if not path:
         return
     target = Path(path)
@@ -198,3 +199,33 @@ def prepare_json_out(path: str | None, flag: str = "--json") -> None:
         raise UsageError(f"{flag} {path}: cannot create the folder {parent} ({exc.strerror or exc})") from None
     if not os.access(parent, os.W_OK):
         raise UsageError(f"{flag} {path}: the folder {parent} is not writable")
+    if target.exists() and not _replaceable_output(target):
+        what = "an SVG image" if target.suffix.lower() == ".svg" else "a JSON file"
+        raise UsageError(f"{flag} {path}: that file is not {what} and would be replaced; name a new file")
+
+
+OUTPUT_CAP = 64 * 2**20  # bytes of an existing output file read to tell its kind (a report is a few MB at most)
+
+
+def _replaceable_output(target: Path) -> bool:
+    """An existing output may be replaced (its own earlier output, as documented) only when it is of the same
+    kind: an empty file, an SVG image for ``.svg``, else JSON. Anything else (a FIFO, a model's weights, a
+    text) is not overwritten: ``--json model.safetensors`` once would have."""
+    import stat
+
+    try:
+        info = target.stat()
+        if not stat.S_ISREG(info.st_mode) or info.st_size > OUTPUT_CAP:
+            return False
+        if info.st_size == 0:
+            return True
+        text = target.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError):
+        return False
+    if target.suffix.lower() == ".svg":
+        return text.lstrip().startswith(("<svg", "<?xml"))
+    try:
+        json.loads(text)
+    except ValueError:
+        return False
+    return True

@@ -31,6 +31,7 @@ from aiohttp import web
 from textual_serve.server import Server
 
 from engine.errors import UserError
+from specchat.serve_guard import WILDCARD_HOSTS, Guard
 
 # what one session costs beside its weights, measured on the embedded model (SmolLM2-135M, a
 # 98 MB GGUF): the app process held 250 MB resident, its engine process 540 MB
@@ -39,7 +40,6 @@ ENGINE_BYTES = 500 * 2**20
 WEIGHT_FACTOR = 1.5  # resident weights and what the forward allocates around them, per byte on disk
 MEMORY_SHARE = 0.8  # of the memory available when the server starts: leave the rest to the system
 WEIGHT_GLOBS = ("*.safetensors", "*.bin", "*.pt", "*.pth")
-WILDCARD_HOSTS = ("0.0.0.0", "::", "")
 
 
 class ServeError(UserError):
@@ -246,15 +246,17 @@ def run_serve(args: argparse.Namespace) -> int:
         print(f"specchat serve: warning: --max-sessions {limit} is more than this machine holds ({budget.fits}: "
               f"{budget.describe()}); the last tabs may run out of memory", file=sys.stderr)
     if not is_local(args.host):
-        print(f"specchat serve: warning: listening on {args.host}: anyone who can reach port {args.port} can use "
-              "the model and this machine's CPU; there is no authentication (keep 127.0.0.1 and use an SSH "
-              "tunnel, or put a proxy with a login in front)", file=sys.stderr)
+        print(f"specchat serve: warning: listening on {args.host}: anyone who can reach port {args.port} and "
+              "has the address printed below (its token) can use the model and this machine's CPU, over plain "
+              "HTTP (keep 127.0.0.1 and use an SSH tunnel, or put a proxy with TLS in front)", file=sys.stderr)
     url = public_url(args.host, args.port, args.public_url)
+    guard = Guard.for_address(args.host, args.public_url)
     note = budget.describe()
     with tempfile.TemporaryDirectory(prefix="specchat-serve-") as slots:
         command = session_command(run_argv(args), Path(slots), limit, note)
         server = SpecchatServer(command, host=args.host, port=args.port, title="specchat", public_url=url)
-        server.banner = (f"specchat serve: open {url} in a browser (one engine per tab, at most "
+        server.guard = guard
+        server.banner = (f"specchat serve: open {guard.url(url)} in a browser (one engine per tab, at most "
                          f"{limit} at once: {note}); Ctrl+C stops")
         server.serve()
     return 0
@@ -262,9 +264,18 @@ def run_serve(args: argparse.Namespace) -> int:
 
 class SpecchatServer(Server):
     """textual-serve's server, announcing the address in one line instead of its logo and the session command
-    (a long line of internal flags that tells the user nothing)."""
+    (a long line of internal flags that tells the user nothing), and answering only its user
+    (:mod:`specchat.serve_guard`: the Host, the Origin and the launch's token of every request)."""
 
     banner: str = ""
+    guard: Guard | None = None
+
+    async def _make_app(self) -> web.Application:
+        app = await super()._make_app()
+        if self.guard is None:  # set by run_serve; a server without one would answer any web page
+            self.guard = Guard.for_address(self.host, self.public_url)
+        app.middlewares.append(self.guard.middleware())
+        return app
 
     def initialize_logging(self) -> None:
         super().initialize_logging()

@@ -123,8 +123,8 @@ def run_train_draft(args: argparse.Namespace) -> int:
 def check_args(args: argparse.Namespace) -> Path:
     """Refuse, in one line, whatever would fail after the data is generated or the head trained:
     bad numbers, a missing --import-data, --init-from or --prompts, a --resume without a
-    checkpoint (or a checkpoint without --resume), an output folder that cannot be written.
-    Returns the output folder."""
+    checkpoint (or a checkpoint without --resume), an output folder that cannot be written or that
+    holds files this command did not write (a model's folder). Returns the output folder, marked as ours."""
     if args.tokens <= 0 or args.draft_vocab_size <= 1 or args.ttt_steps < 1 or args.batch_tokens < 16 \
             or args.rows < 1 or (args.gen_batch is not None and args.gen_batch < 1):
         raise UsageError("--tokens, --draft-vocab-size, --ttt-steps, --rows, --gen-batch and --batch-tokens "
@@ -161,7 +161,11 @@ def check_args(args: argparse.Namespace) -> Path:
         raise UsageError(f"--resume: {out} has no checkpoint; run without --resume to start")
     if not args.resume and has_checkpoint:
         raise UsageError(f"{out} already holds a training run; pass --resume to continue it or pick a new --out")
+    from engine.train.outdir import check_out_folder, claim  # here: engine.train imports torch
+
+    check_out_folder(out)  # a model's folder (config.json, model.safetensors) is never written over
     _check_writable(out)
+    claim(out, args.method)
     return out
 
 

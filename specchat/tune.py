@@ -248,7 +248,7 @@ def run_tune(args: argparse.Namespace) -> int:
         raise UsageError("tune measures one weights mode: give one --weights and one --precision")
     prepare_json_out(args.json_out)
     if args.save_settings:
-        prepare_json_out(args.save_settings)
+        prepare_json_out(args.save_settings, flag="--save-settings")
     session = load_sessions(args, base, modes)[modes[0]]
     baseline = base.replace(method="none")
     sweep = Sweep(modes[0], Row("none", modes[0]))

@@ -20,6 +20,7 @@ import pytest
 from specchat import serve, serve_session
 from specchat.cli import add_run_args, build_parser, main
 from specchat.serve import ServeError, SessionBudget, check_address, run_argv, session_command
+from specchat.serve_guard import Guard
 from specchat.serve_session import RefusalApp, acquire_slot, record_for_slot, refusal_text, wait_for_slot
 
 
@@ -158,14 +159,14 @@ def test_main_serves_the_run_flags_and_prints_the_url(no_server, capsys):
     words = shlex.split(server.command)
     assert sorted(words[words.index("--") + 1:]) == ["--fake", "--speculative-num-steps", "4"]
     assert words[words.index("--limit") + 1] == "1"
-    assert f"open http://127.0.0.1:{port}" in server.banner
-    assert "no authentication" not in capsys.readouterr().err
+    assert f"open http://127.0.0.1:{port}/?token={server.guard.token}" in server.banner
+    assert "warning" not in capsys.readouterr().err
 
 
 def test_a_non_local_host_is_served_with_a_warning(no_server, capsys):
     assert main(["serve", "--fake", "--host", "0.0.0.0", "--port", str(_free_port())]) == 0
     err = capsys.readouterr().err
-    assert "warning: listening on 0.0.0.0" in err and "no authentication" in err
+    assert "warning: listening on 0.0.0.0" in err and "plain HTTP" in err
     assert not no_server[0].public_url.startswith("http://0.0.0.0")  # a browser elsewhere cannot open that
 
 
@@ -319,3 +320,102 @@ def test_the_slots_folder_is_the_servers_own(no_server):
     words = shlex.split(no_server[0].command)
     slots = Path(words[words.index("--slots") + 1])
     assert slots.name.startswith("specchat-serve-") and not slots.exists()  # removed when the server stops
+
+
+# who may talk to the server (specchat.serve_guard) ---------------------------------------------
+@pytest.fixture
+async def guarded():
+    """The real aiohttp app of ``SpecchatServer`` (textual-serve's routes and the guard) on a test server;
+    each tab runs ``true``, so an accepted WebSocket starts nothing. Yields (client, guard, port)."""
+    from aiohttp import CookieJar
+    from aiohttp.test_utils import TestClient, TestServer
+
+    port = _free_port()
+    server = serve.SpecchatServer("true", host="127.0.0.1", port=port, public_url=f"http://127.0.0.1:{port}")
+    server.guard = Guard.for_address("127.0.0.1", None)
+    client = TestClient(TestServer(await server._make_app(), host="127.0.0.1", port=port),
+                        cookie_jar=CookieJar(unsafe=True))  # unsafe: keep cookies of an IP address, as browsers do
+    await client.start_server()
+    try:
+        yield client, server.guard, port
+    finally:
+        await client.close()
+
+
+async def _ws_status(client, headers: dict[str, str], query: str = "") -> int:
+    """The HTTP status of a WebSocket handshake to /ws (101 when it opened)."""
+    from aiohttp import WSServerHandshakeError
+
+    try:
+        ws = await client.ws_connect(f"/ws{query}", headers=headers)
+    except WSServerHandshakeError as exc:
+        return exc.status
+    await ws.close()
+    return 101
+
+
+async def test_a_websocket_from_another_page_or_without_an_origin_is_refused(guarded):
+    client, guard, port = guarded
+    token = f"?token={guard.token}"
+    assert await _ws_status(client, {"Origin": "http://attacker.example"}, token) == 403
+    assert await _ws_status(client, {"Origin": "http://localhost:3000"}, token) == 403  # another local page
+    assert await _ws_status(client, {}, token) == 403  # no Origin
+    assert await _ws_status(client, {"Origin": f"http://127.0.0.1:{port}"}, "") == 403  # no token
+    assert await _ws_status(client, {"Origin": f"http://127.0.0.1:{port}"}, token) == 101  # its own page
+
+
+async def test_a_foreign_host_is_refused_on_every_request(guarded):
+    """DNS rebinding: a page on attacker.example re-pointed at 127.0.0.1 still sends its own name as Host."""
+    client, guard, port = guarded
+    for path in (f"/?token={guard.token}", "/static/js/textual.js", "/ws"):
+        response = await client.get(path, headers={"Host": f"attacker.example:{port}"})
+        body = await response.text()
+        assert response.status == 403 and body.count("\n") == 1 and "Host" in body, (path, body)
+
+
+@pytest.mark.parametrize("query", ["", "?token=wrong", "?fontsize=20"])
+async def test_a_request_without_the_secret_is_refused(guarded, query):
+    client, _, _ = guarded
+    for path in ("/", "/static/js/textual.js"):
+        response = await client.get(f"{path}{query}")
+        body = await response.text()
+        assert response.status == 403 and "token" in body and body.count("\n") == 1, (path, body)
+
+
+async def test_the_printed_address_opens_the_page_and_its_cookie_carries_the_secret(guarded):
+    """The browser flow: the URL with the token sets a cookie; the page's files and socket then pass with it."""
+    client, guard, port = guarded
+    response = await client.get(f"/?token={guard.token}")
+    assert response.status == 200 and "textual.js" in await response.text()
+    cookie = response.cookies[guard.cookie_name_for(port)]
+    assert cookie.value == guard.token and cookie["httponly"] and cookie["samesite"] == "Strict"
+    assert (await client.get("/static/js/textual.js")).status == 200  # the client kept the cookie
+    assert await _ws_status(client, {"Origin": f"http://127.0.0.1:{port}"}) == 101
+
+
+@pytest.mark.parametrize(("host", "public", "request_host", "origin", "ok"), [
+    ("127.0.0.1", None, "127.0.0.1:8000", "http://127.0.0.1:8000", True),
+    ("127.0.0.1", None, "localhost:8000", "http://localhost:8000", True),
+    ("127.0.0.1", None, "[::1]:8000", None, True),
+    ("127.0.0.1", None, "localhost:8000", "http://127.0.0.1:8000", False),  # Origin of another page
+    ("127.0.0.1", None, "192.168.1.5:8000", None, False),
+    ("127.0.0.1", None, "", None, False),
+    ("0.0.0.0", None, "192.168.1.5:8000", "http://192.168.1.5:8000", True),  # an interface of the machine
+    ("0.0.0.0", None, "evil.example:8000", None, False),
+    ("127.0.0.1", "https://chat.example/", "chat.example", "https://chat.example", True),  # a proxy in front
+    ("127.0.0.1", "https://chat.example/", "127.0.0.1:8000", "https://chat.example", True),  # Host rewritten
+    ("127.0.0.1", "https://chat.example/", "127.0.0.1:8000", "http://chat.example", False),  # wrong scheme/port
+])
+def test_which_hosts_and_origins_pass(host, public, request_host, origin, ok):
+    from aiohttp.test_utils import make_mocked_request
+
+    guard = Guard.for_address(host, public, token="s3cret")
+    headers = {"Host": request_host, **({"Origin": origin} if origin else {})}
+    request = make_mocked_request("GET", "/?token=s3cret", headers=headers)
+    assert (guard.refusal(request) is None) == ok, guard.refusal(request)
+
+
+def test_each_launch_has_its_own_secret():
+    first, second = Guard.for_address("127.0.0.1", None), Guard.for_address("127.0.0.1", None)
+    assert first.token != second.token and len(first.token) >= 32
+    assert first.url("http://127.0.0.1:8000/") == f"http://127.0.0.1:8000/?token={first.token}"

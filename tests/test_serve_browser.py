@@ -90,7 +90,8 @@ def _wait(cond: Callable[[], bool], what: str, timeout: float, detail: Callable[
 
 @pytest.fixture
 def served(tmp_path: Path) -> Iterator[str]:
-    """``specchat serve --fake`` (the scripted model) on a free port, one session at most; stopped after."""
+    """``specchat serve --fake`` (the scripted model) on a free port, one session at most; stopped after.
+    Yields the address it prints, with its token: the page is refused without it."""
     port = _free_port()
     log = tmp_path / "serve.log"
     with log.open("w") as out:
@@ -98,14 +99,16 @@ def served(tmp_path: Path) -> Iterator[str]:
                                    "--port", str(port), "--max-sessions", "1"],
                                   stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
 
-    def listening() -> bool:
+    def printed_url() -> str | None:
+        """The address the server prints (with its launch's token), once it listens."""
         assert server.poll() is None, f"the server exited: {log.read_text()}"
-        with socket.socket() as sock:
-            return sock.connect_ex(("127.0.0.1", port)) == 0
+        found = re.search(rf"open (http://127\.0\.0\.1:{port}/\?token=[\w-]+) ", log.read_text())
+        return found[1] if found else None
 
     try:
-        _wait(listening, "the server listens", START_S, log.read_text)
-        yield f"http://127.0.0.1:{port}/"
+        _wait(lambda: printed_url() is not None, "the server listens and prints its address", START_S,
+              log.read_text)
+        yield printed_url()
     finally:
         os.killpg(server.pid, signal.SIGTERM)  # the server and the app processes it started
         try:

@@ -16,6 +16,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from engine.errors import UserError
 from engine.models.llama import LlamaConfig, LlamaModel
 from engine.train import load_exported, train_head
 from engine.train.data import DataCache, GenSettings, Sample, generate_batch, generate_data
@@ -30,7 +31,7 @@ from engine.train.head import (
 )
 from engine.train.targets import target_features
 from engine.train.trainer import ResumeError
-from tests.tiny import family_config
+from tests.tiny import family_config, hf_model
 
 VOCAB = 64
 
@@ -492,3 +493,60 @@ def test_the_recorded_command_names_no_machine_paths(monkeypatch, tmp_path: Path
     line = _command_line(["train-draft", "m", "--import-data", "/tmp/newshards", f"--out={tmp_path}/heads/x",
                           "--init-from", "assets/head", "--lr", "2e-4"])
     assert line == "specchat train-draft m --import-data '<newshards>' --out=heads/x --init-from assets/head --lr 2e-4"
+
+
+def _tree(folder: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def test_out_an_existing_model_folder_is_refused_and_left_byte_identical(tmp_path: Path, monkeypatch,
+                                                                        capsys: pytest.CaptureFixture[str]) -> None:
+    """``train-draft MODEL --out MODEL`` once replaced the model's config.json and model.safetensors with the
+    head's: a folder holding files train-draft did not write is refused in one line, before the target loads."""
+    import engine.train.pipeline as pipeline
+    from specchat.cli import main
+
+    def no_work(*_args, **_kwargs):
+        raise AssertionError("work began before --out was checked")
+
+    monkeypatch.setattr(pipeline, "load_target", no_work)
+    monkeypatch.setattr(pipeline, "prepare_data", no_work)
+    hf, _ = hf_model("llama")
+    model = tmp_path / "model"
+    hf.save_pretrained(model)
+    before = _tree(model)
+    capsys.readouterr()  # save_pretrained's progress bar
+    for method in ("eagle3", "medusa"):
+        assert main(["train-draft", str(model), "--out", str(model), "--method", method]) == 2
+        err = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+        assert len(err) == 1 and "did not write" in err[0] and "config.json" in err[0], err
+    assert _tree(model) == before
+
+
+def test_out_a_new_empty_or_own_folder_is_accepted(tmp_path: Path) -> None:
+    """A new or empty folder is claimed (marked as a head's); a marked one, a head exported before the marker
+    (its config.json card) and an interrupted run's checkpoint count as train-draft's own output."""
+    from engine.train.outdir import MARKER, check_out_folder, claim, is_own_output
+
+    new, empty = tmp_path / "new", tmp_path / "empty"
+    empty.mkdir()
+    check_out_folder(new)
+    check_out_folder(empty)
+    claim(empty, "eagle3")
+    assert is_own_output(empty) and json.loads((empty / MARKER).read_text())["method"] == "eagle3"
+    (empty / "config.json").write_text("{}")
+    check_out_folder(empty)  # its own files: accepted again
+    old_head = tmp_path / "old"
+    old_head.mkdir()
+    (old_head / "config.json").write_text(json.dumps({"specchat_training": {"steps": 3}}))
+    assert is_own_output(old_head)
+    foreign = tmp_path / "foreign"
+    foreign.mkdir()
+    (foreign / "notes.txt").write_text("mine")
+    assert not is_own_output(foreign)
+    with pytest.raises(UserError, match=r"notes\.txt"):
+        check_out_folder(foreign)
+    interrupted = tmp_path / "interrupted"  # a run stopped before its first export: --resume continues it
+    (interrupted / "checkpoint").mkdir(parents=True)
+    (interrupted / "checkpoint" / "progress.json").write_text("{}")
+    check_out_folder(interrupted)

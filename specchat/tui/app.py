@@ -16,6 +16,7 @@ Structure:
 
 from __future__ import annotations
 
+import asyncio
 import os
 import sys
 import threading
@@ -23,7 +24,7 @@ import time
 from collections.abc import Sequence
 from functools import partial
 from pathlib import Path
-from typing import Any, ClassVar, Literal
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 from textual.app import App, SystemCommand
 from textual.binding import Binding
@@ -36,7 +37,7 @@ from specchat.themes import THEMES, VARIABLE_DEFAULTS, pick_theme, resolve_theme
 from specchat.tui.chrome import Chrome, precision_line, replay_line, status_line
 from specchat.tui.commands import SYSTEM_COMMANDS, SettingsCommands, copy_launch_line
 from specchat.tui.compare_host import CompareHost
-from specchat.tui.host import Delivery, GateWaiting, Item, JobDone, Loaded, LoadFailed, LoadProgress, SessionFactory
+from specchat.tui.host import Delivery, GateWaiting, JobDone, Loaded, LoadFailed, LoadProgress, SaveFailed
 from specchat.tui.host_api import Host, make_host
 from specchat.tui.keys import APP_KEYS
 from specchat.tui.messages import ChangeSetting, ChromeStale, EngineWake, OpenSettings
@@ -61,6 +62,9 @@ from specchat.tui.terminal import terminal_gone
 from specchat.tui.trace import Record, ReplaySource, TraceError
 from specchat.tui.userconfig import UISettings
 from specchat.tui.widgets.prompt import PromptInput
+
+if TYPE_CHECKING:
+    from specchat.tui.host import Item, SessionFactory
 
 # The UI drains the engine's mailbox at most this often, and less often when frames are expensive
 # (see pacing.py): whatever arrived meanwhile is shown in one repaint, so a fast engine costs the UI
@@ -233,6 +237,8 @@ class SpecChatApp(ChartsHost, CompareHost, App[int]):
                 self._job_done(item)
             elif isinstance(item, GateWaiting):
                 self.gate_waiting = True
+            elif isinstance(item, SaveFailed):  # said once per file: the chat goes on, in memory
+                self.notify(item.message(), title="Not saved", severity="warning", timeout=15)
         flush()
         self.refresh_chrome()
 
@@ -528,16 +534,18 @@ class SpecChatApp(ChartsHost, CompareHost, App[int]):
             self.chat_screen.toggle_panels()
 
     # saved sessions and exports -----------------------------------------------------------------------
-    def action_open_sessions(self) -> None:
+    async def action_open_sessions(self) -> None:
         if self.replay is not None or not self.loaded:
             self.notify("reopening needs a loaded model", severity="warning")
             return
         if self.busy_job is not None:
             self.notify("still answering · Esc stops it first", severity="warning")
             return
-        current = self.host.record_path
-        found = [s for s in list_sessions() if str(s.path) != current]
-        self.push_screen(SessionsScreen(found, str(sessions_dir())), self._reopen)
+        current, screen = self.host.record_path, self.screen
+        # read in a thread: the folder may hold big files, or a file on a stalled disk, and the UI must go on
+        found = [s for s in await asyncio.to_thread(list_sessions) if str(s.path) != current]
+        if self.busy_job is None and self.screen is screen:  # nothing started, no other screen opened meanwhile
+            self.push_screen(SessionsScreen(found, str(sessions_dir())), self._reopen)
 
     def _reopen(self, saved: SavedSession | None) -> None:
         if saved is None:

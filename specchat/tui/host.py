@@ -122,7 +122,20 @@ class GateWaiting:
     job: int
 
 
-Item = LoadProgress | Loaded | LoadFailed | Delivery | JobDone | GateWaiting
+@dataclass(frozen=True)
+class SaveFailed:
+    """The conversation could not be written to ``path`` (a full disk, a removed folder): said once per file.
+    The chat goes on, in memory; nothing more is written to that file."""
+
+    path: str
+    reason: str
+
+    def message(self) -> str:
+        return (f"could not save the conversation to {self.path} ({self.reason}); it goes on in memory only: "
+                "export it (Ctrl+E) once there is room")
+
+
+Item = LoadProgress | Loaded | LoadFailed | Delivery | JobDone | GateWaiting | SaveFailed
 
 
 # jobs -------------------------------------------------------------------------------------------
@@ -253,6 +266,7 @@ class EngineHost:
         self.session: Any = None
         self.record_path = record_path
         self._writer: TraceWriter | None = None
+        self._save_failed = False  # the current file could not be written: the chat goes on unsaved
         self._jobs: queue.Queue[Job | None] = queue.Queue()
         self._ids = itertools.count(1)
         self._stop = threading.Event()
@@ -271,14 +285,16 @@ class EngineHost:
         """Record from now on into ``path`` (a new conversation, or a reopened one: ``records`` first).
 
         Called from the UI thread between jobs (the app refuses while an answer runs)."""
-        if self._writer is not None:
-            self._writer.close()
-            self._writer = None
+        self._close_writer()
         self.record_path = path
+        self._save_failed = False
         if path is not None and records:
-            writer = self._open_writer(path)
-            for record in records:
-                writer.write(record)
+            self._save(lambda: self._write_all(path, records))
+
+    def _write_all(self, path: str, records: Sequence[Record]) -> None:
+        writer = self._open_writer(path)
+        for record in records:
+            writer.write(record)
 
     # called from the UI thread -------------------------------------------------------------
     def submit(self, kind: JobKind, text: str = "", records: Sequence[Record] = (),
@@ -350,8 +366,7 @@ class EngineHost:
                 self.mailbox.put(Loaded("", None))
             self._loop()
         finally:
-            if self._writer is not None:
-                self._writer.close()
+            self._close_writer()
 
     def _progress(self, stage: str, done: int, total: int) -> None:
         self.mailbox.put(LoadProgress(stage, done, total))
@@ -381,6 +396,26 @@ class EngineHost:
                         self.enqueue(Job("reread", id=REREAD_JOB))
             self.mailbox.put(JobDone(job.id, job.kind, error))
 
+    def _save(self, write: Callable[[], object]) -> None:
+        """Run one write to the conversation's file; an OSError (a full disk) stops the saving, not the chat:
+        the UI is told once, the records stay in memory (the transcript, the session's messages)."""
+        try:
+            write()
+        except OSError as exc:
+            self._save_failed = True
+            self._close_writer()
+            self.mailbox.put(SaveFailed(str(self.record_path), exc.strerror or str(exc)))
+
+    def _close_writer(self) -> None:
+        """Close the trace file; what a full disk kept in its buffer is dropped (a failed save was said)."""
+        writer, self._writer = self._writer, None
+        if writer is None:
+            return
+        try:
+            writer.close()
+        except OSError:
+            writer.abandon()
+
     def _open_writer(self, path: str) -> TraceWriter:
         cfg = self.session.config if self.session is not None else None
         name = getattr(self.session, "model_name", "")
@@ -390,9 +425,9 @@ class EngineHost:
         return self._writer
 
     def _deliver(self, job: Job, lane: Lane, record: Record) -> None:
-        if self.record_path is not None and job.kind not in ("replay", "restore"):
-            writer = self._writer or self._open_writer(self.record_path)
-            writer.write(record)
+        if self.record_path is not None and job.kind not in ("replay", "restore") and not self._save_failed:
+            path = self.record_path
+            self._save(lambda: (self._writer or self._open_writer(path)).write(record))
         if isinstance(record, Started):
             self._last_started = record
         self.mailbox.put(Delivery(job.id, lane, record))

@@ -10,6 +10,9 @@ Textual applies the remapping through ``App.set_keymap`` (binding id -> keys).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
+
+MODIFIERS = frozenset({"ctrl", "shift", "alt", "meta", "super", "hyper"})
 
 
 @dataclass(frozen=True)
@@ -49,3 +52,36 @@ APP_KEYS: tuple[KeySpec, ...] = (
 )
 
 KEY_IDS: frozenset[str] = frozenset(k.id for k in APP_KEYS)
+DEFAULT_KEYS: dict[str, str] = {k.id: k.key for k in APP_KEYS}
+
+
+@lru_cache(maxsize=1)
+def _named_keys() -> frozenset[str]:
+    """The keys Textual names (textual.keys.Keys without their modifiers: escape, f1..f24, up, pageup...)."""
+    from textual.keys import KEY_ALIASES, Keys
+
+    names = {k.value.rpartition("+")[2] for k in Keys} | set(KEY_ALIASES)
+    return frozenset(n for n in names if not n.startswith("<"))
+
+
+def is_key(key: str) -> bool:
+    """True when Textual can bind ``key`` (``ctrl+q``, ``f8``, ``n``, ``plus``, ``shift+tab``...).
+
+    Why: Textual takes any string as a binding and never fires it, so ``quit = "ctrl+banana"``
+    replaced Ctrl+Q with a key no terminal sends. A character by name counts only when it is
+    one a keyboard types (ASCII): ``banana`` names the emoji.
+    """
+    from textual.keys import REPLACED_KEYS, key_to_character
+
+    *modifiers, base = key.strip().lower().split("+")
+    if not base or any(m not in MODIFIERS for m in modifiers):
+        return False
+    if len(base) == 1 or base in _named_keys():
+        return base.isprintable()
+    character = key_to_character(REPLACED_KEYS.get(base, base))
+    return character is not None and character.isascii() and character.isprintable()
+
+
+def bad_keys(keys: str) -> list[str]:
+    """The keys of a comma list (a ``[keys]`` value) that Textual cannot bind; [] when all are fine."""
+    return [k for k in keys.split(",") if not is_key(k)]

@@ -104,6 +104,10 @@ def preflight(args: argparse.Namespace) -> tuple[SpecConfig, str]:
     (ConfigError, LoadError) whose message is that line.
     """
     config = config_from_args(args)
+    if getattr(args, "record", None):
+        from specchat.tui.trace import check_record_path
+
+        check_record_path(args.record)
     if isinstance(getattr(args, "compare", None), str):  # --compare A,B: known methods, two different ones
         from specchat.tui.compare_pair import parse_pair
 

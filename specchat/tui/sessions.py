@@ -13,15 +13,18 @@ from __future__ import annotations
 
 import json
 import os
+import stat
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TextIO
 
 from engine.events import Finished, Started, Step
-from specchat.tui.trace import Record, Trace, UserTurn, open_trace
+from specchat.tui.trace import Record, Trace, TraceError, UserTurn, open_trace
 
 ENV_VAR = "SPECCHAT_DATA_DIR"
+SUMMARY_CAP = 64 * 2**20  # characters of a saved chat read for its line in the list (turns past it are not counted)
 
 
 def data_dir() -> Path:
@@ -63,22 +66,29 @@ class SavedSession:
 
 
 def _summary(path: Path) -> SavedSession | None:
-    """Read only what the list needs: the header and the user turns (quick, never raises).
+    """Read only what the list needs: the header and the user turns (quick, never raises, never blocks).
 
     Why not :func:`open_trace`: steps are most of a file and the list needs none of them, so lines
     without a user turn are skipped unparsed. A line that is not JSON (cut by a crash while it was
     written) is skipped too: the conversation is still listed, and reopening says what was lost.
+    Only regular files are read (a FIFO named ``x.jsonl`` froze the app at Ctrl+O: opening it
+    waits for a writer), and only their first :data:`SUMMARY_CAP` characters.
     """
     turns = 0
     title = ""
     model = ""
     try:
-        with path.open(encoding="utf-8", errors="replace") as fh:
-            head = json.loads(fh.readline())
+        info = path.stat()  # follows a link: a link to a FIFO is skipped as the FIFO is
+        if not stat.S_ISREG(info.st_mode):
+            return None
+        with _open_regular(path) as fh:
+            head = json.loads(fh.readline(SUMMARY_CAP))
             if not isinstance(head, dict) or head.get("kind") != "header":
                 return None
             model = str(head.get("model", ""))
-            for line in fh:
+            read = 0
+            while read < SUMMARY_CAP and (line := fh.readline(SUMMARY_CAP)):
+                read += len(line)
                 if '"user"' not in line:  # cheap pre-filter; steps are most of the file
                     continue
                 data = _json_object(line)
@@ -87,12 +97,25 @@ def _summary(path: Path) -> SavedSession | None:
                 turns += 1
                 if not title:
                     title = " ".join(str(data.get("text", "")).split())
-        stat = path.stat()
     except (OSError, ValueError):
         return None
     if not turns:
         return None
-    return SavedSession(path, stat.st_mtime, title[:70] + ("…" if len(title) > 70 else ""), turns, model)
+    return SavedSession(path, info.st_mtime, title[:70] + ("…" if len(title) > 70 else ""), turns, model)
+
+
+def _open_regular(path: Path) -> TextIO:
+    """``path`` opened for reading without blocking, or OSError when it is not a regular file (it was
+    swapped for a FIFO or a device after the stat: O_NONBLOCK makes even that open return at once)."""
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise OSError(f"{path}: not a regular file")
+        os.set_blocking(fd, True)
+        return open(fd, encoding="utf-8", errors="replace")  # the caller closes it
+    except BaseException:
+        os.close(fd)
+        raise
 
 
 def _json_object(line: str) -> dict[str, object]:
@@ -116,7 +139,13 @@ def list_sessions(folder: Path | None = None) -> list[SavedSession]:
 def load_session(path: Path) -> Trace:
     """A saved conversation, read tolerantly: a line cut by a crash while it was written is left out
     (``Trace.dropped`` says how many), so the rest can still be reopened. Raises TraceError when the
-    file is not a conversation at all."""
+    file is not a conversation at all (or not a regular file: reading a FIFO would wait for ever)."""
+    try:
+        regular = stat.S_ISREG(path.stat().st_mode)
+    except OSError as exc:
+        raise TraceError(f"{path}: {exc.strerror or exc}") from None
+    if not regular:
+        raise TraceError(f"{path}: not a regular file, not a saved conversation")
     return open_trace(path, tolerant=True)
 
 

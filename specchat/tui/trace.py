@@ -18,8 +18,10 @@ events and knows nothing of files of them (and must not import ``specchat``).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import stat
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import IO, Any, Literal
@@ -31,6 +33,7 @@ from specchat import __version__
 
 FORMAT = "specchat-trace"
 FORMAT_VERSION = 1
+HEADER_CAP = 1 << 20  # bytes of a trace's first line read to tell it is one (a header is a few kB)
 
 TurnMode = Literal["chat", "compare"]
 
@@ -163,6 +166,16 @@ class TraceWriter:
         self._file.close()
         self._file = None
 
+    def abandon(self) -> None:
+        """Close the file after a write failed, whatever is left in its buffer: closing still frees the
+        descriptor when the flush of that rest fails again (a full disk), and nothing is raised (the
+        failure was said when it happened; at quit it would be a traceback)."""
+        file, self._file = self._file, None
+        if file is None:
+            return
+        with contextlib.suppress(OSError, ValueError):
+            file.close()
+
     def _write_header(self) -> None:
         self._write_line(self._header)
         self._header_written = True
@@ -211,6 +224,40 @@ def read_trace(path: str | os.PathLike[str]) -> tuple[dict[str, Any], list[Recor
     """Read a whole trace strictly: ``(header, records)`` (see :func:`open_trace`)."""
     trace = open_trace(path)
     return trace.header, trace.records
+
+
+def check_record_path(path: str | os.PathLike[str], flag: str = "--record") -> None:
+    """Refuse, in one line, a trace path that cannot be written, before any model loads: a folder, a
+    parent folder that does not exist or cannot be written, or a file that is not a specchat trace
+    (which the recording would replace). Without this, ``--record /proc/nope/t.jsonl`` made every
+    answer fail once the chat had started."""
+    target = Path(path)
+    parent = target.parent
+    if target.is_dir():
+        raise TraceError(f"{flag} {path} is a folder; name a file in it (e.g. {target / 'trace.jsonl'})")
+    if not parent.is_dir():
+        raise TraceError(f"{flag} {path}: the folder {parent} does not exist; create it or name another place")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise TraceError(f"{flag} {path}: the folder {parent} is not writable; name another place")
+    if target.exists() and not _replaceable_trace(target):
+        raise TraceError(f"{flag} {path}: that file is not a specchat trace and would be replaced; "
+                         "name a new file")
+
+
+def _replaceable_trace(target: Path) -> bool:
+    """An empty regular file or a trace (its first line the header): a recording may replace it."""
+    try:
+        info = target.stat()
+        if not stat.S_ISREG(info.st_mode):
+            return False
+        if info.st_size == 0:
+            return True
+        with target.open("rb") as file:
+            first = file.readline(HEADER_CAP)
+        header = json.loads(first)
+    except (OSError, ValueError):
+        return False
+    return isinstance(header, dict) and header.get("kind") == "header" and header.get("format") == FORMAT
 
 
 def _check_header(path: Path, header: dict[str, Any]) -> None:

@@ -25,7 +25,7 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
-from specchat.tui.keys import KEY_IDS
+from specchat.tui.keys import DEFAULT_KEYS, KEY_IDS, bad_keys
 
 ENV_VAR = "SPECCHAT_CONFIG"
 
@@ -102,6 +102,9 @@ def load_ui_settings(path: Path | None = None) -> tuple[UISettings, list[str]]:
             warnings.append(f"{path}: unknown binding id {binding_id!r}; known: {', '.join(sorted(KEY_IDS))}")
         elif not isinstance(value, str) or not value.strip():
             warnings.append(f"{path}: keys.{binding_id} must be a non-empty string")
+        elif bad := bad_keys(value.replace(" ", "")):
+            warnings.append(f"{path}: keys.{binding_id} = {value!r}: {', '.join(map(repr, bad))} is not a key "
+                            f"(e.g. ctrl+q, f8, n, plus); {binding_id} stays on {DEFAULT_KEYS[binding_id]}")
         else:
             keymap[binding_id] = value.replace(" ", "")
     return UISettings(**values, keymap=MappingProxyType(keymap)), warnings

@@ -126,3 +126,4 @@ async def test_the_palette_changes_a_setting_by_message():
         await wait_until(pilot, lambda: app.applied_config.num_steps == 3, what="applied")
         await send(pilot, "still answers")
         await wait_idle(pilot)
+

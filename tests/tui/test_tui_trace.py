@@ -131,3 +131,35 @@ def test_fixture_trace_is_realistic():
         assert len(s.tree_text) == len(s.tree)
     answers = [r for r in records if isinstance(r, Finished)]
     assert len(answers) == 4 and [isinstance(r, Started) for r in records].count(True) == 4
+
+
+@pytest.mark.parametrize(("where", "says"), [
+    ("/proc/nope/t.jsonl", "does not exist"),
+    ("{tmp}", "is a folder"),
+    ("{tmp}/missing/t.jsonl", "does not exist"),
+    ("{tmp}/notes.txt", "not a specchat trace"),
+])
+def test_run_record_is_checked_before_the_app_starts(where, says, tmp_path, monkeypatch, capsys):
+    """``run --record /proc/nope/t.jsonl`` made every answer fail once the chat was open: a path that cannot
+    take a trace (or a file a recording would destroy) is refused in one line before anything loads."""
+    from specchat.cli import main
+    from specchat.tui.app import SpecChatApp
+
+    (tmp_path / "notes.txt").write_text("my notes\n")
+    monkeypatch.setattr(SpecChatApp, "run", lambda self, *a, **k: pytest.fail("the app started"))
+    path = where.format(tmp=tmp_path)
+    assert main(["run", "--fake", "--record", path]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and says in err and "--record" in err, err
+    assert (tmp_path / "notes.txt").read_text() == "my notes\n"
+
+
+def test_run_record_may_replace_an_earlier_trace_or_make_a_new_one(tmp_path):
+    from specchat.tui.trace import check_record_path
+
+    check_record_path(tmp_path / "new.jsonl")
+    with TraceWriter(tmp_path / "old.jsonl") as writer:
+        writer.write(UserTurn(text="hi"))
+    check_record_path(tmp_path / "old.jsonl")
+    (tmp_path / "empty.jsonl").write_text("")
+    check_record_path(tmp_path / "empty.jsonl")

@@ -125,7 +125,7 @@ RUN = [
          files=(b.text("s.json", b"\xff\xfe\x00"),)),
     case("run-settings-a-folder", f"run {M} --settings {TMP}/d", r"--settings .*d: cannot read it",
          files=(b.folder("d"),)),
-    # still wrong
+    # once wrong (issue 50), fixed
     case("run-num-steps-huge", f"run {M} --speculative-num-steps 99999", r"num_steps", xfail=BOUNDS),
     case("run-topk-huge", f"run {M} --speculative-eagle-topk 99999", r"eagle_topk", xfail=BOUNDS),
     case("run-settings-num-steps-huge", f"run {M} --settings {TMP}/s.json", r"num_steps", xfail=BOUNDS,
@@ -134,10 +134,8 @@ RUN = [
     case("run-threads-negative", f"run {M} --threads -3", r"threads", xfail="issue 50: --threads -3 silently runs"),
     case("run-max-new-tokens-huge", f"run {M} --max-new-tokens 1000000000000", r"max.new.tokens",
          xfail="issue 50: --max-new-tokens 10^12 tries to allocate petabytes"),
-    case("run-record-unwritable", f"run {M} --record /proc/nope/t.jsonl", r"record",
-         xfail="issue 50: run --record /proc/nope/t.jsonl starts, then every answer fails"),
-    case("run-record-a-folder", f"run {M} --record {TMP}", r"record",
-         xfail=NEW + "run --record FOLDER starts the chat (the write fails later)"),
+    case("run-record-unwritable", f"run {M} --record /proc/nope/t.jsonl", r"record"),
+    case("run-record-a-folder", f"run {M} --record {TMP}", r"record"),
     case("run-missing-draft", f"run {M} --draft {TMP}/nohead", r"nohead", xfail=LATE + " (a missing --draft)"),
     case("run-device-garbage", f"run {M} --device nope", r"device",
          xfail=NEW + "--device nope: a RuntimeError traceback"),
@@ -211,7 +209,7 @@ GENERATE = [
          files=(b.folder("c"),), loads_model=True),
     case("generate-corpus-garbage-shard", f"generate {M} --prompt hi --ngram-corpus {TMP}/c",
          r"batch-0\.npz is not a data shard", files=(b.text("c/batch-0.npz", "garbage"),), loads_model=True),
-    # still wrong
+    # once wrong (issue 50), fixed
     case("generate-prompt-file-a-folder", f"generate {M} --prompt-file {TMP}/d", r"folder|directory|regular file",
          files=(b.folder("d"),), xfail="issue 50: --prompt-file naming a folder says 'does not exist'"),
     case("generate-prompt-file-a-fifo", f"generate {M} --prompt-file {TMP}/p", r"regular file|pipe|FIFO|fifo",
@@ -331,7 +329,7 @@ BENCH = [
     case("bench-data-engine-negative", f"bench {M} --data-engine -3", r"--data-engine takes a positive number"),
     case("bench-unknown-method-in-settings", f"bench {M} --prompts {TMP}/p.jsonl --settings {TMP}/s.json",
          r"unknown method 'magic'", files=(PROMPTS, b.json_file("s.json", {"method": "magic"}))),
-    # still wrong
+    # once wrong (issue 50), fixed
     case("bench-prompts-a-fifo", f"bench {M} --prompts {TMP}/p", r"regular file|pipe|FIFO|fifo",
          files=(b.fifo("p"),), timeout=2, xfail=NEW + "--prompts naming a FIFO hangs"),
     case("bench-prompt-empty-string", f"bench {M} --prompts {TMP}/e.jsonl", r"e\.jsonl:1",
@@ -388,12 +386,11 @@ TUNE = [
          files=(PROMPTS,)),
     case("tune-save-settings-unwritable", f"tune {M} --prompts {TMP}/p.jsonl --save-settings /proc/nope/s.json",
          r"cannot create the folder /proc/nope", files=(PROMPTS,)),
-    # still wrong
+    # once wrong (issue 50), fixed
     case("tune-minutes-nan", f"tune {M} --prompts {TMP}/p.jsonl --minutes nan", r"minutes", files=(PROMPTS,),
          xfail=NEW + "--minutes nan is accepted"),
     case("tune-save-settings-a-folder", f"tune {M} --prompts {TMP}/p.jsonl --save-settings {TMP}",
-         r"--save-settings .*folder", files=(PROMPTS,),
-         xfail=NEW + "--save-settings FOLDER is refused as '--json FOLDER is a folder' (the wrong flag named)"),
+         r"--save-settings .*folder", files=(PROMPTS,)),
     case("tune-grid-num-steps-huge", f"tune {M} --prompts {TMP}/p.jsonl --methods eagle3 --grid num_steps=99999",
          r"num_steps", files=(PROMPTS,), xfail=BOUNDS + " (tune's --grid)"),
     case("tune-threads-zero", f"tune {M} --prompts {TMP}/p.jsonl --threads 0", r"threads", files=(PROMPTS,),
@@ -417,7 +414,7 @@ EXPORT = [
          files=(b.text("s.json", "nope"),)),
     case("export-settings-unknown-field", f"export sglang --settings {TMP}/s.json", r"unknown setting 'bogus'",
          files=(b.json_file("s.json", {"bogus": 1}),)),
-    # still wrong
+    # once wrong (issue 50), fixed
     case("export-num-steps-huge", "export sglang --method eagle3 --speculative-num-steps 99999", r"num_steps",
          xfail="issue 50: export sglang --speculative-num-steps 99999 prints that launch line"),
     case("export-settings-num-steps-huge", f"export sglang --settings {TMP}/s.json", r"num_steps",
@@ -441,7 +438,7 @@ REPLAY = [
     case("replay-negative-speed", f"replay {TMP}/t.jsonl --speed -2", r"--speed must be > 0", files=(TRACE,)),
     case("replay-speed-not-a-number", f"replay {TMP}/t.jsonl --speed x", r"--speed: invalid float value",
          files=(TRACE,)),
-    # still wrong
+    # once wrong (issue 50), fixed
     case("replay-speed-zero", f"replay {TMP}/t.jsonl --speed 0", r"speed", files=(TRACE,),
          xfail="issue 50: replay --speed 0 accepted (read as 1)"),
     case("replay-speed-nan", f"replay {TMP}/t.jsonl --speed nan", r"speed", files=(TRACE,),
@@ -476,7 +473,7 @@ SERVE = [
     case("serve-bad-dtype", f"serve {M} --dtype int3 --port {PORT}", r"unknown dtype 'int3'"),
     case("serve-settings-a-list", f"serve {M} --settings {TMP}/s.json --port {PORT}", r"write one JSON object",
          files=(b.text("s.json", "[]"),)),
-    # still wrong
+    # once wrong (issue 50), fixed
     case("serve-device-garbage", f"serve {M} --device nope --port {PORT}", r"device",
          xfail=NEW + "--device nope: a RuntimeError traceback"),
     case("serve-weights-garbage", f"serve {M} --weights int8 --port {PORT}", r"weights",
@@ -484,8 +481,7 @@ SERVE = [
     case("serve-num-steps-huge", f"serve {M} --speculative-num-steps 99999 --port {PORT}", r"num_steps", xfail=BOUNDS),
     case("serve-threads-zero", f"serve {M} --threads 0 --port {PORT}", r"threads",
          xfail="issue 50: --threads 0 silently runs"),
-    case("serve-record-unwritable", f"serve {M} --record /proc/nope/t.jsonl --port {PORT}", r"record",
-         xfail="issue 50: --record /proc/nope/t.jsonl accepted (serve hands it to every tab)"),
+    case("serve-record-unwritable", f"serve {M} --record /proc/nope/t.jsonl --port {PORT}", r"record"),
 ]
 
 OUT = f"--out {TMP}/o"
@@ -535,9 +531,8 @@ TRAIN_DRAFT = [
     case("train-draft-tokens-not-a-number", f"train-draft {M} {OUT} --tokens x", r"--tokens: invalid int value"),
     case("train-draft-no-gpu", f"train-draft {M} {OUT} --device cuda", r"no CUDA GPU is visible", cpu_only=True),
     case("train-draft-model-missing", f"train-draft /no/such/model {OUT}", r"no such file or folder: /no/such/model"),
-    # still wrong
-    case("train-draft-out-a-model", f"train-draft {M} --out {TMP}/m", r"out|model", files=(b.model_copy("m"),),
-         xfail="issue 50: train-draft --out MODEL overwrote the model's config.json and model.safetensors"),
+    # once wrong (issue 50), fixed
+    case("train-draft-out-a-model", f"train-draft {M} --out {TMP}/m", r"out|model", files=(b.model_copy("m"),)),
     case("train-draft-max-steps-negative", f"train-draft {M} {OUT} --max-steps -5", r"max.steps",
          xfail="issue 50: --max-steps -5 spends the data phase and exports an untrained head"),
     case("train-draft-threads-zero", f"train-draft {M} {OUT} --threads 0", r"threads",
@@ -588,7 +583,6 @@ CONFIG_CASES: list[ConfigCase] = [
     ConfigCase("config-binding-not-a-string", "[keys]\nquit = 5", r"keys\.quit must be a non-empty string",
                binding="quit"),
     ConfigCase("config-not-utf8", "\udcff", r"using defaults"),
-    # still wrong
-    ConfigCase("config-key-does-not-exist", '[keys]\nquit = "ctrl+banana"', r"ctrl\+banana", binding="quit",
-               xfail="issue 50: [keys] quit = \"ctrl+banana\": no warning, Ctrl+Q dead"),
+    # once wrong (issue 50), fixed
+    ConfigCase("config-key-does-not-exist", '[keys]\nquit = "ctrl+banana"', r"ctrl\+banana", binding="quit"),
 ]

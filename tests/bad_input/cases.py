@@ -125,7 +125,7 @@ RUN = [
          files=(b.text("s.json", b"\xff\xfe\x00"),)),
     case("run-settings-a-folder", f"run {M} --settings {TMP}/d", r"--settings .*d: cannot read it",
          files=(b.folder("d"),)),
-    # once wrong (issue 50), fixed
+    # wrong once (issue 50): strict xfails until fixed, then plain cases
     case("run-num-steps-huge", f"run {M} --speculative-num-steps 99999", r"num_steps", xfail=BOUNDS),
     case("run-topk-huge", f"run {M} --speculative-eagle-topk 99999", r"eagle_topk", xfail=BOUNDS),
     case("run-settings-num-steps-huge", f"run {M} --settings {TMP}/s.json", r"num_steps", xfail=BOUNDS,
@@ -209,7 +209,7 @@ GENERATE = [
          files=(b.folder("c"),), loads_model=True),
     case("generate-corpus-garbage-shard", f"generate {M} --prompt hi --ngram-corpus {TMP}/c",
          r"batch-0\.npz is not a data shard", files=(b.text("c/batch-0.npz", "garbage"),), loads_model=True),
-    # once wrong (issue 50), fixed
+    # wrong once (issue 50): strict xfails until fixed, then plain cases
     case("generate-prompt-file-a-folder", f"generate {M} --prompt-file {TMP}/d", r"folder|directory|regular file",
          files=(b.folder("d"),), xfail="issue 50: --prompt-file naming a folder says 'does not exist'"),
     case("generate-prompt-file-a-fifo", f"generate {M} --prompt-file {TMP}/p", r"regular file|pipe|FIFO|fifo",
@@ -329,7 +329,7 @@ BENCH = [
     case("bench-data-engine-negative", f"bench {M} --data-engine -3", r"--data-engine takes a positive number"),
     case("bench-unknown-method-in-settings", f"bench {M} --prompts {TMP}/p.jsonl --settings {TMP}/s.json",
          r"unknown method 'magic'", files=(PROMPTS, b.json_file("s.json", {"method": "magic"}))),
-    # once wrong (issue 50), fixed
+    # wrong once (issue 50): strict xfails until fixed, then plain cases
     case("bench-prompts-a-fifo", f"bench {M} --prompts {TMP}/p", r"regular file|pipe|FIFO|fifo",
          files=(b.fifo("p"),), timeout=2, xfail=NEW + "--prompts naming a FIFO hangs"),
     case("bench-prompt-empty-string", f"bench {M} --prompts {TMP}/e.jsonl", r"e\.jsonl:1",
@@ -386,7 +386,7 @@ TUNE = [
          files=(PROMPTS,)),
     case("tune-save-settings-unwritable", f"tune {M} --prompts {TMP}/p.jsonl --save-settings /proc/nope/s.json",
          r"cannot create the folder /proc/nope", files=(PROMPTS,)),
-    # once wrong (issue 50), fixed
+    # wrong once (issue 50): strict xfails until fixed, then plain cases
     case("tune-minutes-nan", f"tune {M} --prompts {TMP}/p.jsonl --minutes nan", r"minutes", files=(PROMPTS,),
          xfail=NEW + "--minutes nan is accepted"),
     case("tune-save-settings-a-folder", f"tune {M} --prompts {TMP}/p.jsonl --save-settings {TMP}",
@@ -414,7 +414,7 @@ EXPORT = [
          files=(b.text("s.json", "nope"),)),
     case("export-settings-unknown-field", f"export sglang --settings {TMP}/s.json", r"unknown setting 'bogus'",
          files=(b.json_file("s.json", {"bogus": 1}),)),
-    # once wrong (issue 50), fixed
+    # wrong once (issue 50): strict xfails until fixed, then plain cases
     case("export-num-steps-huge", "export sglang --method eagle3 --speculative-num-steps 99999", r"num_steps",
          xfail="issue 50: export sglang --speculative-num-steps 99999 prints that launch line"),
     case("export-settings-num-steps-huge", f"export sglang --settings {TMP}/s.json", r"num_steps",
@@ -438,7 +438,7 @@ REPLAY = [
     case("replay-negative-speed", f"replay {TMP}/t.jsonl --speed -2", r"--speed must be > 0", files=(TRACE,)),
     case("replay-speed-not-a-number", f"replay {TMP}/t.jsonl --speed x", r"--speed: invalid float value",
          files=(TRACE,)),
-    # once wrong (issue 50), fixed
+    # wrong once (issue 50): strict xfails until fixed, then plain cases
     case("replay-speed-zero", f"replay {TMP}/t.jsonl --speed 0", r"speed", files=(TRACE,),
          xfail="issue 50: replay --speed 0 accepted (read as 1)"),
     case("replay-speed-nan", f"replay {TMP}/t.jsonl --speed nan", r"speed", files=(TRACE,),
@@ -473,7 +473,7 @@ SERVE = [
     case("serve-bad-dtype", f"serve {M} --dtype int3 --port {PORT}", r"unknown dtype 'int3'"),
     case("serve-settings-a-list", f"serve {M} --settings {TMP}/s.json --port {PORT}", r"write one JSON object",
          files=(b.text("s.json", "[]"),)),
-    # once wrong (issue 50), fixed
+    # wrong once (issue 50): strict xfails until fixed, then plain cases
     case("serve-device-garbage", f"serve {M} --device nope --port {PORT}", r"device",
          xfail=NEW + "--device nope: a RuntimeError traceback"),
     case("serve-weights-garbage", f"serve {M} --weights int8 --port {PORT}", r"weights",
@@ -531,7 +531,7 @@ TRAIN_DRAFT = [
     case("train-draft-tokens-not-a-number", f"train-draft {M} {OUT} --tokens x", r"--tokens: invalid int value"),
     case("train-draft-no-gpu", f"train-draft {M} {OUT} --device cuda", r"no CUDA GPU is visible", cpu_only=True),
     case("train-draft-model-missing", f"train-draft /no/such/model {OUT}", r"no such file or folder: /no/such/model"),
-    # once wrong (issue 50), fixed
+    # wrong once (issue 50): strict xfails until fixed, then plain cases
     case("train-draft-out-a-model", f"train-draft {M} --out {TMP}/m", r"out|model", files=(b.model_copy("m"),)),
     case("train-draft-max-steps-negative", f"train-draft {M} {OUT} --max-steps -5", r"max.steps",
          xfail="issue 50: --max-steps -5 spends the data phase and exports an untrained head"),
@@ -583,6 +583,6 @@ CONFIG_CASES: list[ConfigCase] = [
     ConfigCase("config-binding-not-a-string", "[keys]\nquit = 5", r"keys\.quit must be a non-empty string",
                binding="quit"),
     ConfigCase("config-not-utf8", "\udcff", r"using defaults"),
-    # once wrong (issue 50), fixed
+    # wrong once (issue 50): strict xfails until fixed, then plain cases
     ConfigCase("config-key-does-not-exist", '[keys]\nquit = "ctrl+banana"', r"ctrl\+banana", binding="quit"),
 ]

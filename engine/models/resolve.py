@@ -122,7 +122,7 @@ def resolve_model(
     folder holds transformers' config and the tokenizer, ``gguf`` names the file transformers loads.
     """
     stored = weights == "stored"
-    if name is None or name.strip().lower() in EMBEDDED_ALIASES:
+    if name is None or is_embedded(name):
         gguf, stamp = embedded_gguf()
         slug = EMBEDDED_NAME + ("-meta" if stored else "")
         path = _convert_cached(gguf, slug, stamp, progress, f"preparing {EMBEDDED_DISPLAY} (first run only)",
@@ -135,11 +135,21 @@ def resolve_model(
     path = Path(name).expanduser()
     if path.exists():
         return _resolve_local(path, progress, stored, backend == "hf")
-    if _HUB_ID.fullmatch(name) and not name.startswith((".", "~")):
+    if is_hub_id(name):
         return _resolve_hub(name, revision, progress, allow_pickle)
     if os.sep in name or name.startswith((".", "~")) or name.endswith(".gguf"):
         raise ModelResolutionError(f"no such file or folder: {path}")
     raise ModelResolutionError(f"unknown model {name!r}; {_ACCEPTED}")
+
+
+def is_embedded(name: str | None) -> bool:
+    """Whether ``name`` names the embedded default model."""
+    return name is None or name.strip().lower() in EMBEDDED_ALIASES
+
+
+def is_hub_id(name: str) -> bool:
+    """Whether ``name`` (no such local path) reads as a Hugging Face hub id, ``org/name``."""
+    return bool(_HUB_ID.fullmatch(name)) and not name.startswith((".", "~"))
 
 
 # embedded model ----------------------------------------------------------------------------

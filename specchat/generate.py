@@ -30,8 +30,12 @@ def read_prompt(args: argparse.Namespace) -> str:
         text = args.prompt
     else:
         path = Path(args.prompt_file)
-        if not path.is_file():
+        if path.is_dir():
+            raise UsageError(f"--prompt-file {path} is a folder; name a text file")
+        if not path.exists():
             raise MissingFileError(f"prompt file {path} does not exist")
+        if not path.is_file():  # a FIFO or a device would block or never end
+            raise UsageError(f"--prompt-file {path} is not a regular file; name a text file")
         try:
             text = path.read_text(encoding="utf-8")
         except (OSError, UnicodeDecodeError) as exc:

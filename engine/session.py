@@ -433,7 +433,8 @@ class Session:
         reuse = min(same, self._capture.store.length) if self._capture.on else same
         self._cached = self._cached[:reuse]
         self._captures.truncate(same)  # others' features of tokens that stay hold (EAGLE-3, Medusa alternating)
-        self._ensure_capacity(len(prompt) + config.max_new_tokens + config.max_tree_tokens)
+        # never more than the context holds, whatever max_new_tokens says (an answer stops there)
+        self._ensure_capacity(min(len(prompt) + config.max_new_tokens, self._cache_limit()) + config.max_tree_tokens)
         self._cache.truncate(reuse)
         logits = yield from self._prefiller.run(prompt[reuse:], self._cache, self._capture, self._cancel)
         if logits is not None:

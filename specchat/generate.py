@@ -97,7 +97,9 @@ def run_generate(args: argparse.Namespace) -> int:
                 out.print(piece, end="")
         elif isinstance(event, Finished):
             finished = event
-    assert finished is not None and started is not None
+    if finished is None or started is None:  # refused before any forward: the prompt does not fit
+        why = finished.error if finished is not None and finished.error else "the answer did not start"
+        raise UsageError(f"{why}; shorten the prompt (or pick a model with a longer context)")
     stats = finished.stats
     if args.json:
         print(json.dumps({

@@ -178,3 +178,10 @@ def test_train_draft_on_a_shallow_target_says_how_many_layers(no_load, capsys, t
     shallow = write_tiny_model(tmp_path / "shallow", layers=3)
     _refused(capsys, ["train-draft", str(shallow), "--out", str(tmp_path / "head")], "at least 5 layers",
              "has 3")
+
+
+def test_the_embedded_model_is_checked_from_its_gguf_header(tiny, no_load, capsys) -> None:
+    """The embedded target's widths come from its GGUF header (no conversion, no weights)."""
+    _, _, wide_head = tiny
+    _refused(capsys, ["generate", "--prompt", "hi", "--draft", str(wide_head)], "hidden size 64",
+             "the target has 576")

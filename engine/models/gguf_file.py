@@ -71,7 +71,8 @@ class _Cursor:
         return s
 
     def skip_string(self) -> None:
-        self.pos += self.count("<Q", 1, "bytes of text")
+        n = self.count("<Q", 1, "bytes of text")  # moves past the length first
+        self.pos += n
 
     def value(self, kind: int) -> Any:
         if kind == _STRING:

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from engine.errors import UserError
+from engine.errors import UserError, is_disk_full
 from engine.models.progress import ProgressCallback
 
 __all__ = [
@@ -273,8 +273,15 @@ def _convert_cached(gguf: Path, slug: str, stamp: str, progress: ProgressCallbac
         _install(tmp, target, expected)
     except gguf_convert.GGUFConversionError as e:
         raise ModelResolutionError(f"cannot use {gguf.name}: {e}") from e
-    except OSError as e:
-        raise ModelResolutionError(f"converting {gguf.name} into {parent} failed ({e}); check free disk space") from e
+    except Exception as e:  # the tokenizers library raises a plain Exception for a full disk
+        if is_disk_full(e):
+            raise ModelResolutionError(
+                f"no space left on the disk under {parent} while preparing {gguf.name}; free some space or set "
+                "SPECCHAT_CACHE_DIR to a folder on another disk") from None
+        if isinstance(e, OSError):
+            raise ModelResolutionError(f"converting {gguf.name} into {parent} failed ({e}); check free disk "
+                                       "space") from e
+        raise
     finally:
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)

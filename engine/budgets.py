@@ -25,6 +25,7 @@ class Budgets:
         # forward also captures features)
         self._budgets: dict[str, DraftBudget] = {}
         self.measured: dict[int, float] | None = None  # the measured curve; None until first needed
+        self._tried = False  # measured (or tried to: past its deadline the curve may stay None)
 
     def get(self, method: str) -> DraftBudget:
         if method not in self._budgets:  # the baseline prunes nothing: it never waits for a calibration
@@ -34,9 +35,10 @@ class Budgets:
     def shape(self) -> dict[int, float] | None:
         """The relative verify cost by tree size (measured on first use, about a second on the
         embedded model), or None for a session that learns costs from its steps alone."""
-        if self.calibrates and self.measured is None:
+        if self.calibrates and not self._tried:
             from engine.calibrate import threads_for_calibration, verify_cost_shape
 
+            self._tried = True
             threads = threads_for_calibration(self.model)
             if self._threads is not None and threads < self._threads.full:
                 self._threads.start_reduced()  # a core is taken already: the first steps need not find out
@@ -53,3 +55,4 @@ class Budgets:
         """Forget every budget and the measured curve: the next ones start from a new measurement."""
         self._budgets.clear()
         self.measured = None
+        self._tried = False

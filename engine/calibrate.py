@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import statistics
 import time
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -24,9 +25,20 @@ import torch
 from engine.tree import DraftTree
 
 CALIBRATION_SIZES = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)
+# the calibration's bound in wall time (seconds): about a second on a quiet 2-core machine; beside a
+# busy program it used to take minutes, and the chat waited for it
+CALIBRATION_DEADLINE_S = 4.0
+_MIN_SIZES = 3
+# a one-token warm-up forward this slow (seconds) at all threads: a core is taken, measure on one
+_PROBE_SLOW_S = 1.0  # sizes a curve needs to be worth planning with (else the steps teach the costs)
 # all threads this many times slower than one: a core is taken (beside a training job, 10x and
 # more; on a quiet machine one thread is the slower, so noise alone never crosses it)
 _BUSY = 1.5
+
+
+def now() -> float:
+    """The calibration's clock, in seconds (looked up at each call, so a test can stand in for it)."""
+    return time.perf_counter()
 
 
 def sync(model: Any) -> None:
@@ -43,30 +55,42 @@ def binary_tree(n: int) -> DraftTree:
 
 @torch.inference_mode()
 def measure_verify_costs(model: Any, context: int, sizes: tuple[int, ...], reps: int | None = None,
-                         seed: int = 0) -> dict[int, float]:
+                         seed: int = 0, deadline_s: float | None = None,
+                         clock: Callable[[], float] | None = None) -> dict[int, float]:
     """Median milliseconds of one target forward over an n-node tree on top of ``context`` cached
     tokens, for each n in ``sizes``. ``reps``:
     timed forwards per size (default: more for small trees, whose timings are the noisiest relative
     to their size). The sizes take turns, round by round, so a slow stretch of the machine lands on
-    several sizes' samples rather than on all of one size's."""
+    several sizes' samples rather than on all of one size's.
+
+    ``deadline_s``: stop once this many seconds (of ``clock``) have passed, and return the sizes
+    timed so far (small ones first: each size is warmed and timed in the first round, in order).
+    Why: beside another busy program a forward can take a hundred times its quiet time, and the
+    chat sat minutes at "measuring verify costs" before it opened. ``clock``: seconds (default
+    :func:`now`; tests pass a fake one)."""
+    clock = clock or now
+    start = clock()
+
+    def late() -> bool:
+        return deadline_s is not None and clock() - start > deadline_s
+
     cache = model.new_cache(context + max(sizes) + 8)
     gen = torch.Generator().manual_seed(seed)
     if context:
         model.forward(torch.randint(0, model.vocab_size, (context,), generator=gen), cache, logits="last")
         cache.commit(context)
-    calls = {}
-    for n in sizes:
-        tree = binary_tree(n)
-        tokens = torch.randint(0, model.vocab_size, (n,), generator=gen)
-        positions, mask = torch.tensor(tree.depths) + context, tree.ancestor_mask() if n > 1 else None
-        calls[n] = (tokens, positions, mask)
-        model.forward(tokens, cache, positions=positions, tree_mask=mask)  # warm: buffers, code paths
     wanted = {n: reps or max(3, 24 // n) for n in sizes}  # three at least: a median that drops one spike
     times: dict[int, list[float]] = {n: [] for n in sizes}
+    calls: dict[int, tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]] = {}
     for r in range(max(wanted.values())):
         for n in sizes:
             if r >= wanted[n]:
                 continue
+            if late():
+                return {m: statistics.median(t) for m, t in times.items() if t}
+            if n not in calls:
+                calls[n] = _tree_call(model, n, context, gen)
+                model.forward(calls[n][0], cache, positions=calls[n][1], tree_mask=calls[n][2])  # warm
             tokens, positions, mask = calls[n]
             sync(model)
             t0 = time.perf_counter()
@@ -74,6 +98,14 @@ def measure_verify_costs(model: Any, context: int, sizes: tuple[int, ...], reps:
             sync(model)
             times[n].append((time.perf_counter() - t0) * 1e3)
     return {n: statistics.median(times[n]) for n in sizes}
+
+
+def _tree_call(model: Any, n: int, context: int, gen: torch.Generator
+               ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """(tokens, positions, tree mask) of a random n-node binary tree after ``context`` tokens."""
+    tree = binary_tree(n)
+    tokens = torch.randint(0, model.vocab_size, (n,), generator=gen)
+    return tokens, torch.tensor(tree.depths) + context, tree.ancestor_mask() if n > 1 else None
 
 
 def relative_shape(costs: dict[int, float]) -> dict[int, float]:
@@ -93,20 +125,28 @@ def relative_shape(costs: dict[int, float]) -> dict[int, float]:
     return {n: floor[n] / base for n in sizes}
 
 
-def verify_cost_shape(model: Any, context: int = 256, threads: int | None = None) -> dict[int, float]:
+def verify_cost_shape(model: Any, context: int = 256, threads: int | None = None,
+                      deadline_s: float | None = CALIBRATION_DEADLINE_S,
+                      clock: Callable[[], float] | None = None) -> dict[int, float] | None:
     """The relative verify-cost curve the adaptive budget extrapolates with (about a second on the
     embedded model on a 2-core CPU: 12 sizes, ~90 forwards, most of them small). The median of
     each size's forwards, not the quickest: on a shared machine a one-token forward also runs fast
     now and then (3.9 against a 4.5 ms median), and the whole curve is relative to it.
 
-    ``threads``: measure on this many (default: :func:`threads_for_calibration`'s choice)."""
+    ``threads``: measure on this many (default: :func:`threads_for_calibration`'s choice).
+    ``deadline_s``: the measurement's bound in wall time; past it, the sizes timed so far make the
+    curve (the budget extrapolates the rest along its last segment, and the live steps correct it,
+    engine/costs.py), or None where fewer than :data:`_MIN_SIZES` were (the budget then learns
+    every cost from the steps, as a session without calibration does). Answers never depend on it:
+    the budget only chooses how much of a draft to verify."""
     threads = threads or threads_for_calibration(model)
     before = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
-        return relative_shape(measure_verify_costs(model, context, CALIBRATION_SIZES))
+        costs = measure_verify_costs(model, context, CALIBRATION_SIZES, deadline_s=deadline_s, clock=clock)
     finally:
         torch.set_num_threads(before)
+    return relative_shape(costs) if len(costs) >= _MIN_SIZES else None
 
 
 @torch.inference_mode()
@@ -135,7 +175,10 @@ def threads_for_calibration(model: Any, probes: int = 3) -> int:
         return statistics.median(times)
 
     try:
+        t0 = time.perf_counter()
         model.forward(token, cache, logits="last")  # warm
+        if time.perf_counter() - t0 > _PROBE_SLOW_S:  # one token took that long: no time for more probes
+            return 1
         at_full, at_one = median_ms(full), median_ms(1)
     finally:
         torch.set_num_threads(full)

@@ -15,3 +15,15 @@ class UserError(Exception):
 
 class MissingFileError(UserError, FileNotFoundError):
     """A file or folder the user named does not exist."""
+
+
+def is_disk_full(exc: BaseException) -> bool:
+    """Whether ``exc`` says the disk is full: an OSError with ENOSPC (or EDQUOT, a quota), or the
+    plain Exception that libraries written in Rust (tokenizers, safetensors) raise with the OS's
+    words in its message, which no ``except OSError`` catches."""
+    import errno
+
+    if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT):
+        return True
+    text = str(exc).lower()
+    return "no space left" in text or "disk quota exceeded" in text

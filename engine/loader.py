@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
@@ -143,7 +144,7 @@ def load_model(
     weights are read."""
     from engine.models.checkpoint import load_state_dict, read_config
     from engine.models.families import model_for_config
-    from engine.models.llama_config import UnsupportedModelError
+    from engine.models.llama_config import ModelConfigError, UnsupportedModelError
     from engine.models.resolve import resolve_model
     from engine.tokenizer import Tokenizer
 
@@ -163,6 +164,8 @@ def load_model(
     if backend in ("auto", "specchat"):
         try:
             config, model_class = model_for_config(raw_config)
+        except ModelConfigError:
+            raise  # a damaged config.json of a family we run: transformers would not run it either
         except UnsupportedModelError:
             if backend == "specchat":
                 raise
@@ -249,14 +252,8 @@ def load_session(
         drafters["ngram"] = lambda: NgramDrafter(corpus=corpus.start())  # built when n-grams first draft
     features = None
     description = ""
-    source = draft
     shipped = shipped_heads(loaded.key) if loaded.backend == "specchat" else {}
-    if source is None:
-        head = config.method if config.method in shipped else "eagle3" if config.method in ("none", "ngram") else ""
-        source = str(shipped[head]) if head in shipped else None
-    if source is None and config.method in DRAFT_METHODS:
-        raise LoadError(f"--method {config.method} needs --draft (an EAGLE or Medusa head folder or hub id, or a "
-                        "small model with the same tokenizer for standalone)")
+    source = draft_source(config.method, draft, shipped)
     if source is not None:
         if progress:
             progress("loading the draft", 0, 1)
@@ -292,11 +289,31 @@ def load_session(
     return session
 
 
+def draft_source(method: str, draft: str | None, shipped: Mapping[str, Path]) -> str | None:
+    """The draft a session loads: ``draft``, else the head ``shipped`` for ``method`` (eagle3's under
+    none and n-gram, so that it can be chosen mid-chat), else None; LoadError (one line) for a
+    draft method with neither. Also asked before the target loads (engine/preflight.py)."""
+    if draft is not None:
+        return draft
+    head = method if method in shipped else "eagle3" if method in ("none", "ngram") else ""
+    if head in shipped:
+        return str(shipped[head])
+    from engine.drafters.loading import DRAFT_METHODS
+
+    if method in DRAFT_METHODS:
+        raise LoadError(f"--method {method} needs --draft (an EAGLE or Medusa head folder or hub id, or a "
+                        "small model with the same tokenizer for standalone)")
+    return None
+
+
+def corpus_folders(spec: str) -> list[Path]:
+    """The folders of ``--ngram-corpus DIR[,DIR]`` (not auto, not none)."""
+    return [Path(p).expanduser() for p in spec.split(",") if p.strip()]
+
+
 def open_corpus(spec: str, loaded: LoadedModel):
     """The n-gram corpus ``spec`` names for ``loaded`` (see :func:`load_session`), or None.
     Raises DraftLoadError for folders without shards or shards of another vocabulary."""
-    from pathlib import Path
-
     from engine.drafters.corpus_files import CorpusHandle, generated_corpus, shipped_corpus
     from engine.models.resolve import cache_dir
 
@@ -309,5 +326,5 @@ def open_corpus(spec: str, loaded: LoadedModel):
         if not folders:
             return None
     else:
-        folders = [Path(p).expanduser() for p in spec.split(",") if p.strip()]
+        folders = corpus_folders(spec)
     return CorpusHandle(folders, int(loaded.model.config.vocab_size), cache_dir() / "ngram")

@@ -316,3 +316,182 @@ class Session:
     def _budget(self, method: str) -> DraftBudget:
         return self._costs.get(method)
 
+<<<<<<< HEAD
+=======
+    def _prefill_prompt(self, prompt: list[int], config: SpecConfig
+                        ) -> Generator[PrefillProgress, None, tuple[torch.Tensor | None, int]]:
+        """Reuse the cached prefix of ``prompt`` and prefill the rest; returns the last prompt
+        token's logits (None when cancelled) and the number of tokens reused.
+
+        At least one prompt token is run, for its logits. A method that reads target features
+        also re-runs the cached tokens that have none (committed while a method that captured
+        nothing ran)."""
+        self._use_capture(config.method)
+        same = common_prefix(self._cached, prompt, limit=len(prompt) - 1)  # tokens that stay
+        reuse = min(same, self._capture.store.length) if self._capture.on else same
+        self._cached = self._cached[:reuse]
+        self._captures.truncate(same)  # others' features of tokens that stay hold (EAGLE-3, Medusa alternating)
+        # never more than the context holds, whatever max_new_tokens says (an answer stops there)
+        self._ensure_capacity(min(len(prompt) + config.max_new_tokens, self._cache_limit()) + config.max_tree_tokens)
+        self._cache.truncate(reuse)
+        logits = yield from self._prefiller.run(prompt[reuse:], self._cache, self._capture, self._cancel)
+        if logits is not None:
+            self._cached.extend(prompt[reuse:])
+        else:  # cancelled: the tokens past reuse are gone
+            self._captures.truncate(reuse)
+        return logits, reuse
+
+    def _begin(self, prompt: list[int], logits: torch.Tensor, config: SpecConfig, *, fixed: bool, t0: float
+               ) -> AnswerState:
+        """The answer's state after the prefill: its first token (the root of the first tree) is
+        pending, as if a root-only step had produced it."""
+        self._picker.new_answer()
+        root = self._picker.first_token(logits, config, len(prompt))
+        return AnswerState(config=config, fixed=fixed, root=root, tally=RunningTally(started=t0),
+                       decoder=self.tokenizer.incremental_decoder(prompt[-8:]),
+                       timing=StepTiming(verify_ms=(time.perf_counter() - t0) * 1e3),
+                       tree=DraftTree.root_only(prompt[-1]), verdict=Verdict((), root), pending=[(root, "target")])
+
+    def _emit(self, answer: AnswerState) -> Step:
+        """The Step event of what the last forward produced, honouring stops exactly like the
+        baseline: a stop token ends the answer uncommitted, max_new_tokens cuts inside a path."""
+        committed: list[CommittedToken] = []
+        produced = 0
+        for token, origin in answer.pending:
+            produced += 1
+            if token in self.tokenizer.stop_token_ids:
+                answer.finished = "stop"
+                break
+            committed.append(CommittedToken(token, origin, answer.decoder.push(token)))
+            if answer.tally.tokens + len(committed) >= answer.config.max_new_tokens:
+                answer.finished = "length"
+                break
+        answer.tally.add_step(answer.tree, answer.verdict.accepted, len(committed), produced, answer.timing)
+        text = "".join(c.text for c in committed)
+        answer.text.append(text)
+        tree = answer.tree
+        step = Step(index=answer.index, tree=tree, tree_text=tuple(self.tokenizer.piece(t) for t in tree.tokens),
+                    accepted=answer.verdict.accepted, bonus=answer.verdict.bonus, committed=tuple(committed),
+                    text=text, timing=answer.timing, stats=answer.tally.snapshot(),
+                    config_version=self._config_version, proposed=answer.proposed,
+                    draft_paused=not answer.drafted, draft_levels=answer.levels, draft_width=answer.width)
+        answer.index += 1
+        return step
+
+    def _take_pending(self, answer: AnswerState) -> ConfigApplied | None:
+        """Hot-swapped settings take effect at a step boundary (not in a generate() with its own)."""
+        if answer.fixed or self._pending is None:
+            return None
+        with self._lock:
+            if self._pending is None:
+                return None
+            self._apply(self._pending)
+        answer.config = self._config
+        return ConfigApplied(version=self._config_version, config=answer.config.to_dict())
+
+    def _use_drafter(self, answer: AnswerState) -> None:
+        """Draft with the method in force: on its first step (or a switch) its drafter takes the
+        history, with target features caught up when it reads them, and its budget restarts."""
+        method = answer.config.method
+        if answer.method == method:
+            return
+        answer.method, answer.drafter, answer.budget = method, self._drafter(method), self._budget(method)
+        self._use_capture(method)
+        if self._capture.on:
+            self._prefiller.catch_up(self._cached, self._cache, self._capture)
+        answer.drafter.reset(self._cached, self._capture.rows())
+        answer.budget.restart()
+
+    def _step(self, answer: AnswerState) -> None:
+        """Draft, verify with one target forward, commit; what it produced waits for :meth:`_emit`."""
+        config, budget = answer.config, answer.budget
+        gated = config.adaptive_draft and config.method != "none"  # "none" has no drafting to pause
+        t_draft = time.perf_counter()
+        tree = self._draft(answer, gated)
+        t_verify = time.perf_counter()
+        out, verdict = self._verify(config, tree)
+        t_commit = time.perf_counter()
+        if self._threads is not None:
+            self._threads.observe((t_commit - t_verify) * 1e3, budget.cost.relative(len(tree)) if budget.cost.shape
+                                  else 1.0)
+        self._commit(answer, tree, out, verdict)
+        t_done = time.perf_counter()
+        # the budget prices a tree by all it costs once drafted: the forward, and the commit (a
+        # branch's K/V moved into place, features kept), which grows with the tree too
+        budget.observe(tree, verdict.accepted, (t_done - t_verify) * 1e3,
+                       (t_verify - t_draft) * 1e3 if gated and answer.drafted else None, answer.grown, answer.width)
+        answer.timing = StepTiming(draft_ms=(t_verify - t_draft) * 1e3, verify_ms=(t_commit - t_verify) * 1e3,
+                                   other_ms=(t_done - t_commit) * 1e3)
+
+    def _draft(self, answer: AnswerState, gated: bool) -> DraftTree:
+        """This step's tree: the drafter's proposal pruned by the adaptive budget, or the root
+        alone while the budget pauses drafting (it has recently cost more than it saved)."""
+        config, budget, drafter = answer.config, answer.budget, answer.drafter
+        answer.drafted = not gated or budget.gate.should_draft()
+        answer.levels = answer.width = answer.grown = 0
+        if not answer.drafted:
+            answer.proposed = 0
+            return DraftTree.root_only(answer.root)
+        ask = config
+        if config.adaptive_draft and drafter.pays_per_level:  # a chain or a tree, and as deep as pays
+            answer.width = budget.draft_width(config.eagle_topk)
+            answer.levels = budget.draft_depth(config.num_steps)
+            if (answer.levels, answer.width) != (config.num_steps, config.eagle_topk):
+                last = answer.asked
+                if last is None or last[0] is not config or last[1:3] != (answer.levels, answer.width):
+                    last = answer.asked = (config, answer.levels, answer.width,
+                                           config.replace(num_steps=answer.levels, eagle_topk=answer.width))
+                ask = last[3]
+        tree = drafter.propose(self._cached, answer.root, ask, noise=self._picker.noise(config),
+                               stop=budget.stop_rule() if gated else None)
+        answer.proposed = len(tree)
+        if answer.levels:
+            answer.grown = max(tree.depths)
+        if answer.proposed > config.max_tree_tokens:
+            raise RuntimeError(f"drafter {drafter.name} proposed {answer.proposed} nodes (> {config.max_tree_tokens})")
+        return budget.prune(tree) if config.adaptive_draft else tree
+
+    def _verify(self, config: SpecConfig, tree: DraftTree) -> tuple[Any, Verdict]:
+        """One target forward over the whole tree, and the path the target keeps of it."""
+        self._ensure_capacity(len(self._cached) + 1 + config.max_tree_tokens)
+        cache = self._cache
+        start = cache.length
+        tokens = torch.tensor(tree.tokens)  # host tensors: the model sends them over with its own copy
+        if tree.is_chain:
+            out = self.model.forward(tokens, cache, **self._capture.forward_kwargs)
+        else:
+            out = self.model.forward(tokens, cache, positions=torch.tensor([start + d for d in tree.depths]),
+                                     tree_mask=tree.ancestor_mask(), **self._capture.forward_kwargs)
+        return out, self._picker.verdict(tree, out.logits, config, start)
+
+    def _commit(self, answer: AnswerState, tree: DraftTree, out: Any, verdict: Verdict) -> None:
+        """Root and accepted path into the cache (and the drafter); the bonus is the next root."""
+        rows = [0, *verdict.accepted]
+        self._cache.commit(rows)
+        kept = [answer.root, *(tree.tokens[i] for i in verdict.accepted)]
+        self._cached.extend(kept)
+        answer.drafter.observe(kept, self._capture.keep(out, rows))
+        answer.tree, answer.verdict, answer.root = tree, verdict, verdict.bonus
+        answer.pending = [(tree.tokens[i], "draft") for i in verdict.accepted] + [(verdict.bonus, "target")]
+        if len(self._cached) + 1 >= self._cache_limit():
+            answer.finished = "context"
+
+    # -- target features ---------------------------------------------------------------------------
+    def _use_capture(self, method: str) -> None:
+        """Forwards capture the target features ``method``'s drafter reads from now on (nothing for
+        a drafter that reads none); the other stores keep their rows for the prefix they cover."""
+        spec = self._features.get(method, self._default_features) if self._drafter(method).needs_features else None
+        capture = self._captures.get(spec)
+        if capture is not self._capture:
+            self._capture.set(False)
+            self._capture = capture
+        capture.set(spec is not None)
+
+    def _cache_limit(self) -> int:
+        return getattr(self.model.config, "max_position_embeddings", 1 << 30)
+
+
+def _refused(message: str) -> Iterator[Event]:
+    """The whole answer to a prompt that does not fit: nothing is run, nothing changes."""
+    yield Finished(reason="context", text="", tokens=0, error=message)
+>>>>>>> h/preload

@@ -196,6 +196,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 def _dispatch(args: argparse.Namespace) -> int:
     if args.command not in COMMANDS:
         raise UsageError(f"unknown command {args.command}")
+    from specchat.preflight import check_files
+
+    check_files(args)  # what needs only files is refused now, before any model is read
     module, function = COMMANDS[args.command]
     run: Callable[[argparse.Namespace], int] = getattr(importlib.import_module(module), function)
     return run(args)

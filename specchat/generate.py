@@ -30,8 +30,12 @@ def read_prompt(args: argparse.Namespace) -> str:
         text = args.prompt
     else:
         path = Path(args.prompt_file)
-        if not path.is_file():
+        if path.is_dir():
+            raise UsageError(f"--prompt-file {path} is a folder; name a text file")
+        if not path.exists():
             raise MissingFileError(f"prompt file {path} does not exist")
+        if not path.is_file():  # a FIFO or a device would block or never end
+            raise UsageError(f"--prompt-file {path} is not a regular file; name a text file")
         try:
             text = path.read_text(encoding="utf-8")
         except (OSError, UnicodeDecodeError) as exc:
@@ -93,7 +97,9 @@ def run_generate(args: argparse.Namespace) -> int:
                 out.print(piece, end="")
         elif isinstance(event, Finished):
             finished = event
-    assert finished is not None and started is not None
+    if finished is None or started is None:  # refused before any forward: the prompt does not fit
+        why = finished.error if finished is not None and finished.error else "the answer did not start"
+        raise UsageError(f"{why}; shorten the prompt (or pick a model with a longer context)")
     stats = finished.stats
     if args.json:
         print(json.dumps({

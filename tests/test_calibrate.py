@@ -139,3 +139,69 @@ def test_calibration_runs_on_one_thread_where_all_threads_are_slower(busy: bool)
         assert torch.get_num_threads() == 2 and set(model.threads_seen) == {1, 2}
     finally:
         torch.set_num_threads(before)
+
+
+class _FakeClock:
+    """Seconds that pass only when the model runs a forward (``per_forward`` each)."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def _slowed(model, clock: _FakeClock, per_forward: float) -> list[int]:
+    """Make each forward of ``model`` advance ``clock``; returns the list of tree sizes run."""
+    sizes: list[int] = []
+    forward = model.forward
+
+    def slow(tokens, *args, **kwargs):
+        clock.now += per_forward
+        sizes.append(int(tokens.numel()))
+        return forward(tokens, *args, **kwargs)
+
+    model.forward = slow
+    return sizes
+
+
+def test_the_calibration_stops_at_its_deadline_with_the_sizes_timed_so_far() -> None:
+    """Beside a busy program every forward is slow: the measurement stops at its deadline (the chat
+    sat minutes at "measuring verify costs") and plans with the small sizes it timed, in order."""
+    from engine.calibrate import verify_cost_shape
+
+    model = our_model("llama", 0)[0]
+    clock = _FakeClock()
+    ran = _slowed(model, clock, per_forward=0.5)
+    shape = verify_cost_shape(model, context=8, threads=1, deadline_s=4.0, clock=clock)
+    assert len(ran) <= 1 + 4.0 / 0.5 + 1  # the context, then forwards until the deadline has passed
+    assert shape is not None and sorted(shape) == [1, 2, 3, 4] and shape[1] == 1.0
+    clock.now, ran[:] = 0.0, []
+    assert verify_cost_shape(model, context=8, threads=1, deadline_s=1.0, clock=clock) is None  # too few sizes
+    assert len(ran) <= 4
+
+
+def test_a_session_whose_calibration_ran_out_of_time_answers_the_same(monkeypatch) -> None:
+    """Past the deadline the budget plans with what was timed (or learns from its steps): the
+    answer is the target's own either way; and a failed calibration is not retried every step."""
+    import engine.calibrate
+
+    tok = TinyTokenizer(stop_ids=frozenset())
+    prompt = [5, 6, 7, 5, 6, 7, 5, 6]
+    quiet = Session(our_model("llama", 0)[0], tok, SpecConfig(method="ngram", max_new_tokens=16),
+                    calibrate_costs=False)
+    reference = [c.id for e in quiet.generate_ids(prompt) if isinstance(e, Step) for c in e.committed]
+    for per_forward in (0.5, 5.0):  # a partial curve; no curve at all
+        model = our_model("llama", 0)[0]
+        clock = _FakeClock()
+        _slowed(model, clock, per_forward)
+        monkeypatch.setattr(engine.calibrate, "now", clock)
+        busy = Session(model, tok, SpecConfig(method="ngram", max_new_tokens=16), calibrate_costs=True)
+        busy.cost_shape()
+        monkeypatch.undo()
+        assert clock.now <= engine.calibrate.CALIBRATION_DEADLINE_S + 2 * per_forward + 1.0
+        before = clock.now
+        answer = [c.id for e in busy.generate_ids(prompt) if isinstance(e, Step) for c in e.committed]
+        assert answer == reference
+        assert (busy.measured_cost_shape is None) == (per_forward == 5.0)
+        assert clock.now - before < 40 * per_forward  # the answer's own forwards, no second calibration

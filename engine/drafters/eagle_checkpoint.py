@@ -25,7 +25,7 @@ from typing import Any, Literal
 import torch
 
 from engine.errors import UserError
-from engine.models.llama_config import DecoderShape, shape_fields
+from engine.models.llama_config import DecoderShape, ModelConfigError, shape_fields
 
 HeadKind = Literal["eagle", "eagle3"]
 
@@ -108,9 +108,16 @@ def _label(kind: HeadKind) -> str:
 def _spec_from_config(config: Mapping[str, Any], weights: Mapping[str, torch.Tensor], kind: HeadKind, target: Any,
                       source: str) -> HeadSpec:
     try:
-        shape = shape_fields(config, vocab_size=target.vocab_size, max_positions=2048)
+        return _read_spec(config, weights, kind, target, source)
+    except ModelConfigError as e:  # a zero width, heads that do not divide it, ...
+        raise DraftLoadError(f"{source}/{e}") from None
     except (KeyError, TypeError, ValueError) as e:
         raise DraftLoadError(f"{source}/config.json lacks or mangles {e}; is it an EAGLE head's config?") from None
+
+
+def _read_spec(config: Mapping[str, Any], weights: Mapping[str, torch.Tensor], kind: HeadKind, target: Any,
+               source: str) -> HeadSpec:
+    shape = shape_fields(config, vocab_size=target.vocab_size, max_positions=2048)
     eagle_cfg = config.get("eagle_config") or {}
     aux: tuple[int, ...] = ()
     draft_vocab = shape["vocab_size"]
@@ -212,6 +219,8 @@ def _check_weights(spec: HeadSpec, weights: Mapping[str, torch.Tensor], target: 
             if "d2t" not in weights:
                 raise DraftLoadError(f"{source} has a reduced draft vocabulary ({spec.draft_vocab_size} of "
                                      f"{spec.vocab_size}) but no d2t map; re-export the head with d2t")
+            if weights["d2t"].is_meta:  # checked from the header: the values are read at load
+                return
             ids = weights["d2t"].long() + torch.arange(spec.draft_vocab_size)
             if int(ids.min()) < 0 or int(ids.max()) >= spec.vocab_size:
                 raise DraftLoadError(f"{source}: d2t maps draft ids outside the vocabulary; the file is corrupt")

@@ -52,30 +52,76 @@ def shipped_heads(model_key: str) -> dict[str, Path]:
     return {m: p for m, p in found.items() if p is not None and (p / "config.json").is_file()}
 
 
+@dataclass
+class _Checked:
+    """A draft read and checked against the target's config (:func:`_check`): what to build."""
+
+    kind: str  # medusa | standalone | eagle | eagle3
+    label: str
+    path: Path
+    config: dict[str, Any]
+    state: dict[str, torch.Tensor]
+    parts: tuple[Any, ...] = ()  # medusa: (spec, weights); eagle heads: (spec, weights, hot token ids)
+
+
+def check_draft(source: str, target_config: Any, *, method: str | None = None, allow_pickle: bool = False,
+                revision: str | None = None, token_map: str | None = None) -> None:
+    """Every check of :func:`load_draft` that needs only files, against ``target_config`` (the
+    target's LlamaConfig, read from its config.json or GGUF header): the draft exists, its format
+    (a pickle needs ``allow_pickle``), its kind against ``method``, its widths and every weight's
+    shape (read from the safetensors headers, no weights), the token map. Run before the target
+    loads, so a head that does not fit is refused in seconds, not after minutes of loading."""
+    _check(source, target_config, method=method, allow_pickle=allow_pickle, revision=revision,
+           token_map=token_map, header=True)
+
+
 def load_draft(source: str, target: Any, tokenizer: Any, *, method: str | None = None, allow_pickle: bool = False,
                revision: str | None = None, token_map: str | None = None) -> DraftBundle:
     """Load ``source`` (a local folder or a hub id) as a drafter for ``target`` (a LlamaModel).
 
     ``method`` None infers eagle / eagle3 / medusa / standalone from the checkpoint.
     """
-    from engine.models.checkpoint import CheckpointError, load_state_dict, read_config
+    if not hasattr(target, "embed_tokens") or not hasattr(target, "config"):
+        raise DraftLoadError("draft models need specchat's own forward for the target; drop --backend hf")
+    found = _check(source, target.config, method=method, allow_pickle=allow_pickle, revision=revision,
+                   token_map=token_map, header=False)
+    if found.kind == "medusa":
+        return _medusa(*found.parts, target, found.label)
+    if found.kind == "standalone":
+        return _standalone(found.path, found.label, found.config, found.state, target, tokenizer)
+    spec, weights, hot = found.parts
+    from engine.drafters.eagle import EagleDrafter
+    from engine.drafters.eagle_head import EagleHead
+
+    head = EagleHead(spec, weights, target, hot_token_ids=hot)
+    features = (FeatureSpec(capture_layers=spec.capture_layers()) if spec.kind == "eagle3"
+                else FeatureSpec(final_hidden=True))
+    vocab = f", {head.vocab_size} draft tokens" if head.vocab_ids is not None else ""
+    what = {"eagle": "EAGLE-1/2", "eagle3": "EAGLE-3"}[spec.kind]
+    return DraftBundle(spec.kind, lambda: EagleDrafter(head, spec.kind), features,
+                       f"{what} head {found.label}{vocab}")
+
+
+def _check(source: str, target_config: Any, *, method: str | None, allow_pickle: bool, revision: str | None,
+           token_map: str | None, header: bool) -> _Checked:
+    """Read ``source`` (``header``: config.json and the weights' headers only) and check it
+    against ``target_config``; DraftLoadError (one line) at the first thing that does not fit."""
+    from engine.models.checkpoint import CheckpointError, load_state_dict, read_config, read_state_header
     from engine.models.resolve import ModelResolutionError, resolve_model
 
     if method is not None and method not in DRAFT_METHODS:
         raise DraftLoadError(f"--draft goes with --method eagle, eagle3, medusa or standalone, not {method!r}")
-    if not hasattr(target, "embed_tokens") or not hasattr(target, "config"):
-        raise DraftLoadError("draft models need specchat's own forward for the target; drop --backend hf")
     try:
         resolved = resolve_model(source, revision=revision, allow_pickle=allow_pickle)
         config = read_config(resolved.path)
         medusa = is_medusa_config(config)
-        state = (read_medusa_state(resolved.path, allow_pickle=allow_pickle) if medusa
-                 else load_state_dict(resolved.path, allow_pickle=allow_pickle))
-    except (ModelResolutionError, CheckpointError) as e:
-        raise DraftLoadError(f"draft {source}: {e}") from None
-    except DraftLoadError as e:
+        read_state = read_state_header if header else load_state_dict
+        state = (read_medusa_state(resolved.path, allow_pickle=allow_pickle, header=header) if medusa
+                 else read_state(resolved.path, allow_pickle=allow_pickle))
+    except (ModelResolutionError, CheckpointError, DraftLoadError) as e:
         raise DraftLoadError(f"draft {source}: {e}") from None
     label = resolved.name or source
+    found = _Checked("", label, resolved.path, config, state)
     kind: HeadKind | None = guess_kind(config, set(state))
     if medusa or (kind is None and medusa_layout(set(state)) is not None):
         if method not in (None, "medusa"):
@@ -83,7 +129,8 @@ def load_draft(source: str, target: Any, tokenizer: Any, *, method: str | None =
         if token_map:
             raise DraftLoadError("--speculative-token-map applies to EAGLE-1/2 heads only (vLLM Medusa heads carry "
                                  "their own token_map)")
-        return _medusa(config, state, target, label)
+        found.kind, found.parts = "medusa", read_medusa(config, state, target=target_config, source=label)
+        return found
     if method == "medusa":
         what = {"eagle": "an EAGLE-1/2 head", "eagle3": "an EAGLE-3 head", None: "not a Medusa head"}[kind]
         hint = f"; use --method {kind}" if kind else " (no medusa_num_heads in its config.json, no Medusa weights)"
@@ -93,10 +140,11 @@ def load_draft(source: str, target: Any, tokenizer: Any, *, method: str | None =
             raise DraftLoadError(f"{label} is a full language model, not an EAGLE head; use --method standalone")
         if token_map:
             raise DraftLoadError("--speculative-token-map applies to EAGLE-1/2 heads only")
-        return _standalone(resolved.path, label, config, state, target, tokenizer, allow_pickle)
+        found.kind, found.parts = "standalone", (_standalone_config(config, label),)
+        return found
     if method == "standalone":
         raise DraftLoadError(f"{label} is an EAGLE head, not a language model; use --method {kind or 'eagle3'}")
-    spec, weights = read_head(config, state, kind=method, target=target.config, source=label)  # type: ignore[arg-type]
+    spec, weights = read_head(config, state, kind=method, target=target_config, source=label)  # type: ignore[arg-type]
     hot = None
     if token_map:
         if spec.kind != "eagle":
@@ -104,22 +152,14 @@ def load_draft(source: str, target: Any, tokenizer: Any, *, method: str | None =
                                  "own vocabulary map)")
         from engine.drafters.eagle_checkpoint import load_token_map
 
-        hot = load_token_map(token_map, target.config.vocab_size)
-    from engine.drafters.eagle import EagleDrafter
-    from engine.drafters.eagle_head import EagleHead
-
-    head = EagleHead(spec, weights, target, hot_token_ids=hot)
-    features = (FeatureSpec(capture_layers=spec.capture_layers()) if spec.kind == "eagle3"
-                else FeatureSpec(final_hidden=True))
-    vocab = f", {head.vocab_size} draft tokens" if head.vocab_ids is not None else ""
-    what = {"eagle": "EAGLE-1/2", "eagle3": "EAGLE-3"}[spec.kind]
-    return DraftBundle(spec.kind, lambda: EagleDrafter(head, spec.kind), features, f"{what} head {label}{vocab}")
+        hot = load_token_map(token_map, target_config.vocab_size)
+    found.kind, found.parts = spec.kind, (spec, weights, hot)
+    return found
 
 
-def _medusa(config: dict[str, Any], state: dict[str, torch.Tensor], target: Any, label: str) -> DraftBundle:
+def _medusa(spec: Any, weights: Any, target: Any, label: str) -> DraftBundle:
     from engine.drafters.medusa import MedusaDrafter, MedusaHeads
 
-    spec, weights = read_medusa(config, state, target=target.config, source=label)
     heads = MedusaHeads(spec, weights, target)
     vocab = f", {spec.head_vocab} draft tokens" if spec.head_vocab != spec.vocab_size else ""
     layout = {"medusa": "Medusa", "vllm": "vLLM Medusa"}[spec.layout]
@@ -128,17 +168,24 @@ def _medusa(config: dict[str, Any], state: dict[str, torch.Tensor], target: Any,
                        f"block{'s' if spec.num_layers != 1 else ''}{vocab})")
 
 
-def _standalone(path: Path, label: str, config: dict[str, Any], state: dict[str, torch.Tensor], target: Any,
-                tokenizer: Any, allow_pickle: bool) -> DraftBundle:
-    from engine.drafters.standalone import StandaloneDrafter
+def _standalone_config(config: dict[str, Any], label: str) -> Any:
+    """A standalone draft's parsed config (and model class); DraftLoadError for one we do not run."""
     from engine.models.families import model_for_config
+    from engine.models.llama_config import UnsupportedModelError
+
+    try:
+        return model_for_config(config)
+    except UnsupportedModelError as e:
+        raise DraftLoadError(f"draft {label}: {e}") from None
+
+
+def _standalone(path: Path, label: str, config: dict[str, Any], state: dict[str, torch.Tensor], target: Any,
+                tokenizer: Any) -> DraftBundle:
+    from engine.drafters.standalone import StandaloneDrafter
     from engine.models.llama_config import UnsupportedModelError
     from engine.tokenizer import Tokenizer, TokenizerError
 
-    try:
-        draft_config, model_class = model_for_config(config)
-    except UnsupportedModelError as e:
-        raise DraftLoadError(f"draft {label}: {e}") from None
+    draft_config, model_class = _standalone_config(config, label)
     try:
         draft_tok = Tokenizer.from_dir(path)
     except (TokenizerError, OSError) as e:

@@ -83,18 +83,21 @@ def _strip(key: str) -> str:
     return key
 
 
-def read_medusa_state(folder: Path, *, allow_pickle: bool) -> dict[str, torch.Tensor]:
+def read_medusa_state(folder: Path, *, allow_pickle: bool, header: bool = False) -> dict[str, torch.Tensor]:
     """The head's tensors: ``medusa_lm_head.safetensors``, else the folder's ``model.safetensors``
-    (vLLM), else a pickle (``medusa_lm_head.pt``) only with ``allow_pickle``, loaded weights-only."""
-    from engine.models.checkpoint import CheckpointError, load_state_dict
+    (vLLM), else a pickle (``medusa_lm_head.pt``) only with ``allow_pickle``, loaded weights-only.
+    ``header``: ``meta`` tensors read from the files' headers (checking before the target loads)."""
+    from engine.models.checkpoint import CheckpointError, load_state_dict, read_state_header, safetensors_header
 
     path = folder / MEDUSA_FILE
     try:
         if path.is_file():
+            if header:
+                return safetensors_header(path)
             from safetensors.torch import load_file
 
             return load_file(str(path))
-        return load_state_dict(folder, allow_pickle=allow_pickle)
+        return (read_state_header if header else load_state_dict)(folder, allow_pickle=allow_pickle)
     except CheckpointError as e:
         raise DraftLoadError(str(e)) from None
     except Exception as e:  # SafetensorError comes from Rust without a stable base class
@@ -228,6 +231,8 @@ def _token_map(spec: MedusaSpec, weights: Mapping[str, torch.Tensor], source: st
     if ids.numel() != spec.head_vocab:
         raise DraftLoadError(f"{source}: token_map has {ids.numel()} ids but truncated_vocab_size is "
                              f"{spec.head_vocab}")
+    if ids.is_meta:  # checked from the header: the values are read at load
+        return ids
     if int(ids.min()) < 0 or int(ids.max()) >= spec.vocab_size or len(set(ids.tolist())) != ids.numel():
         raise DraftLoadError(f"{source}: token_map holds ids outside the vocabulary or repeats one; the file is "
                              "corrupt")

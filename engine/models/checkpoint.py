@@ -41,17 +41,53 @@ def load_state_dict(
     Looks for ``model.safetensors``, then a sharded ``model.safetensors.index.json``, then (only
     with ``allow_pickle``) ``pytorch_model.bin`` / its index / a single ``*.pt``/``*.pth``/``*.bin``.
     """
+    pickled, files = weight_files(folder, allow_pickle=allow_pickle)
+    state: dict[str, torch.Tensor] = {}
+    for path in files:
+        state.update(_load_pickle(path, device) if pickled else _load_safetensors(path, device))
+    return state
+
+
+def read_state_header(folder: Path, *, allow_pickle: bool = False) -> dict[str, torch.Tensor]:
+    """What :func:`load_state_dict` would return, as ``meta`` tensors (names, shapes, dtypes, no
+    data) read from the safetensors headers: enough to check a draft head's fit before the target
+    loads, at the cost of a few kilobytes. The same refusals (no weights, a pickle without
+    ``allow_pickle``, a damaged file); a pickle the user allowed is loaded, as it has no header."""
+    pickled, files = weight_files(folder, allow_pickle=allow_pickle)
+    if pickled:
+        return {k: v.to("meta") for path in files for k, v in _load_pickle(path, "cpu").items()}
+    state: dict[str, torch.Tensor] = {}
+    for path in files:
+        state.update(safetensors_header(path))
+    return state
+
+
+def safetensors_header(path: Path) -> dict[str, torch.Tensor]:
+    """The tensors of one safetensors file as ``meta`` tensors (its header only); CheckpointError
+    for a file that is not one."""
+    from safetensors import safe_open
+
+    try:
+        with safe_open(str(path), framework="pt") as f:
+            return {k: torch.empty(f.get_slice(k).get_shape(), device="meta") for k in f.keys()}  # noqa: SIM118
+    except OSError as e:
+        raise CheckpointError(f"cannot read {path} ({e.strerror or e})") from e
+    except Exception as e:  # SafetensorError comes from Rust without a stable base class
+        raise CheckpointError(f"{path} is not a valid safetensors file ({_reason(e)}); re-download or re-convert "
+                              "it") from e
+
+
+def weight_files(folder: Path, *, allow_pickle: bool = False) -> tuple[bool, list[Path]]:
+    """(pickled, the files holding a model folder's weights), in :func:`load_state_dict`'s order
+    of preference; CheckpointError (one line) for a folder without weights, or with only pickle
+    weights and no ``allow_pickle``. Reads no weights: called before the target loads too."""
     folder = Path(folder)
     if not folder.is_dir():
         raise CheckpointError(f"{folder} is not a folder")
     if (folder / SAFETENSORS_FILE).is_file():
-        return _load_safetensors(folder / SAFETENSORS_FILE, device)
+        return False, [folder / SAFETENSORS_FILE]
     if (folder / SAFETENSORS_INDEX).is_file():
-        state: dict[str, torch.Tensor] = {}
-        for shard in _shards(folder / SAFETENSORS_INDEX):
-            state.update(_load_safetensors(shard, device))
-        return state
-
+        return False, _shards(folder / SAFETENSORS_INDEX)
     pickles = _pickle_files(folder)
     if not pickles:
         singles = sorted(p.name for p in folder.glob("*.safetensors"))
@@ -62,10 +98,7 @@ def load_state_dict(
             f"{folder} has only pickle weights ({pickles[0].name}), which can run code when loaded; "
             "pass --allow-pickle if you trust the source, or convert them to safetensors"
         )
-    state = {}
-    for path in pickles:
-        state.update(_load_pickle(path, device))
-    return state
+    return True, pickles
 
 
 # helpers ----------------------------------------------------------------------------------
@@ -91,8 +124,12 @@ def _load_safetensors(path: Path, device: str | torch.device) -> dict[str, torch
     except OSError as e:
         raise CheckpointError(f"cannot read {path} ({e.strerror or e})") from e
     except Exception as e:  # SafetensorError and friends come from Rust without a stable base class
-        reason = str(e).splitlines()[0] if str(e) else type(e).__name__
-        raise CheckpointError(f"{path} is not a valid safetensors file ({reason}); re-download or re-convert it") from e
+        raise CheckpointError(f"{path} is not a valid safetensors file ({_reason(e)}); re-download or re-convert "
+                              "it") from e
+
+
+def _reason(e: BaseException) -> str:
+    return str(e).splitlines()[0] if str(e) else type(e).__name__
 
 
 def _shards(index_path: Path) -> list[Path]:

@@ -426,6 +426,20 @@ def convert_gguf(
     return out_dir
 
 
+def config_from_header(gguf_path: Path) -> dict[str, Any]:
+    """The config.json :func:`convert_gguf` writes for ``gguf_path``, from its header alone (our
+    fast reader: metadata and tensor shapes, no tensor data, no vocabulary): what the checks made
+    before a model loads compare a draft head against. GGUFFormatError / ForeignArchitectureError /
+    GGUFConversionError (one line each) for a file that is not one we run."""
+    from engine.models.gguf_file import read_gguf
+
+    gguf = read_gguf(Path(gguf_path))
+    family = gguf_family(gguf.metadata)
+    names = hf_names([t.name for t in gguf.tensors], family)
+    shapes = {names[t.name]: tuple(int(d) for d in reversed(t.shape)) for t in gguf.tensors}
+    return hf_config(gguf.metadata, shapes)
+
+
 def write_transformers_folder(gguf_path: Path, out_dir: Path, *, progress: ProgressCallback | None = None,
                               description: str = "reading the GGUF") -> Path:
     """config.json, generation_config.json and the tokenizer of a GGUF of a family only
@@ -466,8 +480,8 @@ def _check_architecture(gguf_path: Path) -> None:
 
     try:
         meta = read_gguf(gguf_path).metadata
-    except GGUFFormatError:
-        return  # gguf-py's reader says what is wrong, in its own words
+    except GGUFFormatError as e:  # bounded by the file's size: gguf-py's reader is not (OverflowError)
+        raise GGUFConversionError(str(e)) from None
     gguf_family(meta)
 
 

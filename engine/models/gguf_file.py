@@ -8,6 +8,7 @@ skipped (their lengths are read, their contents are not decoded).
 
 from __future__ import annotations
 
+import math
 import struct
 from dataclasses import dataclass
 from pathlib import Path
@@ -15,13 +16,18 @@ from typing import Any
 
 import numpy as np
 
+from engine.errors import UserError
+
 _SCALARS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q", 11: "<q", 12: "<d"}
 _STRING, _ARRAY, _FLOAT32 = 8, 9, 6
 _SMALL_ARRAY = 64  # arrays up to this many entries are decoded; longer ones are skipped
 
 
-class GGUFFormatError(ValueError):
-    """Not a GGUF file, or a damaged one."""
+class GGUFFormatError(UserError, ValueError):
+    """Not a GGUF file, or a damaged one; the message names the file and says so in one line."""
+
+
+_MAX_DIMS = 8  # GGML tensors have at most 4 dimensions
 
 
 @dataclass
@@ -47,20 +53,35 @@ class _Cursor:
         self.pos += struct.calcsize(fmt)
         return value
 
+    def left(self) -> int:
+        return len(self.buf) - self.pos
+
+    def count(self, fmt: str, least: int, what: str) -> int:
+        """A count read from the header, bounded by the bytes left (each item takes ``least`` or
+        more): a damaged or hostile header claiming 2^40 entries is refused, not looped over."""
+        n = self.unpack(fmt)
+        if n * least > self.left():
+            raise GGUFFormatError(f"the header claims {n} {what} but only {self.left()} bytes follow")
+        return n
+
     def string(self) -> str:
-        n = self.unpack("<Q")
+        n = self.count("<Q", 1, "bytes of text")
         s = bytes(self.buf[self.pos : self.pos + n]).decode("utf-8", errors="replace")
         self.pos += n
         return s
 
     def skip_string(self) -> None:
-        self.pos += 8 + struct.unpack_from("<Q", self.buf, self.pos)[0]
+        n = self.count("<Q", 1, "bytes of text")  # moves past the length first
+        self.pos += n
 
     def value(self, kind: int) -> Any:
         if kind == _STRING:
             return self.string()
         if kind == _ARRAY:
-            sub, count = self.unpack("<I"), self.unpack("<Q")
+            sub = self.unpack("<I")
+            if sub != _STRING and sub not in _SCALARS:
+                raise GGUFFormatError(f"unknown GGUF array type {sub}")
+            count = self.count("<Q", 8 if sub == _STRING else struct.calcsize(_SCALARS[sub]), "array entries")
             if count > _SMALL_ARRAY:
                 if sub == _STRING:
                     for _ in range(count):
@@ -93,7 +114,8 @@ def read_gguf(path: Path) -> GGUFFile:
         version = cur.unpack("<I")
         if version < 2:
             raise GGUFFormatError(f"{path} is GGUF version {version}; only versions 2 and 3 are read")
-        n_tensors, n_kv = cur.unpack("<Q"), cur.unpack("<Q")
+        n_tensors = cur.count("<Q", 24, "tensors")  # name length, dims, type, offset: 24 bytes or more
+        n_kv = cur.count("<Q", 12, "metadata entries")  # key length, value type: 12 bytes or more
         meta: dict[str, Any] = {}
         for _ in range(n_kv):
             key = cur.string()
@@ -101,22 +123,27 @@ def read_gguf(path: Path) -> GGUFFile:
         infos = []
         for _ in range(n_tensors):
             name = cur.string()
-            dims = tuple(cur.unpack("<Q") for _ in range(cur.unpack("<I")))
+            n_dims = cur.unpack("<I")
+            if n_dims > _MAX_DIMS:
+                raise GGUFFormatError(f"tensor {name} claims {n_dims} dimensions")
+            dims = tuple(cur.unpack("<Q") for _ in range(n_dims))
             infos.append((name, dims, cur.unpack("<I"), cur.unpack("<Q")))
-        align = int(meta.get("general.alignment") or 32)
+        align = max(1, int(meta.get("general.alignment") or 32))
         start = -(-cur.pos // align) * align
         tensors = []
         for name, dims, type_id, offset in infos:
             qtype = GGMLQuantizationType(type_id)
             block, size = GGML_QUANT_SIZES[qtype]
-            count = int(np.prod(dims))
+            count = math.prod(dims)  # a Python int: numpy's product wraps around on a hostile header
             nbytes = count // block * size
             data = mm[start + offset : start + offset + nbytes]
             if data.size != nbytes:
                 raise GGUFFormatError(f"{path} is truncated (tensor {name})")
             tensors.append(GGUFTensor(name, dims, qtype.name, data))
-    except (struct.error, UnicodeDecodeError, ValueError, IndexError) as e:
-        if isinstance(e, GGUFFormatError):
+    except GGUFFormatError as e:
+        if str(e).startswith(str(path)):
             raise
-        raise GGUFFormatError(f"{path} is not a valid GGUF file ({e})") from e
+        raise GGUFFormatError(f"{path} is not a valid GGUF file: {e}") from None
+    except (struct.error, UnicodeDecodeError, ValueError, IndexError, OverflowError) as e:
+        raise GGUFFormatError(f"{path} is not a valid GGUF file: {e}") from None
     return GGUFFile(meta, tensors)

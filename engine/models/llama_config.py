@@ -23,6 +23,29 @@ class UnsupportedModelError(UserError, ValueError):
     """The checkpoint is not a Llama-family model our forward runs."""
 
 
+class ModelConfigError(UnsupportedModelError):
+    """A config.json of a family we run, with a missing or nonsense value (a zero width, heads
+    that do not divide the hidden size). A class of its own because the loader must not hand such
+    a config to transformers (``--backend hf``) as it does a foreign family: it is broken, not foreign."""
+
+
+# config.json's names for the DecoderShape / LlamaConfig fields, for the messages
+_KEYS = {"vocab_size": "vocab_size", "hidden_size": "hidden_size", "intermediate_size": "intermediate_size",
+         "num_heads": "num_attention_heads", "num_kv_heads": "num_key_value_heads", "head_dim": "head_dim",
+         "max_position_embeddings": "max_position_embeddings", "rope_theta": "rope_theta",
+         "num_layers": "num_hidden_layers"}
+
+
+def _check_positive(obj: object, fields: tuple[str, ...]) -> None:
+    """ModelConfigError naming the first of ``fields`` that is not > 0 (what a garbled or
+    hand-edited config.json holds; our forward would otherwise answer garbage or crash later)."""
+    for name in fields:
+        value = getattr(obj, name)
+        if not value > 0:  # also catches NaN
+            raise ModelConfigError(f"config.json: {_KEYS[name]} must be > 0 (it is {value}); "
+                                   "the model's config.json is damaged: re-download or fix it")
+
+
 @dataclass(frozen=True, kw_only=True)
 class DecoderShape:
     """What a Llama decoder layer and its rotary table need: widths, heads, norm epsilon, RoPE."""
@@ -38,6 +61,15 @@ class DecoderShape:
     max_position_embeddings: int
     rope_scaling: dict[str, Any] | None = None
 
+    def __post_init__(self) -> None:
+        _check_positive(self, ("vocab_size", "hidden_size", "intermediate_size", "num_heads", "num_kv_heads",
+                               "head_dim", "max_position_embeddings", "rope_theta"))
+        if self.num_heads % self.num_kv_heads:
+            raise ModelConfigError(f"config.json: num_attention_heads {self.num_heads} is not a multiple of "
+                                   f"num_key_value_heads {self.num_kv_heads}; the model's config.json is damaged")
+        if not self.rms_norm_eps >= 0:
+            raise ModelConfigError(f"config.json: rms_norm_eps must be >= 0 (it is {self.rms_norm_eps})")
+
 
 def shape_fields(d: Mapping[str, Any], *, vocab_size: int | None = None, max_positions: int = 4096
                  ) -> dict[str, Any]:
@@ -49,6 +81,9 @@ def shape_fields(d: Mapping[str, Any], *, vocab_size: int | None = None, max_pos
     RoPE base defaults to 10000 (EAGLE-3 training configs set none: never the target's)."""
     heads = int(d["num_attention_heads"])
     hidden = int(d["hidden_size"])
+    if not d.get("head_dim") and heads > 0 and hidden % heads:
+        raise ModelConfigError(f"config.json: hidden_size {hidden} is not a multiple of num_attention_heads {heads} "
+                               "(and no head_dim is given); the model's config.json is damaged")
     rope = d.get("rope_parameters") or {}
     scaling = d.get("rope_scaling") or (rope if rope.get("rope_type", "default") != "default" else None)
     return {
@@ -57,7 +92,7 @@ def shape_fields(d: Mapping[str, Any], *, vocab_size: int | None = None, max_pos
         "intermediate_size": int(d["intermediate_size"]),
         "num_heads": heads,
         "num_kv_heads": int(d.get("num_key_value_heads") or heads),
-        "head_dim": int(d.get("head_dim") or hidden // heads),
+        "head_dim": int(d.get("head_dim") or (hidden // heads if heads > 0 else 0)),
         "rms_norm_eps": float(d.get("rms_norm_eps", 1e-6)),
         "rope_theta": float(d.get("rope_theta") or rope.get("rope_theta") or 10000.0),
         "max_position_embeddings": int(d.get("max_position_embeddings", max_positions)),
@@ -77,16 +112,20 @@ class LlamaConfig(DecoderShape):
     eos_token_ids: tuple[int, ...] = ()
     bos_token_id: int | None = None
 
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        _check_positive(self, ("num_layers",))
+
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> LlamaConfig:
         try:
             return cls._from_dict(d)
         except KeyError as exc:
-            raise UnsupportedModelError(f"config.json lacks {exc.args[0]!r}; is it a complete model config?") from None
+            raise ModelConfigError(f"config.json lacks {exc.args[0]!r}; is it a complete model config?") from None
         except (TypeError, ValueError) as exc:
             if isinstance(exc, UnsupportedModelError):
                 raise
-            raise UnsupportedModelError(f"config.json has an invalid value ({exc})") from None
+            raise ModelConfigError(f"config.json has an invalid value ({exc})") from None
 
     @classmethod
     def _from_dict(cls, d: Mapping[str, Any]) -> LlamaConfig:

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from engine.errors import UserError
+from engine.errors import UserError, is_disk_full
 from engine.models.progress import ProgressCallback
 
 __all__ = [
@@ -122,7 +122,7 @@ def resolve_model(
     folder holds transformers' config and the tokenizer, ``gguf`` names the file transformers loads.
     """
     stored = weights == "stored"
-    if name is None or name.strip().lower() in EMBEDDED_ALIASES:
+    if name is None or is_embedded(name):
         gguf, stamp = embedded_gguf()
         slug = EMBEDDED_NAME + ("-meta" if stored else "")
         path = _convert_cached(gguf, slug, stamp, progress, f"preparing {EMBEDDED_DISPLAY} (first run only)",
@@ -135,11 +135,21 @@ def resolve_model(
     path = Path(name).expanduser()
     if path.exists():
         return _resolve_local(path, progress, stored, backend == "hf")
-    if _HUB_ID.fullmatch(name) and not name.startswith((".", "~")):
+    if is_hub_id(name):
         return _resolve_hub(name, revision, progress, allow_pickle)
     if os.sep in name or name.startswith((".", "~")) or name.endswith(".gguf"):
         raise ModelResolutionError(f"no such file or folder: {path}")
     raise ModelResolutionError(f"unknown model {name!r}; {_ACCEPTED}")
+
+
+def is_embedded(name: str | None) -> bool:
+    """Whether ``name`` names the embedded default model."""
+    return name is None or name.strip().lower() in EMBEDDED_ALIASES
+
+
+def is_hub_id(name: str) -> bool:
+    """Whether ``name`` (no such local path) reads as a Hugging Face hub id, ``org/name``."""
+    return bool(_HUB_ID.fullmatch(name)) and not name.startswith((".", "~"))
 
 
 # embedded model ----------------------------------------------------------------------------
@@ -263,8 +273,15 @@ def _convert_cached(gguf: Path, slug: str, stamp: str, progress: ProgressCallbac
         _install(tmp, target, expected)
     except gguf_convert.GGUFConversionError as e:
         raise ModelResolutionError(f"cannot use {gguf.name}: {e}") from e
-    except OSError as e:
-        raise ModelResolutionError(f"converting {gguf.name} into {parent} failed ({e}); check free disk space") from e
+    except Exception as e:  # the tokenizers library raises a plain Exception for a full disk
+        if is_disk_full(e):
+            raise ModelResolutionError(
+                f"no space left on the disk under {parent} while preparing {gguf.name}; free some space or set "
+                "SPECCHAT_CACHE_DIR to a folder on another disk") from None
+        if isinstance(e, OSError):
+            raise ModelResolutionError(f"converting {gguf.name} into {parent} failed ({e}); check free disk "
+                                       "space") from e
+        raise
     finally:
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)

@@ -17,7 +17,13 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from engine.errors import MissingFileError
+from engine.errors import MissingFileError, UserError
+
+MIN_EAGLE3_LAYERS = 5  # low/mid/high features need layers 2, L//2 and L-3 apart
+
+
+class TargetTooSmallError(UserError, ValueError):
+    """The target has too few layers for the head asked for; the message says how many it needs."""
 
 
 def default_aux_layer_ids(num_layers: int) -> list[int]:
@@ -25,8 +31,10 @@ def default_aux_layer_ids(num_layers: int) -> list[int]:
 
     The features are the residual stream entering layers ids+1 = (2, L//2, L-3), EAGLE-3's choice.
     """
-    if num_layers < 5:
-        raise ValueError(f"an EAGLE-3 head needs a target with at least 5 layers (this one has {num_layers})")
+    if num_layers < MIN_EAGLE3_LAYERS:
+        raise TargetTooSmallError(f"an EAGLE-3 head needs a target with at least {MIN_EAGLE3_LAYERS} layers (this "
+                                  f"one has {num_layers}); pick a deeper model, or train Medusa heads "
+                                  "(--method medusa)")
     return [1, num_layers // 2 - 1, num_layers - 4]
 
 

@@ -30,6 +30,7 @@ from engine.errors import MissingFileError, UserError
 from engine.events import Event, Started, event_from_dict, event_to_dict
 from engine.jsonl import JsonLinesError, read_jsonl
 from specchat import __version__
+from specchat.tui.trace_types import check_record
 
 FORMAT = "specchat-trace"
 FORMAT_VERSION = 1
@@ -210,14 +211,23 @@ def open_trace(path: str | os.PathLike[str], *, tolerant: bool = False) -> Trace
     dropped = lines.dropped
     for lineno, data in rest:
         try:
-            records.append(record_from_dict(data))
+            record = record_from_dict(data)
         except (TypeError, ValueError, KeyError) as exc:
             if tolerant:
                 dropped += 1
                 continue
-            reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-            raise TraceError(f"{lines.path}:{lineno}: bad {data.get('kind', '?')!r} record ({reason})") from None
+            raise _bad_record(lines.path, lineno, data, exc) from None
+        try:  # a whole line of the wrong types was edited, not cut by a crash: refused even when tolerant
+            check_record(record)
+        except TypeError as exc:
+            raise _bad_record(lines.path, lineno, data, exc) from None
+        records.append(record)
     return Trace(header, records, dropped)
+
+
+def _bad_record(path: Path, lineno: int, data: dict[str, Any], exc: Exception) -> TraceError:
+    reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+    return TraceError(f"{path}:{lineno}: bad {data.get('kind', '?')!r} record ({reason}); fix or remove that line")
 
 
 def read_trace(path: str | os.PathLike[str]) -> tuple[dict[str, Any], list[Record]]:

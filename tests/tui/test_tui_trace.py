@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -163,3 +164,29 @@ def test_run_record_may_replace_an_earlier_trace_or_make_a_new_one(tmp_path):
     check_record_path(tmp_path / "old.jsonl")
     (tmp_path / "empty.jsonl").write_text("")
     check_record_path(tmp_path / "empty.jsonl")
+
+
+@pytest.mark.parametrize("field, value, message", [
+    (("timing", "verify_ms"), "slow", "timing.verify_ms must be a number, not 'slow'"),
+    (("index",), "3", "index must be an integer"),
+    (("committed",), [{"id": "7", "origin": "draft", "text": "a"}], "committed[].id must be an integer"),
+    (("stats", "tau"), None, "stats.tau must be a number"),
+    (("text",), 5, "text must be text"),
+])
+def test_a_value_of_the_wrong_type_names_its_line(tmp_path, field, value, message):
+    """An edited trace (a string where a number belongs) is refused when it is opened, naming the
+    line and the field, even by the tolerant reading a replay uses; not a TypeError mid-replay."""
+    path = tmp_path / "edited.jsonl"
+    _recorded(path)
+    lines = path.read_text(encoding="utf-8").splitlines()
+    at = next(i for i, line in enumerate(lines) if json.loads(line).get("kind") == "step")
+    data = json.loads(lines[at])
+    target = data
+    for key in field[:-1]:
+        target = target[key]
+    target[field[-1]] = value
+    lines[at] = json.dumps(data)
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    for tolerant in (False, True):
+        with pytest.raises(TraceError, match=rf"edited\.jsonl:{at + 1}: bad .step. record \(.*{re.escape(message)}"):
+            open_trace(path, tolerant=tolerant)

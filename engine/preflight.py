@@ -1,0 +1,91 @@
+"""The checks that need only files, run before the target model is read.
+
+Why a module: reading a target takes seconds (the embedded model) to minutes (a big one from the
+hub), and a draft head of the wrong width, a pickle without ``--allow-pickle``, a missing n-gram
+corpus or a damaged config.json used to be refused only after that. Every check here reads small
+files (the target's config.json or GGUF header, the draft's config.json and safetensors headers,
+the token map, a folder listing) and calls the same check the loader makes later, so there is one
+check per mistake, met early. What cannot be known without downloading (a hub model, a hub
+draft) is left to the loader.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from engine.models.llama_config import LlamaConfig, UnsupportedModelError
+
+
+def target_config(model: str | None, *, backend: str = "auto") -> LlamaConfig | None:
+    """The target's parsed config, read from its config.json (a local folder) or its GGUF header
+    (the embedded model, a .gguf file), and validated (ModelConfigError for nonsense values).
+
+    None where it is not known from local files (a hub id), or our forward does not run the
+    model (``--backend hf``, a family only transformers runs): the loader then speaks."""
+    from engine.models.checkpoint import read_config
+    from engine.models.families import model_for_config
+    from engine.models.resolve import embedded_gguf, is_embedded
+
+    if backend == "hf":
+        return None
+    if is_embedded(model):
+        raw = _gguf_config(embedded_gguf()[0])
+    else:
+        path = Path(str(model).strip()).expanduser()
+        if path.is_file() and path.suffix.lower() == ".gguf":
+            raw = _gguf_config(path)
+        elif path.is_dir() and (path / "config.json").is_file():
+            raw = read_config(path)
+        else:
+            return None  # a hub id, or a name the resolver refuses in its own words
+    if raw is None:
+        return None
+    try:
+        return model_for_config(raw)[0]
+    except UnsupportedModelError as exc:
+        if backend == "specchat" or type(exc) is not UnsupportedModelError:
+            raise  # a damaged config (ModelConfigError), or a family --backend specchat cannot run
+        return None  # a family transformers may run: the loader hands it over
+
+
+def _gguf_config(path: Path) -> dict[str, Any] | None:
+    """The config.json a GGUF converts to, from its header; None for a family we do not run (the
+    loader words that), GGUFFormatError / ModelResolutionError (one line) for a damaged file."""
+    from engine.models.gguf_convert import ForeignArchitectureError, GGUFConversionError, config_from_header
+    from engine.models.resolve import ModelResolutionError
+
+    try:
+        return config_from_header(path)
+    except ForeignArchitectureError:
+        return None
+    except GGUFConversionError as exc:
+        raise ModelResolutionError(f"cannot use {path.name}: {exc}") from None
+
+
+def check_files(model: str | None, *, backend: str = "auto", method: str = "none", draft: str | None = None,
+                draft_revision: str | None = None, token_map: str | None = None, ngram_corpus: str = "auto",
+                allow_pickle: bool = False, method_from_draft: bool = False) -> LlamaConfig | None:
+    """Every check :func:`engine.loader.load_session` makes that needs only files, with its
+    arguments: the target's config, the n-gram corpus folders, a draft method's draft, and the
+    draft itself against the target (format, pickle, kind, widths, weight shapes, token map).
+    Returns the target's config (None where it is not known before loading: see
+    :func:`target_config`). Raises the loader's own UserErrors, each one line."""
+    from engine.drafters.corpus_files import shard_files
+    from engine.drafters.loading import DRAFT_METHODS, check_draft, shipped_heads
+    from engine.loader import corpus_folders, draft_source
+    from engine.models.resolve import EMBEDDED_NAME, is_embedded, is_hub_id
+
+    config = target_config(model, backend=backend)
+    if ngram_corpus not in ("auto", "none"):
+        shard_files(corpus_folders(ngram_corpus))
+    shipped = shipped_heads(EMBEDDED_NAME) if is_embedded(model) and backend != "hf" else {}
+    draft_source(method, draft, shipped)  # a draft method without a draft (or a head shipped for it)
+    if draft is None or config is None:
+        return config
+    if not Path(draft).expanduser().exists() and is_hub_id(draft):
+        return config  # fetched and checked by the loader
+    wanted = method if method in DRAFT_METHODS and not method_from_draft else None
+    check_draft(draft, config, method=wanted, allow_pickle=allow_pickle, revision=draft_revision,
+                token_map=token_map)
+    return config

@@ -1,0 +1,59 @@
+"""Bad input met only once the model is read: each one line that says what to do, never a bare
+assertion or an allocation sized by a number the user typed."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from heads import write_tiny_model
+
+from engine.config import SpecConfig
+from engine.drafters.base import NoDrafter
+from engine.events import Started
+from engine.session import Session
+from specchat.cli import main
+from tests.tiny import TinyTokenizer, our_model
+
+
+def test_generate_with_a_prompt_longer_than_the_context_says_both_lengths(tmp_path: Path, capsys) -> None:
+    model = write_tiny_model(tmp_path / "model")  # a context of 512 tokens
+    assert main(["generate", str(model), "--prompt", "word " * 700, "--max-new-tokens", "4", "--threads", "1"]) == 2
+    err = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+    assert len(err) == 1 and err[0].startswith("specchat: error: the prompt is "), err
+    assert "context of 512 tokens" in err[0] and "shorten the prompt" in err[0]
+
+
+def test_the_cache_never_exceeds_the_context_whatever_max_new_tokens_says() -> None:
+    """The session sizes its KV cache by min(context, prompt + max_new_tokens), so even a value
+    past the flag bounds (set here behind the config's back) cannot allocate petabytes."""
+    net = our_model("llama", 0)[0]
+    config = SpecConfig(method="none", max_new_tokens=12)
+    object.__setattr__(config, "max_new_tokens", 10**12)
+    session = Session(net, TinyTokenizer(stop_ids=frozenset()), config, drafters={"none": NoDrafter})
+    events = session.generate_ids([1, 5, 6, 7])
+    assert any(isinstance(e, Started) for e in events)
+    limit = net.config.max_position_embeddings
+    assert session._cache.capacity <= limit + config.max_tree_tokens + 256
+    events.close()
+
+
+@pytest.mark.parametrize("errno_error", [True, False])
+def test_a_full_disk_under_the_cache_says_so(tmp_path: Path, monkeypatch, errno_error: bool) -> None:
+    """Converting the embedded model into a full cache: an OSError(ENOSPC) and the tokenizers
+    library's plain Exception("No space left on device") both end in the disk-space line."""
+    import errno
+
+    from engine.models import gguf_convert
+    from engine.models.resolve import ModelResolutionError, resolve_model
+
+    def full(*args, **kwargs):
+        if errno_error:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        raise Exception("No space left on device (os error 28)")  # what tokenizers' Rust code raises
+
+    monkeypatch.setenv("SPECCHAT_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setattr(gguf_convert, "write_tokenizer", full)
+    with pytest.raises(ModelResolutionError, match="no space left on the disk") as info:
+        resolve_model(None, weights="stored")
+    assert "SPECCHAT_CACHE_DIR" in str(info.value)

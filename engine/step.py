@@ -146,7 +146,8 @@ class SpecLoop:
         """The prompt into the cache, capturing the features ``config``'s method reads
         (Conversation.prefill): the last prompt token's logits (None when cancelled), tokens reused."""
         capture = self.drafters.use_capture(config.method)
-        room = config.max_new_tokens + config.max_tree_tokens
+        # never more than the context holds, whatever max_new_tokens says (an answer stops there)
+        room = min(config.max_new_tokens, max(self.conversation.limit - len(prompt), 0)) + config.max_tree_tokens
         return (yield from self.conversation.prefill(prompt, capture, room, self.cancel))
 
     def begin(self, prompt: list[int], logits: torch.Tensor, config: SpecConfig, *, fixed: bool, t0: float

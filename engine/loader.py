@@ -38,7 +38,10 @@ def pick_device(device: str) -> torch.device:
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     if device.startswith("cuda") and not torch.cuda.is_available():
         raise LoadError(f"device {device!r} asked for but no CUDA GPU is visible; use --device cpu")
-    return torch.device(device)
+    try:
+        return torch.device(device)
+    except RuntimeError:
+        raise LoadError(f"--device {device!r} is not a device; use auto, cpu or cuda[:N]") from None
 
 
 def pick_dtype(dtype: str, device: torch.device | None = None) -> torch.dtype:

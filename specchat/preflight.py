@@ -23,9 +23,12 @@ def check_files(args: argparse.Namespace) -> None:
     command = getattr(args, "command", None)
     if command not in LOADING or getattr(args, "fake", False) or getattr(args, "random_weights", None):
         return
+    if getattr(args, "device", None):
+        from engine.loader import pick_device
+
+        pick_device(args.device)  # --device nope or cuda without a GPU, before any file is read
     if command == "train-draft":
-        _check_train_target(args)
-        return
+        return  # its own flags are checked first (train_draft.check_args calls check_train_target)
     from engine.preflight import check_files as check
 
     config = make_config(args)  # --settings FILE parses (and its values fit) or is refused here
@@ -36,7 +39,7 @@ def check_files(args: argparse.Namespace) -> None:
           method_from_draft=options["method_from_draft"])
 
 
-def _check_train_target(args: argparse.Namespace) -> None:
+def check_train_target(args: argparse.Namespace) -> None:
     """train-draft: the target's config, and enough layers for an EAGLE-3 head."""
     from engine.preflight import target_config
 

@@ -150,7 +150,10 @@ def check_args(args: argparse.Namespace) -> Path:
     if args.out is None and not args.data_only:
         raise UsageError("--out is required (the folder the trained head is written to), unless --data-only")
     out = Path(args.out or ".")
+    from specchat.preflight import check_train_target
+
     if args.data_only:
+        check_train_target(args)
         return out
     if args.init_from is not None:
         init = Path(args.init_from)
@@ -165,6 +168,7 @@ def check_args(args: argparse.Namespace) -> Path:
 
     check_out_folder(out)  # a model's folder (config.json, model.safetensors) is never written over
     _check_writable(out)
+    check_train_target(args)  # the flags and --out first, then the target's files, before any data is made
     claim(out, args.method)
     return out
 

@@ -14,6 +14,9 @@ assertions run compiled on a GPU machine, where the bits come from the tensor co
 
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Callable
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -50,14 +53,15 @@ def random_case(n: int, k: int, rows: int, seed: int, device: torch.device) -> t
     return x, w
 
 
-def check_rows_invariant(x: torch.Tensor, w: torch.Tensor, counts: tuple[int, ...], **kwargs) -> torch.Tensor:
+def check_rows_invariant(x: torch.Tensor, w: torch.Tensor, counts: tuple[int, ...],
+                         linear: Callable[..., torch.Tensor] = invariant_linear, **kwargs) -> torch.Tensor:
     """Every count's rows (a window of the prefill at a count-dependent offset, so rows move within
     their tile) equal the prefill's bits for them; returns the prefill's output."""
-    full = invariant_linear(x, w, **kwargs)
+    full = linear(x, w, **kwargs)
     rows = x.shape[0]
     for m in counts:
         start = (m * 37) % (rows - m + 1)
-        part = invariant_linear(x[start:start + m], w, **kwargs)
+        part = linear(x[start:start + m], w, **kwargs)
         assert torch.equal(part, full[start:start + m]), f"{m} rows from row {start} differ from the prefill's"
     return full
 
@@ -83,6 +87,20 @@ def test_bias_fp32_output_and_ragged_edges(kernel_device) -> None:
     y = invariant_linear(x[:6].view(2, 3, 100), w, bias)
     assert y.shape == (2, 3, 45) and y.dtype == torch.bfloat16
     assert torch.equal(y.reshape(6, 45), invariant_linear(x, w, bias)[:6])
+
+
+def test_the_check_catches_a_k_order_that_follows_the_row_count(kernel_device) -> None:
+    """What cuBLAS's per-shape choices amount to (another K step for more rows), with fp32 out so
+    no bf16 rounding hides it: the invariance check must fail, or it proves nothing."""
+    x, w = random_case(32, 512, PREFILL, seed=5, device=kernel_device)
+    config = config_for(32, 512)
+
+    def by_rows(rows: torch.Tensor, weight: torch.Tensor, **kwargs) -> torch.Tensor:
+        step = config if rows.shape[0] == 1 else dataclasses.replace(config, block_k=16)
+        return invariant_linear(rows, weight, config=step, **kwargs)
+
+    with pytest.raises(AssertionError, match="differ from the prefill's"):
+        check_rows_invariant(x, w, (1,), linear=by_rows, out_dtype=torch.float32)
 
 
 def test_refuses_mixed_dtypes(kernel_device) -> None:

@@ -24,17 +24,20 @@ Why this config on H100/H200 (sm_90) and A100 (sm_80), measured nowhere yet (no 
   another instruction (``mma.sync``) with no promise of the same bits, so it is not an option here.
   Decode pays 64 rows of tensor-core work per weight byte: 64 flop/B against the H100's ~295
   (dense bf16 over HBM), so the products stay hidden under the weight stream.
-- ``BLOCK_K = 64`` (128-byte bf16 rows: full sectors, swizzle-friendly) and 4 stages: 64 KiB of
-  shared memory at ``BLOCK_N = 64``, enough loads in flight to keep HBM busy on each SM.
-- ``BLOCK_N`` per weight: 128 for the widest matrices (lm_head, gate|up of 8B: hundreds of tiles
-  either way), 64 from 8192 columns, 32 below, so the 4096-column o/down of an 8B model still make
-  128 programs for 132 SMs (64 would leave half the SMs idle at decode).
-- ``num_warps = 4``: one warpgroup; the [64, BLOCK_N] fp32 accumulator is 16-64 registers a thread.
-  tests/gpu/test_compile_sm90.py compiles these for sm_90 and sm_80 and checks nothing spills.
+- ``BLOCK_K = 64`` (128-byte bf16 rows: full sectors, swizzle-friendly) and 4 stages: 24 KiB of
+  shared memory at ``BLOCK_N = 32``, 40 KiB at 64 (sm_90), enough loads in flight to keep each SM's
+  share of HBM busy, and room for several programs an SM.
+- ``BLOCK_N`` per weight: 64 from 8192 columns (lm_head, gate|up: hundreds of tiles either way), 32
+  below, so the 4096-column o/down of an 8B model still make 128 programs for 132 SMs (64 would
+  leave half the SMs idle at decode). The weight stream is the cost, and a wider tile reads no
+  fewer weight bytes; 128 columns spilled registers on sm_80 (144 bytes a thread at 4 warps).
+- ``num_warps = 4``: one warpgroup; the [64, BLOCK_N] fp32 accumulator is 16-32 registers a thread.
+  tests/gpu/test_compile_sm90.py compiles these for sm_90 and sm_80 and checks nothing spills and
+  that the products are tensor-core instructions (wgmma on sm_90, mma.sync on sm_80).
 
 What a GPU run should measure (scripts/kernel_ab.py style, or the device plan): one row and 64 rows
 through this kernel against cuBLAS (``SPECCHAT_CUDA_LINEAR=cublas``) on the 8B shapes; the issue keeps
-this path the default unless it is over ~10% slower at one row. Also whether 128 columns for
+this path the default unless it is over ~10% slower at one row. Also whether 64 columns for
 o/down (fewer, longer programs) or 3 stages do better; any change stays one config per weight.
 
 The switch: ``SPECCHAT_CUDA_LINEAR=invariant`` (default) or ``cublas`` (``F.linear``, the not-invariant
@@ -98,7 +101,7 @@ class TileConfig:
 
 def config_for(n: int, k: int) -> TileConfig:
     """The tile config of an [n, k] weight (the module docstring says why these)."""
-    block_n = 128 if n >= 16384 else 64 if n >= 8192 else 32
+    block_n = 64 if n >= 8192 else 32
     return TileConfig(BLOCK_M, block_n, BLOCK_K, num_warps=4, num_stages=4)
 
 

@@ -7,9 +7,9 @@ the targets we deploy on and the compiler's own verdict (registers, spill bytes,
 the instructions the dots became) read before any launch.
 
 The launch arguments are not written out by hand: each kernel's real wrapper (``tree_attention``,
-``greedy_walk``, ``sampling_walk``, ``compact_kv``, ``invariant_linear``, ``invariant_rms_norm``) is called on ``meta`` tensors shaped as
-engine/gpu/static.py and engine/models/kv_cache.py shape them, with ``engine.gpu.kernel`` swapped
-for a recorder. The recorded call goes through triton's own binder, so the constexprs, the
+``greedy_walk``, ``sampling_walk``, ``compact_kv``, ``invariant_linear``, ``invariant_rms_norm``) is
+called on ``meta`` tensors shaped as engine/gpu/static.py and engine/models/kv_cache.py shape them,
+with ``engine.gpu.kernel`` swapped for a recorder. The recorded call goes through triton's own binder, so the constexprs, the
 integer specialisations (a value of 1 becomes a constant, a multiple of 16 a divisibility hint)
 and the pointer alignments are the ones a launch on the GPU would compile.
 
@@ -60,8 +60,9 @@ class Model:
     def weight(self, name: str) -> tuple[int, int]:
         """(N, K) of one of the model's matrices (``LINEARS``), as engine/models/layer.py fuses them."""
         q, kv = self.heads * self.head_dim, self.kv_heads * self.head_dim
-        return {"qkv": (q + 2 * kv, self.hidden), "o": (self.hidden, q), "gate_up": (2 * self.intermediate, self.hidden),
-                "down": (self.hidden, self.intermediate), "lm_head": (self.vocab, self.hidden)}[name]
+        return {"qkv": (q + 2 * kv, self.hidden), "o": (self.hidden, q),
+                "gate_up": (2 * self.intermediate, self.hidden), "down": (self.hidden, self.intermediate),
+                "lm_head": (self.vocab, self.hidden)}[name]
 
 
 LLAMA_8B = Model("llama-8b", 32, 8, 128, 128256, 4096, 14336)  # GQA 4, head_dim 128

@@ -9,9 +9,10 @@ the instructions the dots became) read before any launch.
 The launch arguments are not written out by hand: each kernel's real wrapper (``tree_attention``,
 ``greedy_walk``, ``sampling_walk``, ``compact_kv``, ``invariant_linear``, ``invariant_rms_norm``) is
 called on ``meta`` tensors shaped as engine/gpu/static.py and engine/models/kv_cache.py shape them,
-with ``engine.gpu.kernel`` swapped for a recorder. The recorded call goes through triton's own binder, so the constexprs, the
-integer specialisations (a value of 1 becomes a constant, a multiple of 16 a divisibility hint)
-and the pointer alignments are the ones a launch on the GPU would compile.
+with ``engine.gpu.kernel`` swapped for a recorder. The recorded call goes through triton's own
+binder, so the constexprs, the integer specialisations (a value of 1 becomes a constant, a
+multiple of 16 a divisibility hint) and the pointer alignments are the ones a launch on the GPU
+would compile.
 
     .venv/bin/python scripts/triton_report.py                # markdown table, sm_90 and sm_80
     .venv/bin/python scripts/triton_report.py --smoke --json # the subset tests/gpu checks

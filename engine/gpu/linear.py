@@ -35,10 +35,12 @@ Why this config on H100/H200 (sm_90) and A100 (sm_80), measured nowhere yet (no 
   tests/gpu/test_compile_sm90.py compiles these for sm_90 and sm_80 and checks nothing spills and
   that the products are tensor-core instructions (wgmma on sm_90, mma.sync on sm_80).
 
-What a GPU run should measure (scripts/kernel_ab.py style, or the device plan): one row and 64 rows
-through this kernel against cuBLAS (``SPECCHAT_CUDA_LINEAR=cublas``) on the 8B shapes; the issue keeps
-this path the default unless it is over ~10% slower at one row. Also whether 64 columns for
-o/down (fewer, longer programs) or 3 stages do better; any change stays one config per weight.
+What a GPU run should measure (the device plan): the 8B-shaped baseline's decode (one row) and its
+verify cost curve to 64 rows with this kernel and with cuBLAS (``SPECCHAT_CUDA_LINEAR=cublas``) side
+by side; the issue keeps this path the default unless it is over ~10% slower at one row. Also
+tests/gpu compiled there (tests/gpu/test_invariant_kernels.py then checks the tensor cores' bits,
+which the interpreter cannot), and whether 64 columns for o/down (fewer, longer programs) or 3
+stages do better; any change stays one config per weight.
 
 The switch: ``SPECCHAT_CUDA_LINEAR=invariant`` (default) or ``cublas`` (``F.linear``, the not-invariant
 path). :func:`active_name` says which; a model's ``kernels`` says what its linears were built as.

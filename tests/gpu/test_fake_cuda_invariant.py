@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F
 
 from engine.errors import UserError
-from engine.gpu.linear import active_name
+from engine.gpu.linear import active_name, cuda_linear
 from engine.models.llama import LlamaConfig, LlamaModel
 from tests.gpu.fake_cuda import fake_cuda
 from tests.tiny import hf_model
@@ -85,6 +85,16 @@ def test_the_cublas_switch_gives_torch_linears_and_norms(gpu, monkeypatch) -> No
     assert "invariant_linear" not in gpu.launches and "rms_norm" not in gpu.launches
     layers = model.config.num_layers
     assert calls["linear"] == 4 * layers + 1 and calls["rms_norm"] >= 2 * layers + 1  # the mode may count twice
+
+
+@pytest.mark.parametrize(("linear", "launches"), [("invariant", 1), ("cublas", 0)])
+def test_cuda_linear_follows_the_switch(gpu, monkeypatch, linear: str, launches: int) -> None:
+    monkeypatch.setenv("SPECCHAT_CUDA_LINEAR", linear)
+    x = torch.randn(3, 32).to("cuda", torch.bfloat16)
+    w = torch.randn(8, 32).to("cuda", torch.bfloat16)
+    y = cuda_linear(x, w)
+    assert y.is_cuda and y.shape == (3, 8) and gpu.launches.get("invariant_linear", 0) == launches
+    torch.testing.assert_close(y.cpu().float(), (x.cpu().float() @ w.cpu().float().T), rtol=2**-7, atol=1e-2)
 
 
 def test_fp32_models_keep_cublas(gpu, monkeypatch) -> None:

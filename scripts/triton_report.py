@@ -7,11 +7,12 @@ the targets we deploy on and the compiler's own verdict (registers, spill bytes,
 the instructions the dots became) read before any launch.
 
 The launch arguments are not written out by hand: each kernel's real wrapper (``tree_attention``,
-``greedy_walk``, ``sampling_walk``, ``compact_kv``) is called on ``meta`` tensors shaped as
-engine/gpu/static.py and engine/models/kv_cache.py shape them, with ``engine.gpu.kernel`` swapped
-for a recorder. The recorded call goes through triton's own binder, so the constexprs, the
-integer specialisations (a value of 1 becomes a constant, a multiple of 16 a divisibility hint)
-and the pointer alignments are the ones a launch on the GPU would compile.
+``greedy_walk``, ``sampling_walk``, ``compact_kv``, ``invariant_linear``, ``invariant_rms_norm``) is
+called on ``meta`` tensors shaped as engine/gpu/static.py and engine/models/kv_cache.py shape them,
+with ``engine.gpu.kernel`` swapped for a recorder. The recorded call goes through triton's own
+binder, so the constexprs, the integer specialisations (a value of 1 becomes a constant, a
+multiple of 16 a divisibility hint) and the pointer alignments are the ones a launch on the GPU
+would compile.
 
     .venv/bin/python scripts/triton_report.py                # markdown table, sm_90 and sm_80
     .venv/bin/python scripts/triton_report.py --smoke --json # the subset tests/gpu checks
@@ -40,7 +41,8 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 
 # kernels on the per-step critical path: a spill there costs every verify step
-HOT = ("tree_attention", "tree_attention_combine", "greedy_walk", "sampling_walk")
+HOT = ("tree_attention", "tree_attention_combine", "greedy_walk", "sampling_walk", "invariant_linear", "rms_norm")
+LINEARS = ("qkv", "o", "gate_up", "down", "lm_head")  # a decoder layer's products and the LM head
 ARCHS = (90, 80)
 
 
@@ -53,10 +55,19 @@ class Model:
     kv_heads: int
     head_dim: int
     vocab: int
+    hidden: int
+    intermediate: int
+
+    def weight(self, name: str) -> tuple[int, int]:
+        """(N, K) of one of the model's matrices (``LINEARS``), as engine/models/layer.py fuses them."""
+        q, kv = self.heads * self.head_dim, self.kv_heads * self.head_dim
+        return {"qkv": (q + 2 * kv, self.hidden), "o": (self.hidden, q),
+                "gate_up": (2 * self.intermediate, self.hidden), "down": (self.hidden, self.intermediate),
+                "lm_head": (self.vocab, self.hidden)}[name]
 
 
-LLAMA_8B = Model("llama-8b", 32, 8, 128, 128256)  # GQA 4, head_dim 128
-SMOL_135M = Model("smollm-135m", 9, 3, 64, 49152)  # GQA 3 (not a power of two), head_dim 64
+LLAMA_8B = Model("llama-8b", 32, 8, 128, 128256, 4096, 14336)  # GQA 4, head_dim 128
+SMOL_135M = Model("smollm-135m", 9, 3, 64, 49152, 576, 1536)  # GQA 3 (not a power of two), head_dim 64
 WINDOW = 4096  # a Mistral-style sliding window (static.py passes config.sliding_window)
 CAPACITY = 1024  # static.cuda_capacity's smallest cache: a power of two, so strides are multiples of 16
 
@@ -71,6 +82,7 @@ class Case:
     tokens: int = 64  # T: the verify bucket (1 = a plain decode step)
     window: int | None = None
     has_q: bool = False  # sampling walk with the drafter's distributions
+    weight: str = ""  # invariant_linear: which matrix (LINEARS); rms_norm: "hidden" or "head"
 
     @property
     def shape(self) -> str:
@@ -80,6 +92,11 @@ class Case:
             return f"T={self.tokens} {m.heads}/{m.kv_heads}h d{m.head_dim}{win}"
         if self.kernel == "kv_compact":
             return f"{m.kv_heads}kv d{m.head_dim}"
+        if self.kernel == "invariant_linear":  # M is not specialised: one binary for 1-64 rows and prefill
+            n, k = m.weight(self.weight)
+            return f"{self.weight} N={n} K={k}"
+        if self.kernel == "rms_norm":
+            return f"H={m.hidden if self.weight == 'hidden' else m.head_dim}"
         if self.kernel == "sampling_walk":
             return f"V={m.vocab}" + (" +q" if self.has_q else "")
         return "T<=64"
@@ -99,6 +116,8 @@ def full_cases() -> list[Case]:
                     cases.append(Case("tree_attention", model, dtype, tokens, window))
             cases.append(Case("tree_attention_combine", model, dtype))
             cases.append(Case("kv_compact", model, dtype))
+        cases += [Case("invariant_linear", model, weight=w) for w in LINEARS]
+        cases += [Case("rms_norm", model, weight=w) for w in ("hidden", "head")]
     cases.append(Case("greedy_walk", LLAMA_8B, "fp32"))
     for model in (LLAMA_8B, SMOL_135M):
         for has_q in (False, True):
@@ -122,12 +141,19 @@ def smoke_cases() -> list[tuple[Case, int]]:
         Case("sampling_walk", SMOL_135M, "fp32"),
         Case("kv_compact", LLAMA_8B, "bf16"),
         Case("kv_compact", SMOL_135M, "fp32"),
+        *(Case("invariant_linear", LLAMA_8B, weight=w) for w in LINEARS),
+        Case("invariant_linear", SMOL_135M, weight="down"),
+        Case("rms_norm", LLAMA_8B, weight="hidden"),
+        Case("rms_norm", SMOL_135M, weight="hidden"),
     ]
     on80 = [
         Case("tree_attention", LLAMA_8B, "bf16", 64, WINDOW),
         Case("tree_attention_combine", LLAMA_8B, "bf16", 64),
         Case("greedy_walk", LLAMA_8B, "fp32"),
         Case("sampling_walk", LLAMA_8B, "fp32", has_q=True),
+        Case("invariant_linear", LLAMA_8B, weight="gate_up"),  # the widest tile (BLOCK_N 128)
+        Case("invariant_linear", LLAMA_8B, weight="down"),
+        Case("rms_norm", LLAMA_8B, weight="hidden"),
     ]
     return [(c, 90) for c in on90] + [(c, 80) for c in on80]
 
@@ -223,6 +249,17 @@ def capture(case: Case) -> Launch:
             tree_attention(qk[:, : m.heads], cache[1], cache[1], inputs[128:129],
                            torch.empty(T, T, dtype=torch.int8, device=meta), inputs[64 : 64 + T],
                            m.head_dim**-0.5, case.window)
+        elif case.kernel == "invariant_linear":
+            from engine.gpu.linear import invariant_linear
+
+            # x: the [T, K] rows a layer multiplies (the largest bucket); W: [N, K] as loaded
+            n, k = m.weight(case.weight)
+            invariant_linear(torch.empty(T, k, dtype=dt, device=meta), torch.empty(n, k, dtype=dt, device=meta))
+        elif case.kernel == "rms_norm":
+            from engine.gpu.rms_norm import invariant_rms_norm
+
+            h = m.hidden if case.weight == "hidden" else m.head_dim
+            invariant_rms_norm(torch.empty(T, h, dtype=dt, device=meta), torch.empty(h, dtype=dt, device=meta), 1e-5)
         elif case.kernel == "kv_compact":
             from engine.gpu.kv_compact import compact_kv
 
@@ -343,8 +380,8 @@ def measure(case: Case, arch: int) -> Result:
     ptx = compiled.asm["ptx"]
     regs, stores, loads, stack = ptxas_verdict(ptx, arch, md.enable_fp_fusion)
     mma, ffma = sass_counts(compiled.asm["cubin"])
-    block_keys = ("BLOCK_M", "BLOCK_N", "BLOCK_D", "BLOCK_T", "BLOCK_V")
-    block = " ".join(f"{k[6:]}={v}" for k, v in launch.kwargs.items() if k in block_keys)
+    block_keys = ("BLOCK_M", "BLOCK_N", "BLOCK_K", "BLOCK_D", "BLOCK_T", "BLOCK_V", "BLOCK")
+    block = " ".join(f"{k[6:] or k}={v}" for k, v in launch.kwargs.items() if k in block_keys)
     return Result(
         id=case.id, kernel=case.kernel, shape=case.shape, dtype=case.dtype, arch=arch,
         hot=case.kernel in HOT, block=block, num_warps=md.num_warps, num_stages=md.num_stages, registers=regs,
@@ -361,7 +398,7 @@ def markdown(results: list[Result]) -> str:
     lines = [head, "|" + "---|" * head.count(" | ") + "---|"]
     for r in results:
         spills = "0" if r.spills == 0 else f"**{r.spill_stores}/{r.spill_loads}**"
-        tc = "n/a (no dot)" if r.kernel not in ("tree_attention",) else (
+        tc = "n/a (no dot)" if r.kernel not in ("tree_attention", "invariant_linear") else (
             f"yes ({r.ptx_mma}/{r.sass_mma})" if r.ptx_mma or r.sass_mma > 0 else "no (0/0): fp32 FMA + sum")
         lines.append(f"| {r.kernel} | {r.shape} | {r.dtype} | sm_{r.arch} | {r.block or '-'} "
                      f"| {r.num_warps}/{r.num_stages} | {r.registers} | {spills} | {r.shared} | {tc} | {r.sass_ffma} |")

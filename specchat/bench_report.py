@@ -56,6 +56,10 @@ def machine_info(model: object | None = None) -> dict[str, Any]:
     if torch.cuda.is_available():
         info["gpu"] = torch.cuda.get_device_name(0)
     kernels = getattr(model, "kernels", None)
+    device = getattr(model, "device", None)
+    if kernels and isinstance(device, torch.device) and device.type == "cuda":
+        # the model's linears as built: batch-invariant Triton ones or cuBLAS (SPECCHAT_CUDA_LINEAR)
+        info["cuda_linear"] = "invariant" if kernels == "invariant" else "cublas"
     if kernels:
         info["kernels"] = kernels
         from engine.kernels import native
@@ -253,6 +257,12 @@ def variant_words(machine: dict[str, Any]) -> str:
     return machine["kernel_variant"] + (f", fast: {fast}" if fast else "")
 
 
+def linear_words(machine: dict[str, Any]) -> str:
+    """", invariant linears" or ", cuBLAS linears" for a GPU title ("" when the run did not say)."""
+    linear = machine.get("cuda_linear")
+    return f", {'cuBLAS' if linear == 'cublas' else linear} linears" if linear else ""
+
+
 def results_table(report: dict[str, Any]) -> Any:
     """The results as a rich Table (printed by :func:`print_table`, drawn by ``bench --plot``)."""
     from rich.table import Table
@@ -262,6 +272,7 @@ def results_table(report: dict[str, Any]) -> Any:
     shown = f", weights {'/'.join(weights)}" if weights else ""
     if machine.get("gpu"):  # the host's CPU only feeds the GPU: name the GPU and the precision
         graphs = ", CUDA graphs" if report.get("cuda_graphs") else ""
+        graphs += linear_words(machine)
         where = f"{machine['gpu']} ({report.get('dtype') or 'auto'}{graphs}{shown})"
     else:
         kernels = f", {machine['kernels']} kernels" if "kernels" in machine else ""

@@ -262,7 +262,7 @@ def run_random_bench(args: argparse.Namespace) -> int:
     from engine.gpu.bandwidth import peak_bandwidth_gbps
     from engine.loader import configure_threads, pick_device, pick_dtype
     from engine.models.random_init import random_config, random_model
-    from specchat.bench_report import machine_info
+    from specchat.bench_report import linear_words, machine_info
     from specchat.options import make_config, prepare_json_out
 
     _, target_config = random_config(args.random_weights)
@@ -288,7 +288,7 @@ def run_random_bench(args: argparse.Namespace) -> int:
     console = Console()
     where = machine.get("gpu") or machine["cpu"]
     b, bw = report["baseline"], report["bandwidth"]
-    table = Table(title=f"{report['model']}, {report['dtype']} on {where}")
+    table = Table(title=f"{report['model']}, {report['dtype']}{linear_words(machine)} on {where}")
     table.add_column("measure")
     table.add_column("value", justify="right")
     table.add_row("baseline decode tok/s", f"{b['tokens_per_s']:.1f}")

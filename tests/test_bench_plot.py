@@ -111,6 +111,10 @@ def test_a_gpu_run_names_the_gpu_and_its_precision() -> None:
     gpu = {**REPORT, "dtype": "bfloat16", "weights": ["fp32"], "cuda_graphs": {"fp32": {"replays": 9}},
            "machine": {"cpu": "Test CPU", "threads": 16, "gpu": "NVIDIA H200"}}
     assert results_table(gpu).title == "tiny-test-model on NVIDIA H200 (bfloat16, CUDA graphs, weights fp32)"
+    for linear, words in (("invariant", "invariant linears"), ("cublas", "cuBLAS linears")):
+        run = {**gpu, "machine": {**gpu["machine"], "cuda_linear": linear}}
+        want = f"tiny-test-model on NVIDIA H200 (bfloat16, CUDA graphs, {words}, weights fp32)"
+        assert results_table(run).title == want
 
 
 def test_rejection_sampling_rows_show_no_identical_count() -> None:

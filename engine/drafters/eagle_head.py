@@ -27,6 +27,7 @@ import torch.nn.functional as F
 from engine.drafters.base import heads_take_fast_products
 from engine.drafters.eagle_checkpoint import HeadSpec
 from engine.drafters.tree_search import Level, Picks
+from engine.gpu.rms_norm import rms_norm
 from engine.kernels.head import Keys, NativeHead
 from engine.kernels.linear import Linear
 from engine.kernels.stored import StoredLinear
@@ -192,7 +193,7 @@ class EagleHead:
         return KVCache(1, s.num_kv_heads, s.head_dim, capacity, dtype=self.dtype, device=self.device)
 
     def _rms(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-        return F.rms_norm(x, (x.shape[-1],), weight, self.spec.rms_norm_eps)
+        return rms_norm(x, weight, self.spec.rms_norm_eps)
 
     @torch.inference_mode()
     def forward(self, tokens: torch.Tensor, stream: torch.Tensor, positions: torch.Tensor, cache: KVCache,

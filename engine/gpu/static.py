@@ -29,6 +29,7 @@ import torch
 import torch.nn.functional as F
 
 from engine import gpu
+from engine.gpu.rms_norm import rms_norm
 from engine.gpu.tree_attention import tree_attention
 from engine.models.layer import ForwardOutput
 
@@ -150,7 +151,7 @@ def static_forward(model, cache, inputs: StepInputs, attention: Attention, wante
     for li, layer in enumerate(model.layers):
         if li in wanted.capture:
             aux.append(x)
-        qk, v = layer.project(F.rms_norm(x, (c.hidden_size,), layer.ln_attn, eps), rot, c)
+        qk, v = layer.project(rms_norm(x, layer.ln_attn, eps), rot, c)
         cache.k[li].index_copy_(1, slots, qk[:, nh:].transpose(0, 1))
         cache.v[li].index_copy_(1, slots, v.transpose(0, 1))
         q = qk[:, :nh]
@@ -163,10 +164,10 @@ def static_forward(model, cache, inputs: StepInputs, attention: Attention, wante
                 attn_mask=add_mask, scale=model.scale, enable_gqa=nkv != nh,
             )[0].transpose(0, 1)
         x = x + layer.o(att.reshape(b, nh * hd))
-        x = x + layer.mlp(F.rms_norm(x, (c.hidden_size,), layer.ln_mlp, eps))
+        x = x + layer.mlp(rms_norm(x, layer.ln_mlp, eps))
     if len(model.layers) in wanted.capture:
         aux.append(x)
-    hidden = F.rms_norm(x, (c.hidden_size,), model.norm, eps)
+    hidden = rms_norm(x, model.norm, eps)
     return model.lm_head(hidden).float(), (hidden if wanted.hidden else None), aux
 
 

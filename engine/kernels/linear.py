@@ -11,7 +11,10 @@ first that works here wins (``SPECCHAT_LINEAR=native|blocked|torch`` forces one)
   rows 1/8/16/32 take 17/25/35/59 ms, against 22/38/50/75 ms for ``blocked``.
 - ``blocked``: 32-column blocks ``[N/32, K, 32]`` and one ``torch.bmm`` over the blocks, which
   keeps each block in cache while all rows use it (no compiler needed).
-- ``torch``: ``F.linear``; always used off-CPU (cuBLAS is right for GPUs) and for non-fp32.
+- ``torch``: ``F.linear``; used off-CPU (cuBLAS on a GPU) and for non-fp32 CPU weights.
+- ``invariant``: CUDA bf16/fp16 weights, by default (engine/gpu/linear.py): Triton tiles fixed per
+  weight, so a row's bits do not depend on how many rows share the call, as on the CPU kernels
+  below; ``SPECCHAT_CUDA_LINEAR=cublas`` keeps ``torch`` there.
 
 The native kernel also gives each row the same bits whatever the number of rows (one FMA
 chain per output), so a token verified inside a tree gets exactly the logits plain decoding
@@ -26,9 +29,10 @@ from typing import Literal
 import torch
 import torch.nn.functional as F
 
+from engine.gpu import linear as gpu_linear
 from engine.kernels import native
 
-Layout = Literal["native", "blocked", "torch"]
+Layout = Literal["native", "blocked", "torch", "invariant"]
 PANEL = 16  # columns per native panel (fixed by skinny.c)
 BLOCK = 32  # columns per bmm block: 32 was best for 1-8 rows
 
@@ -58,11 +62,11 @@ class Linear:
         self.out_features, self.in_features = weight.shape
         self._bias = bias.contiguous() if bias is not None else None
         cpu_fp32 = weight.device.type == "cpu" and weight.dtype == torch.float32
-        self.layout: Layout = cpu_layout() if cpu_fp32 else "torch"
+        self.layout: Layout = cpu_layout() if cpu_fp32 else "invariant" if gpu_linear.takes(weight) else "torch"
         self._kernel = native.load() if self.layout == "native" else None
         self._weight: torch.Tensor | None = None
         self._packed: torch.Tensor | None = None
-        if self.layout == "torch":
+        if self.layout in ("torch", "invariant"):
             self._weight = weight.contiguous()
         else:
             self._packed = _pack(weight, PANEL if self.layout == "native" else BLOCK)
@@ -75,7 +79,9 @@ class Linear:
         return residual.add_(self(x))
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        if self.layout == "torch":
+        if self.layout == "invariant" and x.dtype == self._weight.dtype:
+            return gpu_linear.invariant_linear(x, self._weight, self._bias)
+        if self.layout in ("torch", "invariant"):
             return F.linear(x, self._weight, self._bias)
         lead = x.shape[:-1]
         rows = x.reshape(-1, self.in_features)

@@ -16,6 +16,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from engine.gpu.rms_norm import rms_norm
 from engine.kernels.linear import Linear
 from engine.kernels.stored import StoredLinear
 from engine.kernels.weights import QuantRows
@@ -88,8 +89,7 @@ class LayerWeights:
         qk = qkv[:, :k_end].view(T, nh + nkv, hd)
         if self.q_norm is not None:
             eps = config.rms_norm_eps
-            qk = torch.cat([F.rms_norm(qk[:, :nh], (hd,), self.q_norm, eps),
-                            F.rms_norm(qk[:, nh:], (hd,), self.k_norm, eps)], dim=1)
+            qk = torch.cat([rms_norm(qk[:, :nh], self.q_norm, eps), rms_norm(qk[:, nh:], self.k_norm, eps)], dim=1)
         return apply_rotary_interleaved(qk, rot), qkv[:, k_end:].view(T, nkv, hd)
 
     def mlp(self, h: torch.Tensor) -> torch.Tensor:

@@ -127,7 +127,8 @@ class LlamaModel:
     @property
     def kernels(self) -> str:
         """Which compute path this model runs: 'native' (our CPU kernels), 'blocked' (torch ops
-        with the column-blocked matrix products) or 'torch'."""
+        with the column-blocked matrix products), 'invariant' (CUDA bf16/fp16: the batch-invariant
+        Triton linears and norms, engine/gpu/linear.py) or 'torch' (cuBLAS on a GPU)."""
         return "native" if self.ops is not None else self.lm_head.layout
 
     @property

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from engine.gpu.rms_norm import rms_norm
 from engine.kernels import native
 from engine.kernels.decoder import NativeDecoder
 from engine.kernels.linear import Linear
@@ -85,7 +86,8 @@ class TorchPath:
         return x, aux
 
     def rms_norm(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-        return F.rms_norm(x, (self.config.hidden_size,), weight, self.config.rms_norm_eps)
+        """Per row; on CUDA bf16 the batch-invariant kernel (engine/gpu/rms_norm.py)."""
+        return rms_norm(x, weight, self.config.rms_norm_eps)
 
     def set_fast(self, on: bool) -> None:
         """The fast precision reaches this path through its StoredLinear layers only."""

@@ -5,7 +5,8 @@ cost, and no GPU is lent to CI. A tile that spills registers to local memory sti
 right answer, only slowly, so it would pass every other test. triton's wheel bundles ptxas and
 compiling to a cubin needs no driver, so this compiles the launched specialisations (the real
 wrappers' arguments, see scripts/triton_report.py) and asserts a cubin comes out and that the
-kernels on the per-step path (tree attention, the acceptance walks) spill nothing.
+kernels on the per-step path (tree attention, the acceptance walks, the invariant linears and
+RMSNorm) spill nothing, and that the linears' products are tensor-core instructions.
 
 The compiles run in a child process: this test package's conftest imports ``triton.language`` in
 interpreter mode, and an interpreted standard library cannot be compiled. Compiled kernels are
@@ -67,7 +68,8 @@ def compiled(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFa
 
 def test_matrix_covers_every_kernel() -> None:
     kernels = {case.kernel for case, _ in report.smoke_cases()}
-    assert kernels == {"tree_attention", "tree_attention_combine", "greedy_walk", "sampling_walk", "kv_compact"}
+    assert kernels == {"tree_attention", "tree_attention_combine", "greedy_walk", "sampling_walk", "kv_compact",
+                       "invariant_linear", "rms_norm"}
     assert set(report.HOT) <= kernels
     dtypes = {(case.kernel, case.dtype) for case, _ in report.smoke_cases()}
     assert {("tree_attention", "bf16"), ("tree_attention", "fp32")} <= dtypes
@@ -88,3 +90,5 @@ def test_kernel_compiles_without_spills(compiled: dict[tuple[str, int], dict[str
             f"{case_id} on sm_{arch} spills {result['spill_stores']} B stored / {result['spill_loads']} B loaded "
             f"per thread ({result['registers']} registers, {result['num_warps']} warps, tile {result['block']}): "
             "see scripts/triton_report.py")
+    if result["kernel"] == "invariant_linear":  # bf16 products on the tensor cores (wgmma / mma.sync), not FFMA
+        assert result["ptx_mma"] > 0 and result["sass_ffma"] <= 0, f"{case_id} on sm_{arch}: no tensor-core dot"

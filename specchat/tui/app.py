@@ -10,7 +10,7 @@ Structure:
 * Settings: :class:`SettingsControl` (settings_control.py) holds what is in force and pending and
   the rules for changing them; the app and the command palette both go through it.
 * Screens and the palette talk to the app by message (messages.py), never by calling it; the app
-  hands each screen its state as one :class:`Chrome` value (chrome.py).
+  hands each screen its state as one :class:`AppStatus` value (app_status.py).
 * Teaching mode and replay step-through both use the host's step gate.
 """
 
@@ -33,13 +33,13 @@ from textual.screen import Screen
 from engine.config import ConfigError, SpecConfig
 from engine.events import ConfigApplied, Finished, PrefillProgress, Started, Step
 from specchat.themes import THEMES, VARIABLE_DEFAULTS, pick_theme, resolve_theme_name, theme_colours
-from specchat.tui.chrome import Chrome, precision_line, replay_line, status_line
+from specchat.tui.app_status import AppStatus, precision_line, replay_line, status_line
 from specchat.tui.commands import SYSTEM_COMMANDS, SettingsCommands, copy_launch_line
 from specchat.tui.compare_host import CompareHost
 from specchat.tui.host import Delivery, GateWaiting, Item, JobDone, Loaded, LoadFailed, LoadProgress, SessionFactory
 from specchat.tui.host_api import Host, make_host
 from specchat.tui.keys import APP_KEYS
-from specchat.tui.messages import ChangeSetting, ChromeStale, EngineWake, OpenSettings
+from specchat.tui.messages import ChangeSetting, EngineWake, OpenSettings, StatusStale
 from specchat.tui.pacing import FrameClock, FramePacer
 from specchat.tui.screens.charts import ChartsHost
 from specchat.tui.screens.chat import ChatScreen
@@ -234,7 +234,7 @@ class SpecChatApp(ChartsHost, CompareHost, App[int]):
             elif isinstance(item, GateWaiting):
                 self.gate_waiting = True
         flush()
-        self.refresh_chrome()
+        self.refresh_status()
 
     def _show(self, lane: str, records: list[Record]) -> None:
         """Records to their screen: "chat" to the chat screen, "baseline" and "spec" to the compare screen."""
@@ -304,14 +304,14 @@ class SpecChatApp(ChartsHost, CompareHost, App[int]):
             self.notify("replay stopped" if self._stopping else "replay finished", timeout=4)
         self._stopping = False
 
-    # chrome: title bar, status, stats and teaching panels -----------------------------------------------
-    def on_chrome_stale(self, _: ChromeStale) -> None:
-        self.refresh_chrome()
+    # the app's status: title bar, status, stats and teaching panels ------------------------------------
+    def on_status_stale(self, _: StatusStale) -> None:
+        self.refresh_status()
 
-    def refresh_chrome(self) -> None:
-        """Show the app's state (settings, status, replay, teaching) on the screens' chrome."""
+    def refresh_status(self) -> None:
+        """Show the app's state (settings, status, replay, teaching) on the screens."""
         replay = self.replay is not None
-        chrome = Chrome(
+        app_status = AppStatus(
             model=self.model_name, applied=self.applied_config, pending=self.pending_config,
             ui_values=self.ui_values(),
             status=status_line(busy=self.busy_job is not None and not replay, prefill=self.prefill,
@@ -324,7 +324,7 @@ class SpecChatApp(ChartsHost, CompareHost, App[int]):
         )
         for screen in (self.chat_screen, self.compare_screen):
             if screen.ready:
-                screen.show_chrome(chrome)
+                screen.show_status(app_status)
 
     # prompts -------------------------------------------------------------------------------------------
     def on_prompt_input_submitted(self, event: PromptInput.Submitted) -> None:
@@ -345,7 +345,7 @@ class SpecChatApp(ChartsHost, CompareHost, App[int]):
         if mode == "compare":
             self.compare_screen.stepped = self.host.gate.stepping
         self.busy_job = self.host.submit(mode, text, methods=self.compare_methods() if mode == "compare" else ())
-        self.refresh_chrome()
+        self.refresh_status()
         return True
 
     # settings ---------------------------------------------------------------------------------------
@@ -384,7 +384,7 @@ class SpecChatApp(ChartsHost, CompareHost, App[int]):
             self.notify(note, timeout=3)
         if self.chat_screen.ready:
             self.chat_screen.settings.clear_error(field.name)
-        self.refresh_chrome()
+        self.refresh_status()
         return None
 
     def _apply_ui(self, name: str, value: Any) -> None:
@@ -411,12 +411,12 @@ class SpecChatApp(ChartsHost, CompareHost, App[int]):
             self.switch_screen("chat")
         if focus is not None and not applies(focus, self.settings_control.in_force.method):
             focus = "method"
-        self.refresh_chrome()
+        self.refresh_status()
         self.chat_screen.open_settings(focus, self.settings_control.methods)
 
     def watch_theme(self, theme: str) -> None:
         if hasattr(self, "chat_screen") and self.chat_screen.ready:
-            self.refresh_chrome()
+            self.refresh_status()
 
     # actions -----------------------------------------------------------------------------------------
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
@@ -456,7 +456,7 @@ class SpecChatApp(ChartsHost, CompareHost, App[int]):
         if self.chat_screen.settings_open:
             self.chat_screen.close_settings()
         self.switch_screen("chat" if self.screen is self.compare_screen else "compare")
-        self.refresh_chrome()
+        self.refresh_status()
 
     def action_toggle_teach(self) -> None:
         self.teaching = not self.teaching
@@ -471,7 +471,7 @@ class SpecChatApp(ChartsHost, CompareHost, App[int]):
             self.replay_paused = False
         self.notify("teaching mode: the engine pauses after every step (F8 next)" if self.teaching
                     else "teaching mode off", timeout=3)
-        self.refresh_chrome()
+        self.refresh_status()
 
     def action_toggle_rejected(self) -> None:
         self.set_show_rejected(not self.ui.show_rejected)
@@ -487,7 +487,7 @@ class SpecChatApp(ChartsHost, CompareHost, App[int]):
         elif self.host.gate.stepping:
             self.gate_waiting = False
             self.host.gate.release()
-        self.refresh_chrome()
+        self.refresh_status()
 
     def action_new_chat(self) -> None:
         if self.busy_job is not None:
@@ -573,11 +573,11 @@ class SpecChatApp(ChartsHost, CompareHost, App[int]):
     def action_replay_pause(self) -> None:
         self.replay_paused = not self.replay_paused
         self.host.gate.set_stepping(self.replay_paused or self.teaching)
-        self.refresh_chrome()
+        self.refresh_status()
 
     def action_replay_speed(self, factor: float) -> None:
         self.host.replay_speed = max(0.125, min(64.0, self.host.replay_speed * factor))
-        self.refresh_chrome()
+        self.refresh_status()
 
     def get_system_commands(self, screen: Screen) -> Any:
         yield from super().get_system_commands(screen)

@@ -9,8 +9,8 @@ from unittest.mock import MagicMock
 from engine.events import Step
 from specchat.tui.backpressure import UiLag
 from specchat.tui.engine_process import _command_handlers
+from specchat.tui.headless import make_session
 from specchat.tui.host import Delivery, EngineHost, JobDone, wait_items
-from specchat.tui.testing import make_session
 
 
 class Clock:

@@ -15,10 +15,11 @@ from engine.config import ConfigError, SpecConfig
 from engine.events import Finished, Step
 from specchat.tui.app import SpecChatApp
 from specchat.tui.engine_process import ProcessHost, _Forwarder
-from specchat.tui.fake import ScriptedLoader
+from specchat.tui.headless import ui_settings, wait_until
 from specchat.tui.host import Delivery, GateWaiting, JobDone, Loaded, LoadFailed, LoadProgress, Mailbox
-from specchat.tui.testing import send, ui_settings, wait_until
+from specchat.tui.scripted import ScriptedLoader
 from specchat.tui.widgets.transcript import AnswerView
+from tests.tui.helpers import send
 
 CONFIG = SpecConfig(method="ngram", num_draft_tokens=8)
 

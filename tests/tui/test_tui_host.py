@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from engine.events import ConfigApplied, Finished, Started, Step
+from specchat.tui.headless import make_session
 from specchat.tui.host import Delivery, EngineHost, GateWaiting, JobDone, Loaded, Mailbox, wait_items
-from specchat.tui.testing import make_session
 from specchat.tui.trace import UserTurn, read_trace
 
 
@@ -181,7 +181,7 @@ def test_mailbox_never_waits_for_the_consumer():
 def test_scripted_session_from_a_trace_replays_its_answers():
     from pathlib import Path
 
-    from specchat.tui.fake import ScriptedSession
+    from specchat.tui.scripted import ScriptedSession
 
     trace = Path(__file__).parent / "fixtures" / "demo.jsonl"
     session = ScriptedSession.from_trace(str(trace))

@@ -5,9 +5,10 @@ while an answer streams waits for that job to end, and a refused value keeps the
 from __future__ import annotations
 
 from engine.events import Started
+from specchat.tui.headless import make_app, make_session, wait_idle, wait_loaded, wait_until
 from specchat.tui.host import REREAD_JOB, Delivery, EngineHost, JobDone, Loaded, wait_items
-from specchat.tui.testing import make_app, make_session, palette, send, wait_idle, wait_loaded, wait_until
 from specchat.tui.widgets.title_bar import TitleBar
+from tests.tui.helpers import palette, send
 
 SIZE = (120, 40)
 
@@ -106,7 +107,7 @@ def test_the_host_holds_a_switch_until_the_running_job_ends():
 async def test_a_recording_keeps_its_precision_and_its_replay_shows_it(tmp_path):
     """``Started.precision`` goes into the trace; a replay's title says which arithmetic ran, and a
     replay has no engine to switch."""
-    from specchat.tui.testing import replay_app
+    from specchat.tui.headless import replay_app
     from specchat.tui.trace import read_trace
 
     path = tmp_path / "rec.jsonl"

@@ -33,11 +33,12 @@ from textual.screen import Screen
 from engine.config import ConfigError, SpecConfig
 from engine.events import ConfigApplied, Finished, PrefillProgress, Started, Step
 from specchat.themes import THEMES, VARIABLE_DEFAULTS, pick_theme, resolve_theme_name, theme_colours
+from specchat.tui import host_api
 from specchat.tui.app_status import AppStatus, precision_line, replay_line, status_line
 from specchat.tui.commands import SYSTEM_COMMANDS, SettingsCommands, copy_launch_line
 from specchat.tui.compare_host import CompareHost
-from specchat.tui.host import Delivery, GateWaiting, Item, JobDone, Loaded, LoadFailed, LoadProgress, SessionFactory
-from specchat.tui.host_api import Host, make_host
+from specchat.tui.engine_process import make_host
+from specchat.tui.host_api import Delivery, GateWaiting, Host, JobDone, Loaded, LoadFailed, LoadProgress
 from specchat.tui.keys import APP_KEYS
 from specchat.tui.messages import ChangeSetting, EngineWake, OpenSettings, StatusStale
 from specchat.tui.pacing import FrameClock, FramePacer
@@ -83,7 +84,7 @@ class SpecChatApp(ChartsHost, CompareHost, App[int]):
     def __init__(
         self,
         *,
-        factory: SessionFactory | None,
+        factory: host_api.SessionFactory | None,
         config: SpecConfig,
         ui: UISettings | None = None,
         warnings: Sequence[str] = (),
@@ -203,7 +204,7 @@ class SpecChatApp(ChartsHost, CompareHost, App[int]):
         self._process(self.host.drain())
         self.call_after_refresh(self.frame_clock.pacer.end)
 
-    def _process(self, items: Sequence[Item]) -> None:
+    def _process(self, items: Sequence[host_api.Item]) -> None:
         """Show what the engine sent, in order; consecutive records of one lane go to their screen at once."""
         run_lane: str | None = None
         run: list[Record] = []
@@ -275,7 +276,7 @@ class SpecChatApp(ChartsHost, CompareHost, App[int]):
         self.switch_screen("chat")
         if self.replay is not None:
             self.model_name = self.replay.header.get("model", "") or "trace"
-            self.busy_job = self.host.submit("replay", records=self.replay.records)
+            self.busy_job = self.host.submit(host_api.ReplayJob(self.replay.records))
         elif self.start_in == "compare":
             self.switch_screen("compare")
         if typed.strip() and self.replay is None:
@@ -344,7 +345,8 @@ class SpecChatApp(ChartsHost, CompareHost, App[int]):
             return False
         if mode == "compare":
             self.compare_screen.stepped = self.host.gate.stepping
-        self.busy_job = self.host.submit(mode, text, methods=self.compare_methods() if mode == "compare" else ())
+        job = host_api.CompareJob(text, self.compare_methods()) if mode == "compare" else host_api.ChatJob(text)
+        self.busy_job = self.host.submit(job)
         self.refresh_status()
         return True
 
@@ -506,7 +508,7 @@ class SpecChatApp(ChartsHost, CompareHost, App[int]):
         self.host.cancel()
 
     def _new_chat(self) -> None:
-        self.busy_job = self.host.submit("reset")
+        self.busy_job = self.host.submit(host_api.ResetJob())
         if not self._user_record and self.host.record_path is not None:
             self.host.set_record_path(str(new_session_path()))
         self.chat_screen.new_conversation()
@@ -552,7 +554,7 @@ class SpecChatApp(ChartsHost, CompareHost, App[int]):
         self.chat_screen.new_conversation()
         # rewriting the file from the records read also drops the damaged lines from it
         self.host.set_record_path(str(saved.path), trace.records)
-        self.busy_job = self.host.submit("restore", records=trace.records)
+        self.busy_job = self.host.submit(host_api.RestoreJob(trace.records))
         self.notify(f"reopened {saved.path.name}: the conversation goes on from here", timeout=4)
         if trace.dropped:
             lines = f"{trace.dropped} damaged line{'s' if trace.dropped != 1 else ''}"

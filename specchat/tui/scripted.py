@@ -290,7 +290,8 @@ def split_answers(events: Sequence[Any]) -> list[list[Event]]:
 
 
 class ScriptedSession:
-    """SessionAPI over scripted answers; ``chat`` cycles through them.
+    """A :class:`~specchat.tui.host_api.HostedSession` over scripted answers; ``chat`` cycles through them
+    (tests/tui/test_host_api.py checks it has every member the real session has, with its signature).
 
     ``step_delay``: seconds to sleep per step (a stand-in for GPU time); ``None`` uses each step's
     recorded timing scaled by ``time_scale``.
@@ -385,6 +386,12 @@ class ScriptedSession:
     def reset(self) -> None:
         self._messages.clear()
         self._turn = 0
+
+    def reread(self) -> None:
+        """Nothing to read again: a scripted session keeps no cache."""
+
+    def rewind_cache(self, length: int) -> None:
+        """Nothing to cut back: a scripted session keeps no cache (compare runs start alike anyway)."""
 
     def restore(self, messages: list[Message], answers: Sequence[Sequence[int] | None] | None = None) -> None:
         self.reset()

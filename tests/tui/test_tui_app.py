@@ -398,14 +398,15 @@ async def test_engine_thread_never_waits_on_a_slow_ui(monkeypatch):
     thread renders: that is CPU sharing, not waiting on the UI.)"""
     import threading
 
-    from specchat.tui.host import EngineHost, JobDone, wait_items
+    from specchat.tui.host import EngineHost, wait_items
+    from specchat.tui.host_api import ChatJob, JobDone
 
     # without a UI
     alone = make_session(step_delay=0.004)
     host = EngineHost(lambda p: alone, wake=lambda: None)
     thread = threading.Thread(target=host.run, daemon=True)
     thread.start()
-    job = host.submit("chat", "x")
+    job = host.submit(ChatJob("x"))
     wait_items(host, lambda items: any(isinstance(i, JobDone) and i.job == job for i in items))
     no_ui_s = alone.runs[-1]
     host.shutdown()

@@ -23,7 +23,8 @@ from specchat.tui.headless import (
     wait_loaded,
     wait_until,
 )
-from specchat.tui.host import EngineHost, JobDone, wait_items
+from specchat.tui.host import EngineHost, wait_items
+from specchat.tui.host_api import CompareJob, JobDone
 from specchat.tui.screens.dialogs import ConfirmScreen, SessionsScreen
 from specchat.tui.scripted import ScriptedSession, demo_answers, synthetic_answer
 from specchat.tui.trace import read_trace
@@ -297,7 +298,7 @@ def test_compare_runs_alternate_and_start_from_the_same_cache_state():
     try:
         orders, reused = [], []
         for _ in range(2):
-            job = host.submit("compare", "AGAIN")
+            job = host.submit(CompareJob("AGAIN"))
             items = wait_items(host, lambda got, j=job: any(isinstance(i, JobDone) and i.job == j for i in got),
                                timeout=60)
             started = [(i.lane, i.record) for i in items if hasattr(i, "record") and isinstance(i.record, Started)]

@@ -6,7 +6,8 @@ from __future__ import annotations
 
 from engine.events import Started
 from specchat.tui.headless import make_app, make_session, wait_idle, wait_loaded, wait_until
-from specchat.tui.host import REREAD_JOB, Delivery, EngineHost, JobDone, Loaded, wait_items
+from specchat.tui.host import EngineHost, wait_items
+from specchat.tui.host_api import REREAD_JOB, CompareJob, Delivery, JobDone, Loaded
 from specchat.tui.widgets.title_bar import TitleBar
 from tests.tui.helpers import palette, send
 
@@ -90,7 +91,7 @@ def test_the_host_holds_a_switch_until_the_running_job_ends():
 
     try:
         seen += wait_items(host, until(lambda items: any(isinstance(i, Loaded) for i in items)))
-        job = host.submit("compare", "hello", methods=("none", "ngram"))
+        job = host.submit(CompareJob("hello", ("none", "ngram")))
         seen += wait_items(host, until(lambda items: any(isinstance(i, Delivery) for i in items)))
         assert host.set_precision("fast") is False and session.precision == "exact"
         seen += wait_items(host, until(lambda items: any(isinstance(i, JobDone) and i.job == REREAD_JOB

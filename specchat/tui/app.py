@@ -320,7 +320,7 @@ class SpecChatApp(ChartsHost, CompareHost, App[int]):
             replay=replay_line(speed=self.host.replay_speed, paused=self.replay_paused,
                                stepping=self.teaching) if replay else "",
             context=self.chat_screen.context_line() if self.chat_screen.ready else "",
-            precision=precision_line(self.settings_control.precision), stepping=self.host.gate.stepping,
+            precision=precision_line(self.settings_control.precision.value), stepping=self.host.gate.stepping,
             prefill=self.prefill, teaching=self.teaching, waiting=self.gate_waiting, replaying=replay,
         )
         for screen in (self.chat_screen, self.compare_screen):

@@ -51,6 +51,7 @@ from specchat.tui.host_api import (
     RestoreJob,
     SessionFactory,
 )
+from specchat.tui.pending import PendingChange
 from specchat.tui.trace import Record, TraceWriter, UserTurn
 
 
@@ -214,9 +215,8 @@ class EngineHost:
         self.replay_speed = replay_speed
         self.thread_id: int | None = None
         self.ui_niced = False
-        self.running_job: int | None = None
-        self._job_lock = threading.Lock()  # a job's start and end against set_precision()
-        self._pending_precision: str | None = None  # asked for while a job ran
+        # a precision asked for while a job runs waits for the job's end; value: the last switched to
+        self._precision: PendingChange[str] = PendingChange("", self._switch_precision)
         self.compares = 0  # compare jobs run; odd ones run the baseline first, even ones speculative first
         self.pace: Callable[[], None] = _no_pause  # between steps: the engine process waits for a lagging UI
         self._last_started: Started | None = None
@@ -262,18 +262,16 @@ class EngineHost:
         """Raises ConfigError if the session refuses; True when it switched at once. While a job
         runs the switch waits for the job's end, not its answer's: a compare's two runs share one
         precision."""
-        if self.session is None:
-            raise RuntimeError("no session loaded")
-        with self._job_lock:
-            if self.running_job is not None:
-                self.session.check_precision(precision)
-                self._pending_precision = precision
-                return False
-            changed = self.session.precision != precision
-            self.session.set_precision(precision)
+        self._loaded.check_precision(precision)
+        return self._precision.ask(precision)
+
+    def _switch_precision(self, precision: str) -> None:
+        """Between jobs: the session switches, then reads the conversation again in the new arithmetic."""
+        session = self._loaded
+        changed = session.precision != precision
+        session.set_precision(precision)
         if changed:  # the same precision again keeps its cache: nothing to read
             self.enqueue(RereadJob(id=REREAD_JOB))
-        return True
 
     def shutdown(self) -> None:
         self._stop.set()
@@ -317,19 +315,14 @@ class EngineHost:
                 break
             self._cancelled.clear()
             self.gate.reset()
-            with self._job_lock:
-                self.running_job = job.id
+            self._precision.begin()
             error = ""
             try:
                 self._run_job(job)
             except Exception as exc:
                 error = _one_line(exc)
             finally:
-                with self._job_lock:
-                    self.running_job, precision, self._pending_precision = None, self._pending_precision, None
-                    if precision is not None and precision != self.session.precision:  # checked when asked for
-                        self.session.set_precision(precision)
-                        self.enqueue(RereadJob(id=REREAD_JOB))
+                self._precision.end()  # a switch asked for meanwhile (checked when asked for)
             self.mailbox.put(JobDone(job.id, job.kind, error))
 
     def _open_writer(self, path: str) -> TraceWriter:

@@ -27,15 +27,14 @@ async def test_the_palette_switches_the_precision_and_the_title_follows():
         await palette(pilot, "precision fast", "Set precision = fast")
         await wait_until(pilot, lambda: session.precision == "fast", what="switched")
         await pilot.pause()
-        assert "fast precision" in title(app) and app.settings_control.precision == "fast"
+        assert "fast precision" in title(app) and app.settings_control.precision.value == "fast"
         await send(pilot, "one")
         await wait_idle(pilot)
-        assert app.settings_control.precision == "fast"  # the answer's Started reported it
+        assert app.settings_control.precision.value == "fast"  # the answer's Started reported it
 
 
 async def test_the_settings_panel_has_a_precision_row_that_switches_it():
-    session = make_session()
-    session.precision = "fast"
+    session = make_session(precision="fast")
     app = make_app(session, precision="fast")
     async with app.run_test(size=SIZE) as pilot:
         await wait_loaded(pilot)
@@ -58,11 +57,11 @@ async def test_a_switch_asked_for_during_an_answer_waits_for_the_job_to_end():
         await send(pilot, "one")
         await wait_until(pilot, lambda: app.chat_screen.answer is not None, what="streaming")
         assert app.apply_setting("precision", "fast") is None
-        assert session.precision == "exact" and app.settings_control.pending_precision == "fast"
+        assert session.precision == "exact" and app.settings_control.precision.pending == "fast"
         assert "fast precision" not in title(app)  # the title shows what is in force
         session.step_delay = 0
         await wait_idle(pilot)
-        assert session.precision == "fast" and app.settings_control.precision == "fast"
+        assert session.precision == "fast" and app.settings_control.precision.value == "fast"
         await pilot.pause()
         assert "fast precision" in title(app)
 
@@ -73,7 +72,7 @@ async def test_a_refused_precision_keeps_the_one_in_force():
     async with app.run_test(size=SIZE) as pilot:
         await wait_loaded(pilot)
         assert "precision must be one of exact, fast" in app.apply_setting("precision", "fp8")
-        assert session.precision == "exact" and app.settings_control.precision == "exact"
+        assert session.precision == "exact" and app.settings_control.precision.value == "exact"
 
 
 def test_the_host_holds_a_switch_until_the_running_job_ends():
@@ -112,8 +111,7 @@ async def test_a_recording_keeps_its_precision_and_its_replay_shows_it(tmp_path)
     from specchat.tui.trace import read_trace
 
     path = tmp_path / "rec.jsonl"
-    session = make_session()
-    session.precision = "fast"
+    session = make_session(precision="fast")
     live = make_app(session, precision="fast", record=str(path))
     async with live.run_test(size=SIZE) as pilot:
         await wait_loaded(pilot)

@@ -1,6 +1,6 @@
 """Running statistics of one answer: what every Step event reports as ``stats``.
 
-Why a module of its own: the session and the app's scripted session (specchat/tui/fake.py, which
+Why a module of its own: the session and the app's scripted session (specchat/tui/scripted.py, which
 plays answers without a model) must define tau, acceptance per depth and elapsed time the same
 way, or the demo would teach numbers the engine never reports.
 """

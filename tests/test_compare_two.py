@@ -22,7 +22,8 @@ from engine.drafters.base import NoDrafter
 from engine.drafters.ngram import NgramDrafter
 from engine.events import Started, Step
 from engine.session import Session
-from specchat.tui.host import Delivery, EngineHost, JobDone, wait_items
+from specchat.tui.host import EngineHost, wait_items
+from specchat.tui.host_api import CompareJob, Delivery, JobDone
 
 # whole trees verified (the adaptive budget off), so both heads draft on every step
 TWO = SpecConfig(method="eagle3", num_steps=3, num_draft_tokens=8, adaptive_draft=False)
@@ -113,7 +114,7 @@ def test_the_host_compares_method_a_with_method_b_and_each_with_the_baseline() -
     thread.start()
     try:
         for n in range(3):  # the order rotates from one compare to the next
-            job = host.submit("compare", "ABCD", methods=("medusa", "eagle3"))
+            job = host.submit(CompareJob("ABCD", ("medusa", "eagle3")))
             items = wait_items(host, lambda got, j=job: any(isinstance(i, JobDone) and i.job == j for i in got))
             assert [i.error for i in items if isinstance(i, JobDone)] == [""]
             lanes: dict[str, list[int]] = {}

@@ -19,8 +19,9 @@ from engine.config import SpecConfig
 from specchat.cli import build_parser, main
 from specchat.export import EMBEDDED_HUB_ID, launch_line, serving_model
 from specchat.options import UsageError, draft_options, load_settings, make_config
+from specchat.tui.headless import SIZE, make_app, make_session, wait_loaded, wait_until
 from specchat.tui.launch import config_from_args
-from specchat.tui.testing import SIZE, make_app, make_session, palette, wait_loaded, wait_until
+from tests.tui.helpers import palette
 
 # vllm/config/speculative.py, SpeculativeConfig: the fields our JSON may use
 VLLM_FIELDS = {"method", "model", "num_speculative_tokens", "prompt_lookup_min", "prompt_lookup_max"}

@@ -193,8 +193,9 @@ async def test_the_app_chats_on_it_with_ngram_drafting_and_live_trees(gguf_path:
     """`specchat run gemma-3-270m-q4_k_m.gguf`, headless: load, one n-gram answer with its trees,
     and the compare screen's baseline equal to the speculative answer."""
     from specchat.tui.app import SpecChatApp
-    from specchat.tui.testing import send, ui_settings, wait_until
+    from specchat.tui.headless import ui_settings, wait_until
     from specchat.tui.widgets.transcript import AnswerView
+    from tests.tui.helpers import send
 
     config = SpecConfig(method="ngram", max_new_tokens=16)
 

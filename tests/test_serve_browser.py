@@ -27,7 +27,7 @@ from pathlib import Path
 import pytest
 
 from specchat.themes import DARK_PALETTE
-from specchat.tui.fake import DEMO_ANSWERS
+from specchat.tui.scripted import DEMO_ANSWERS
 
 pytestmark = pytest.mark.slow
 

@@ -18,7 +18,7 @@ async def chat(device: str, prompt: str, tokens: int) -> dict:
     from engine.config import SpecConfig
     from engine.loader import load_session
     from specchat.tui.app import SpecChatApp
-    from specchat.tui.testing import send, ui_settings, wait_idle, wait_until
+    from specchat.tui.headless import send, ui_settings, wait_idle, wait_until
     from specchat.tui.widgets.transcript import AnswerView
 
     config = SpecConfig(method="ngram", max_new_tokens=tokens)

@@ -10,7 +10,7 @@ Structure:
 * Settings: :class:`SettingsControl` (settings_control.py) holds what is in force and pending and
   the rules for changing them; the app and the command palette both go through it.
 * Screens and the palette talk to the app by message (messages.py), never by calling it; the app
-  hands each screen its state as one :class:`Chrome` value (chrome.py).
+  hands each screen its state as one :class:`AppStatus` value (app_status.py).
 * Teaching mode and replay step-through both use the host's step gate.
 """
 
@@ -24,7 +24,7 @@ import time
 from collections.abc import Sequence
 from functools import partial
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar, Literal
+from typing import Any, ClassVar, Literal
 
 from textual.app import App, SystemCommand
 from textual.binding import Binding
@@ -34,13 +34,14 @@ from textual.screen import Screen
 from engine.config import ConfigError, SpecConfig
 from engine.events import ConfigApplied, Finished, PrefillProgress, Started, Step
 from specchat.themes import THEMES, VARIABLE_DEFAULTS, pick_theme, resolve_theme_name, theme_colours
-from specchat.tui.chrome import Chrome, precision_line, replay_line, status_line
+from specchat.tui import host_api
+from specchat.tui.app_status import AppStatus, precision_line, replay_line, status_line
 from specchat.tui.commands import SYSTEM_COMMANDS, SettingsCommands, copy_launch_line
 from specchat.tui.compare_host import CompareHost
-from specchat.tui.host import Delivery, GateWaiting, JobDone, Loaded, LoadFailed, LoadProgress, SaveFailed
-from specchat.tui.host_api import Host, make_host
+from specchat.tui.engine_process import make_host
+from specchat.tui.host_api import Delivery, GateWaiting, Host, JobDone, Loaded, LoadFailed, LoadProgress, SaveFailed
 from specchat.tui.keys import APP_KEYS
-from specchat.tui.messages import ChangeSetting, ChromeStale, EngineWake, OpenSettings
+from specchat.tui.messages import ChangeSetting, EngineWake, OpenSettings, StatusStale
 from specchat.tui.pacing import FrameClock, FramePacer
 from specchat.tui.screens.charts import ChartsHost
 from specchat.tui.screens.chat import ChatScreen
@@ -63,9 +64,6 @@ from specchat.tui.trace import Record, ReplaySource, TraceError
 from specchat.tui.userconfig import UISettings
 from specchat.tui.widgets.prompt import PromptInput
 
-if TYPE_CHECKING:
-    from specchat.tui.host import Item, SessionFactory
-
 # The UI drains the engine's mailbox at most this often, and less often when frames are expensive
 # (see pacing.py): whatever arrived meanwhile is shown in one repaint, so a fast engine costs the UI
 # (and the cores the engine needs) one frame, not one per token.
@@ -87,7 +85,7 @@ class SpecChatApp(ChartsHost, CompareHost, App[int]):
     def __init__(
         self,
         *,
-        factory: SessionFactory | None,
+        factory: host_api.SessionFactory | None,
         config: SpecConfig,
         ui: UISettings | None = None,
         warnings: Sequence[str] = (),
@@ -207,7 +205,7 @@ class SpecChatApp(ChartsHost, CompareHost, App[int]):
         self._process(self.host.drain())
         self.call_after_refresh(self.frame_clock.pacer.end)
 
-    def _process(self, items: Sequence[Item]) -> None:
+    def _process(self, items: Sequence[host_api.Item]) -> None:
         """Show what the engine sent, in order; consecutive records of one lane go to their screen at once."""
         run_lane: str | None = None
         run: list[Record] = []
@@ -240,7 +238,7 @@ class SpecChatApp(ChartsHost, CompareHost, App[int]):
             elif isinstance(item, SaveFailed):  # said once per file: the chat goes on, in memory
                 self.notify(item.message(), title="Not saved", severity="warning", timeout=15)
         flush()
-        self.refresh_chrome()
+        self.refresh_status()
 
     def _show(self, lane: str, records: list[Record]) -> None:
         """Records to their screen: "chat" to the chat screen, "baseline" and "spec" to the compare screen."""
@@ -281,7 +279,7 @@ class SpecChatApp(ChartsHost, CompareHost, App[int]):
         self.switch_screen("chat")
         if self.replay is not None:
             self.model_name = self.replay.header.get("model", "") or "trace"
-            self.busy_job = self.host.submit("replay", records=self.replay.records)
+            self.busy_job = self.host.submit(host_api.ReplayJob(self.replay.records))
         elif self.start_in == "compare":
             self.switch_screen("compare")
         if typed.strip() and self.replay is None:
@@ -310,14 +308,14 @@ class SpecChatApp(ChartsHost, CompareHost, App[int]):
             self.notify("replay stopped" if self._stopping else "replay finished", timeout=4)
         self._stopping = False
 
-    # chrome: title bar, status, stats and teaching panels -----------------------------------------------
-    def on_chrome_stale(self, _: ChromeStale) -> None:
-        self.refresh_chrome()
+    # the app's status: title bar, status, stats and teaching panels ------------------------------------
+    def on_status_stale(self, _: StatusStale) -> None:
+        self.refresh_status()
 
-    def refresh_chrome(self) -> None:
-        """Show the app's state (settings, status, replay, teaching) on the screens' chrome."""
+    def refresh_status(self) -> None:
+        """Show the app's state (settings, status, replay, teaching) on the screens."""
         replay = self.replay is not None
-        chrome = Chrome(
+        app_status = AppStatus(
             model=self.model_name, applied=self.applied_config, pending=self.pending_config,
             ui_values=self.ui_values(),
             status=status_line(busy=self.busy_job is not None and not replay, prefill=self.prefill,
@@ -325,12 +323,12 @@ class SpecChatApp(ChartsHost, CompareHost, App[int]):
             replay=replay_line(speed=self.host.replay_speed, paused=self.replay_paused,
                                stepping=self.teaching) if replay else "",
             context=self.chat_screen.context_line() if self.chat_screen.ready else "",
-            precision=precision_line(self.settings_control.precision), stepping=self.host.gate.stepping,
+            precision=precision_line(self.settings_control.precision.value), stepping=self.host.gate.stepping,
             prefill=self.prefill, teaching=self.teaching, waiting=self.gate_waiting, replaying=replay,
         )
         for screen in (self.chat_screen, self.compare_screen):
             if screen.ready:
-                screen.show_chrome(chrome)
+                screen.show_status(app_status)
 
     # prompts -------------------------------------------------------------------------------------------
     def on_prompt_input_submitted(self, event: PromptInput.Submitted) -> None:
@@ -350,8 +348,9 @@ class SpecChatApp(ChartsHost, CompareHost, App[int]):
             return False
         if mode == "compare":
             self.compare_screen.stepped = self.host.gate.stepping
-        self.busy_job = self.host.submit(mode, text, methods=self.compare_methods() if mode == "compare" else ())
-        self.refresh_chrome()
+        job = host_api.CompareJob(text, self.compare_methods()) if mode == "compare" else host_api.ChatJob(text)
+        self.busy_job = self.host.submit(job)
+        self.refresh_status()
         return True
 
     # settings ---------------------------------------------------------------------------------------
@@ -390,7 +389,7 @@ class SpecChatApp(ChartsHost, CompareHost, App[int]):
             self.notify(note, timeout=3)
         if self.chat_screen.ready:
             self.chat_screen.settings.clear_error(field.name)
-        self.refresh_chrome()
+        self.refresh_status()
         return None
 
     def _apply_ui(self, name: str, value: Any) -> None:
@@ -417,12 +416,12 @@ class SpecChatApp(ChartsHost, CompareHost, App[int]):
             self.switch_screen("chat")
         if focus is not None and not applies(focus, self.settings_control.in_force.method):
             focus = "method"
-        self.refresh_chrome()
+        self.refresh_status()
         self.chat_screen.open_settings(focus, self.settings_control.methods)
 
     def watch_theme(self, theme: str) -> None:
         if hasattr(self, "chat_screen") and self.chat_screen.ready:
-            self.refresh_chrome()
+            self.refresh_status()
 
     # actions -----------------------------------------------------------------------------------------
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
@@ -462,7 +461,7 @@ class SpecChatApp(ChartsHost, CompareHost, App[int]):
         if self.chat_screen.settings_open:
             self.chat_screen.close_settings()
         self.switch_screen("chat" if self.screen is self.compare_screen else "compare")
-        self.refresh_chrome()
+        self.refresh_status()
 
     def action_toggle_teach(self) -> None:
         self.teaching = not self.teaching
@@ -477,7 +476,7 @@ class SpecChatApp(ChartsHost, CompareHost, App[int]):
             self.replay_paused = False
         self.notify("teaching mode: the engine pauses after every step (F8 next)" if self.teaching
                     else "teaching mode off", timeout=3)
-        self.refresh_chrome()
+        self.refresh_status()
 
     def action_toggle_rejected(self) -> None:
         self.set_show_rejected(not self.ui.show_rejected)
@@ -493,7 +492,7 @@ class SpecChatApp(ChartsHost, CompareHost, App[int]):
         elif self.host.gate.stepping:
             self.gate_waiting = False
             self.host.gate.release()
-        self.refresh_chrome()
+        self.refresh_status()
 
     def action_new_chat(self) -> None:
         if self.busy_job is not None:
@@ -512,7 +511,7 @@ class SpecChatApp(ChartsHost, CompareHost, App[int]):
         self.host.cancel()
 
     def _new_chat(self) -> None:
-        self.busy_job = self.host.submit("reset")
+        self.busy_job = self.host.submit(host_api.ResetJob())
         if not self._user_record and self.host.record_path is not None:
             self.host.set_record_path(str(new_session_path()))
         self.chat_screen.new_conversation()
@@ -560,7 +559,7 @@ class SpecChatApp(ChartsHost, CompareHost, App[int]):
         self.chat_screen.new_conversation()
         # rewriting the file from the records read also drops the damaged lines from it
         self.host.set_record_path(str(saved.path), trace.records)
-        self.busy_job = self.host.submit("restore", records=trace.records)
+        self.busy_job = self.host.submit(host_api.RestoreJob(trace.records))
         self.notify(f"reopened {saved.path.name}: the conversation goes on from here", timeout=4)
         if trace.dropped:
             lines = f"{trace.dropped} damaged line{'s' if trace.dropped != 1 else ''}"
@@ -581,11 +580,11 @@ class SpecChatApp(ChartsHost, CompareHost, App[int]):
     def action_replay_pause(self) -> None:
         self.replay_paused = not self.replay_paused
         self.host.gate.set_stepping(self.replay_paused or self.teaching)
-        self.refresh_chrome()
+        self.refresh_status()
 
     def action_replay_speed(self, factor: float) -> None:
         self.host.replay_speed = max(0.125, min(64.0, self.host.replay_speed * factor))
-        self.refresh_chrome()
+        self.refresh_status()
 
     def get_system_commands(self, screen: Screen) -> Any:
         yield from super().get_system_commands(screen)

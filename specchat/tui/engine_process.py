@@ -33,19 +33,17 @@ from typing import Any
 from engine.config import ConfigError, SpecConfig
 from engine.events import Step
 from specchat.tui.backpressure import UiLag
-from specchat.tui.host import (
+from specchat.tui.host import EngineHost, Mailbox, applied_at_once, lower_priority
+from specchat.tui.host_api import (
     Delivery,
-    EngineHost,
+    Host,
     Item,
     Job,
     JobDone,
     JobKind,
     Loaded,
     LoadFailed,
-    Mailbox,
     SessionFactory,
-    applied_at_once,
-    lower_priority,
 )
 from specchat.tui.trace import Record
 
@@ -104,7 +102,7 @@ class ProcessHost:
         self._ui_thread, self._ui_nice = ui_thread, ui_nice
         self.ui_niced = False
         self._ids = itertools.count(1)
-        self._open_jobs: dict[int, str] = {}
+        self._open_jobs: dict[int, JobKind] = {}
         self._lock = threading.Lock()  # the open jobs (UI thread and receiving thread)
         self._rpc_lock = threading.Lock()  # one call with an answer (update_config, set_precision) at a time
         self._items_in, items_out = ctx.Pipe(duplex=False)
@@ -142,11 +140,10 @@ class ProcessHost:
         self._replay_speed = speed
         self._send("replay_speed", speed)
 
-    def submit(self, kind: JobKind, text: str = "", records: Sequence[Record] = (),
-               methods: tuple[str, ...] = ()) -> int:
-        job = Job(kind=kind, text=text, records=tuple(records), id=next(self._ids), methods=tuple(methods))
+    def submit(self, job: Job) -> int:
+        job = dataclasses.replace(job, id=next(self._ids))
         with self._lock:
-            self._open_jobs[job.id] = kind
+            self._open_jobs[job.id] = job.kind
         self._send("submit", job)
         return job.id
 
@@ -240,6 +237,20 @@ class ProcessHost:
             return
         with contextlib.suppress(OSError, ValueError):  # the child is gone; run() reports it
             self._cmd_out.send((op, *args))
+
+
+def make_host(factory: SessionFactory | None, wake: Callable[[], object], *, process: bool,
+              record_path: str | None, replay_speed: float, ui_thread: int, ui_nice: int) -> Host:
+    """A process host when asked and there is a session to load, else a thread host.
+
+    The event loop yields the CPU only to an engine process (see host.lower_priority): a thread host
+    (replays, scripted tests, SPECCHAT_ENGINE_PROCESS=0 for debugging) keeps its priority, so a test
+    process or a replay is not left with a lowered priority for no engine.
+    """
+    if process and factory is not None:
+        return ProcessHost(factory, wake, record_path=record_path, replay_speed=replay_speed,
+                           ui_thread=ui_thread, ui_nice=ui_nice)
+    return EngineHost(factory, wake, record_path=record_path, replay_speed=replay_speed, ui_thread=ui_thread)
 
 
 # the child process ----------------------------------------------------------------------------

@@ -17,6 +17,7 @@ Nothing here imports Textual, so the host is tested on its own.
 from __future__ import annotations
 
 import atexit
+import dataclasses
 import gc
 import itertools
 import os
@@ -26,18 +27,33 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import assert_never
 
 from engine.config import SpecConfig
 from engine.events import Event, Finished, Started, Step
+from specchat.tui.host_api import (
+    REREAD_JOB,
+    ChatJob,
+    CompareJob,
+    Delivery,
+    GateWaiting,
+    HostedSession,
+    Item,
+    Job,
+    JobDone,
+    Lane,
+    Loaded,
+    LoadFailed,
+    LoadProgress,
+    ReplayJob,
+    RereadJob,
+    ResetJob,
+    RestoreJob,
+    SaveFailed,
+    SessionFactory,
+)
+from specchat.tui.pending import PendingChange
 from specchat.tui.trace import Record, TraceWriter, UserTurn
-
-# "baseline": plain decoding; "spec": method B of a compare (the method in force by default);
-# "alt": method A when it is speculative too (compare any two methods, issue 21)
-Lane = Literal["chat", "baseline", "spec", "alt"]
-ProgressFn = Callable[[str, int, int], None]
-SessionFactory = Callable[[ProgressFn], Any]  # returns a SessionAPI
 
 
 def lower_priority(native_thread_id: int | None, nice: int) -> bool:
@@ -77,79 +93,6 @@ def freeze_loaded_objects() -> None:
     gc.freeze()
     atexit.unregister(gc.unfreeze)  # once, however many loads
     atexit.register(gc.unfreeze)
-
-
-# items the UI receives ------------------------------------------------------------------------
-@dataclass(frozen=True)
-class LoadProgress:
-    stage: str
-    done: int
-    total: int
-
-
-@dataclass(frozen=True)
-class Loaded:
-    model_name: str
-    config: SpecConfig | None
-    methods: tuple[str, ...] = ()  # the methods this session can run (the settings menu offers these)
-
-
-@dataclass(frozen=True)
-class LoadFailed:
-    message: str
-
-
-@dataclass(frozen=True)
-class Delivery:
-    """One record from the engine, tagged with the pane it belongs to."""
-
-    job: int
-    lane: Lane
-    record: Record
-
-
-@dataclass(frozen=True)
-class JobDone:
-    job: int
-    kind: str
-    error: str = ""
-
-
-@dataclass(frozen=True)
-class GateWaiting:
-    """The engine paused at a step boundary (teaching / step-through) and waits for 'next'."""
-
-    job: int
-
-
-@dataclass(frozen=True)
-class SaveFailed:
-    """The conversation could not be written to ``path`` (a full disk, a removed folder): said once per file.
-    The chat goes on, in memory; nothing more is written to that file."""
-
-    path: str
-    reason: str
-
-    def message(self) -> str:
-        return (f"could not save the conversation to {self.path} ({self.reason}); it goes on in memory only: "
-                "export it (Ctrl+E) once there is room")
-
-
-Item = LoadProgress | Loaded | LoadFailed | Delivery | JobDone | GateWaiting | SaveFailed
-
-
-# jobs -------------------------------------------------------------------------------------------
-JobKind = Literal["chat", "compare", "replay", "reset", "restore", "reread"]
-REREAD_JOB = 0  # the host's own job after a precision switch (the UI numbers its jobs from 1)
-
-
-@dataclass(frozen=True)
-class Job:
-    kind: JobKind
-    text: str = ""
-    records: Sequence[Record] = ()
-    id: int = field(default=0)
-    methods: tuple[str, ...] = ()  # compare: (A, B); empty: the baseline against the method in force
 
 
 class Mailbox:
@@ -263,7 +206,7 @@ class EngineHost:
         self._ui_thread, self._ui_nice = ui_thread, ui_nice
         self.mailbox = Mailbox(wake)
         self.gate = StepGate()
-        self.session: Any = None
+        self.session: HostedSession | None = None
         self.record_path = record_path
         self._writer: TraceWriter | None = None
         self._save_failed = False  # the current file could not be written: the chat goes on unsaved
@@ -274,9 +217,8 @@ class EngineHost:
         self.replay_speed = replay_speed
         self.thread_id: int | None = None
         self.ui_niced = False
-        self.running_job: int | None = None
-        self._job_lock = threading.Lock()  # a job's start and end against set_precision()
-        self._pending_precision: str | None = None  # asked for while a job ran
+        # a precision asked for while a job runs waits for the job's end; value: the last switched to
+        self._precision: PendingChange[str] = PendingChange("", self._switch_precision)
         self.compares = 0  # compare jobs run; odd ones run the baseline first, even ones speculative first
         self.pace: Callable[[], None] = _no_pause  # between steps: the engine process waits for a lagging UI
         self._last_started: Started | None = None
@@ -297,10 +239,8 @@ class EngineHost:
             writer.write(record)
 
     # called from the UI thread -------------------------------------------------------------
-    def submit(self, kind: JobKind, text: str = "", records: Sequence[Record] = (),
-               methods: tuple[str, ...] = ()) -> int:
-        return self.enqueue(Job(kind=kind, text=text, records=tuple(records), id=next(self._ids),
-                                methods=tuple(methods)))
+    def submit(self, job: Job) -> int:
+        return self.enqueue(dataclasses.replace(job, id=next(self._ids)))
 
     def enqueue(self, job: Job) -> int:
         """Queue a numbered job (a process host numbers its jobs in the UI process and sends them here)."""
@@ -326,18 +266,16 @@ class EngineHost:
         """Raises ConfigError if the session refuses; True when it switched at once. While a job
         runs the switch waits for the job's end, not its answer's: a compare's two runs share one
         precision."""
-        if self.session is None:
-            raise RuntimeError("no session loaded")
-        with self._job_lock:
-            if self.running_job is not None:
-                self.session.check_precision(precision)
-                self._pending_precision = precision
-                return False
-            changed = self.session.precision != precision
-            self.session.set_precision(precision)
+        self._loaded.check_precision(precision)
+        return self._precision.ask(precision)
+
+    def _switch_precision(self, precision: str) -> None:
+        """Between jobs: the session switches, then reads the conversation again in the new arithmetic."""
+        session = self._loaded
+        changed = session.precision != precision
+        session.set_precision(precision)
         if changed:  # the same precision again keeps its cache: nothing to read
-            self.enqueue(Job("reread", id=REREAD_JOB))
-        return True
+            self.enqueue(RereadJob(id=REREAD_JOB))
 
     def shutdown(self) -> None:
         self._stop.set()
@@ -360,8 +298,7 @@ class EngineHost:
                 return
             freeze_loaded_objects()
             if self.session is not None:
-                self.mailbox.put(Loaded(self.session.model_name, self.session.config,
-                                        tuple(getattr(self.session, "methods", ()) or ())))
+                self.mailbox.put(Loaded(self.session.model_name, self.session.config, tuple(self.session.methods)))
             else:
                 self.mailbox.put(Loaded("", None))
             self._loop()
@@ -381,19 +318,14 @@ class EngineHost:
                 break
             self._cancelled.clear()
             self.gate.reset()
-            with self._job_lock:
-                self.running_job = job.id
+            self._precision.begin()
             error = ""
             try:
-                getattr(self, f"_job_{job.kind}")(job)
+                self._run_job(job)
             except Exception as exc:
                 error = _one_line(exc)
             finally:
-                with self._job_lock:
-                    self.running_job, precision, self._pending_precision = None, self._pending_precision, None
-                    if precision is not None and precision != self.session.precision:  # checked when asked for
-                        self.session.set_precision(precision)
-                        self.enqueue(Job("reread", id=REREAD_JOB))
+                self._precision.end()  # a switch asked for meanwhile (checked when asked for)
             self.mailbox.put(JobDone(job.id, job.kind, error))
 
     def _save(self, write: Callable[[], object]) -> None:
@@ -418,21 +350,23 @@ class EngineHost:
 
     def _open_writer(self, path: str) -> TraceWriter:
         cfg = self.session.config if self.session is not None else None
-        name = getattr(self.session, "model_name", "")
+        name = self.session.model_name if self.session is not None else ""
         self._writer = TraceWriter(path, model=name, drafter=cfg.method if cfg else "",
                                    config=cfg.to_dict() if cfg else None)
         self._writer.open()
         return self._writer
 
-    def _deliver(self, job: Job, lane: Lane, record: Record) -> None:
-        if self.record_path is not None and job.kind not in ("replay", "restore") and not self._save_failed:
+    def _deliver(self, job: ChatJob | CompareJob, lane: Lane, record: Record) -> None:
+        """A live record to the UI, and to the recording if one is on (a replay or a restore shows
+        recorded records, which it puts in the mailbox itself); a failed save is said once (_save)."""
+        if self.record_path is not None and not self._save_failed:
             path = self.record_path
             self._save(lambda: (self._writer or self._open_writer(path)).write(record))
         if isinstance(record, Started):
             self._last_started = record
         self.mailbox.put(Delivery(job.id, lane, record))
 
-    def _pump(self, job: Job, lane: Lane, events: Iterator[Event]) -> Finished | None:
+    def _pump(self, job: ChatJob | CompareJob, lane: Lane, events: Iterator[Event]) -> Finished | None:
         """Forward a session generator's events; pause at the gate after each step."""
         last: Finished | None = None
         try:
@@ -451,17 +385,36 @@ class EngineHost:
                 close()
         return last
 
-    def _job_chat(self, job: Job) -> None:
+    @property
+    def _loaded(self) -> HostedSession:
+        """The session, for a job that needs one (a replay runs without)."""
+        if self.session is None:
+            raise RuntimeError("no session loaded")
+        return self.session
+
+    def _run_job(self, job: Job) -> None:
+        """The job's work, chosen by its type: a new kind of job without a case here is a type error."""
+        match job:
+            case ChatJob():
+                self._chat(job)
+            case CompareJob():
+                self._compare(job)
+            case ReplayJob():
+                self._replay(job)
+            case RestoreJob():
+                self._restore(job)
+            case ResetJob():
+                self._loaded.reset()
+            case RereadJob():  # after a precision switch, before the next answer is timed
+                self._loaded.reread()
+            case _:
+                assert_never(job)
+
+    def _chat(self, job: ChatJob) -> None:
         self._deliver(job, "chat", UserTurn(text=job.text, mode="chat"))
-        self._pump(job, "chat", self.session.chat(job.text))
+        self._pump(job, "chat", self._loaded.chat(job.text))
 
-    def _job_reread(self, job: Job) -> None:
-        """After a precision switch: the conversation read again, before the next answer is timed."""
-        reread = getattr(self.session, "reread", None)
-        if reread is not None:
-            reread()
-
-    def _job_compare(self, job: Job) -> None:
+    def _compare(self, job: CompareJob) -> None:
         """Method A and method B (by default the baseline and the method in force) one after the
         other, each timed alone on this thread, fairly; when A is speculative too, the baseline runs
         as well, so each has its speed-up against plain decoding:
@@ -472,39 +425,33 @@ class EngineHost:
         * the order rotates from one compare to the next (the first compare: the baseline first).
         """
         self._deliver(job, "spec", UserTurn(text=job.text, mode="compare", methods=job.methods))
-        messages = [*self.session.messages, {"role": "user", "content": job.text}]
-        runs = compare_runs(self.session.config, job.methods)
+        session = self._loaded
+        messages = [*session.messages, {"role": "user", "content": job.text}]
+        runs = compare_runs(session.config, job.methods)
         self.compares += 1
         shift = (self.compares - 1) % len(runs)
         runs = runs[shift:] + runs[:shift]
-        rewind = getattr(self.session, "rewind_cache", None)
         mark: int | None = None
         for lane, config in runs:
             if self._cancelled.is_set() or self._stop.is_set():
                 return
-            if mark is not None and rewind is not None:
-                rewind(mark)
+            if mark is not None:
+                session.rewind_cache(mark)
             self._last_started = None
-            self._pump(job, lane, self.session.generate(messages, config))
+            self._pump(job, lane, session.generate(messages, config))
             if self._last_started is None:  # refused or cancelled before it started
                 return
             mark = self._last_started.reused_tokens
 
-    def _job_restore(self, job: Job) -> None:
+    def _restore(self, job: RestoreJob) -> None:
         """Reopen a saved conversation: the session goes on from its messages, the UI shows its turns."""
         from specchat.tui.sessions import answer_ids, chat_records, conversation
 
-        restore = getattr(self.session, "restore", None)
-        if restore is None:
-            raise RuntimeError("this session cannot reopen conversations")
-        restore(conversation(job.records), answer_ids(job.records))
+        self._loaded.restore(conversation(job.records), answer_ids(job.records))
         for record in chat_records(job.records):
             self.mailbox.put(Delivery(job.id, "chat", record))
 
-    def _job_reset(self, job: Job) -> None:
-        self.session.reset()
-
-    def _job_replay(self, job: Job) -> None:
+    def _replay(self, job: ReplayJob) -> None:
         """Play recorded records with their original pacing (scaled by ``replay_speed``)."""
         lane: Lane = "chat"
         turn: UserTurn | None = None

@@ -91,7 +91,7 @@ def _real_factory(args: argparse.Namespace, config: SpecConfig) -> SessionLoader
 
 def _fake_factory(config: SpecConfig):
     """A scripted session with demo answers at realistic speed (``--fake``: UI demos without a model)."""
-    from specchat.tui.fake import ScriptedLoader
+    from specchat.tui.scripted import ScriptedLoader
 
     return ScriptedLoader(config, step_delay=None, time_scale=1.0)
 

@@ -16,7 +16,7 @@ class EngineWake(Message):
     """Something is waiting in the engine host's mailbox."""
 
 
-class ChromeStale(Message):
+class StatusStale(Message):
     """The title bar, status and panels need the app's state again (a screen came back into view)."""
 
 

@@ -4,12 +4,13 @@ Why its own class: the settings panel, the palette and teaching mode all change 
 must see the same answer to "what is in force, what is pending, may this change now". The app
 turns the answers into notifications and panel errors; nothing here imports Textual.
 
-* ``applied``: what the engine reported in force (Started / ConfigApplied);
-* ``pending``: what the user asked for and the engine accepted but has not applied yet (it applies
-  at the next step boundary, or when the next answer starts);
-* ``precision`` / ``pending_precision``: the target's arithmetic, outside those settings: the
-  host switches it between jobs (``Session.set_precision``, then the conversation read again) and
-  each Started reports it.
+* ``settings`` (a :class:`~specchat.tui.pending.PendingChange`): its value is what the engine
+  reported in force (Started / ConfigApplied), ``applied``; its pending change is what the user
+  asked for and the engine accepted but has not applied yet (it applies at the next step boundary,
+  or when the next answer starts), ``pending``;
+* ``precision`` (a PendingChange too): the target's arithmetic, outside those settings: the host
+  switches it between jobs (``Session.set_precision``, then the conversation read again), and each
+  Started reports it.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from typing import Any
 
 from engine.config import ConfigError, SpecConfig
 from specchat.tui.host_api import Host
+from specchat.tui.pending import PendingChange
 from specchat.tui.settings_schema import (
     ENGINE_FIELDS,
     FIELDS,
@@ -38,10 +40,8 @@ class SettingsControl:
     def __init__(self, host: Host, config: SpecConfig, *, replay: bool,
                  ui_values: Callable[[], dict[str, Any]], precision: str = "exact") -> None:
         self.host = host
-        self.applied = config
-        self.pending: SpecConfig | None = None
-        self.precision = precision
-        self.pending_precision: str | None = None
+        self.settings = PendingChange(config)
+        self.precision = PendingChange(precision)
         self.methods: tuple[str, ...] = ()  # what the loaded session can run ("" until loaded)
         self.loaded = False
         self.replay = replay
@@ -49,15 +49,25 @@ class SettingsControl:
         self._restore_adaptive = False  # teaching turned adaptive drafting off; turn it back on after
 
     @property
+    def applied(self) -> SpecConfig:
+        """The settings the engine reported in force."""
+        return self.settings.value
+
+    @property
+    def pending(self) -> SpecConfig | None:
+        """The settings the engine accepted and will apply at its next step or answer."""
+        return self.settings.pending
+
+    @property
     def in_force(self) -> SpecConfig:
         """The settings the next answer will use: the pending ones if any."""
-        return self.pending or self.applied
+        return self.settings.wanted
 
     def current(self, name: str) -> Any:
         if FIELDS[name].scope == "ui":
             return self._ui_values()[name]
         if FIELDS[name].scope == "model":
-            return self.pending_precision or self.precision
+            return self.precision.wanted
         return getattr(self.in_force, name)
 
     def ui_values(self) -> dict[str, Any]:
@@ -78,7 +88,7 @@ class SettingsControl:
     def loaded_with(self, config: SpecConfig | None, methods: tuple[str, ...]) -> None:
         self.loaded = True
         if config is not None:
-            self.applied = config
+            self.settings.settle(config)
         self.methods = methods
 
     def change(self, name: str, value: Any, *, busy: bool) -> str:
@@ -102,9 +112,9 @@ class SettingsControl:
         if new == base:
             return ""
         if self.host.update_config(new):
-            self.applied, self.pending = new, None
+            self.settings.ask(new)
             return f"{name} = {format_value(value)} applied"
-        self.pending = None if new == self.applied else new
+        self.settings.hold(new)
         if self.pending is None:
             return ""
         when = "at the next step" if busy else "when the next answer starts"
@@ -114,33 +124,26 @@ class SettingsControl:
         if value == self.current("precision"):
             return ""
         if self.host.set_precision(value):
-            self.precision, self.pending_precision = value, None
+            self.precision.ask(value)
             return f"precision = {value} applied; the conversation is read again in it"
-        self.pending_precision = None if value == self.precision else value
-        return f"precision = {value} pending; applies when this job ends" if self.pending_precision else ""
+        self.precision.hold(value)
+        return f"precision = {value} pending; applies when this job ends" if self.precision.pending else ""
 
     def job_done(self) -> None:
         """A job ended: a precision asked for while it ran is in force now (the host switches
         between jobs, so that a compare's two runs share one)."""
-        if self.pending_precision is not None:
-            self.precision, self.pending_precision = self.pending_precision, None
+        self.precision.end()
 
     def reported(self, data: dict[str, Any], precision: str = "") -> bool:
         """The engine says these settings (and precision) are in force; True when that was the
         pending change of settings."""
         if precision:
-            self.precision = precision
-            if self.pending_precision == precision:
-                self.pending_precision = None
+            self.precision.settle(precision)
         try:
             cfg = SpecConfig.from_dict(data)
         except (ConfigError, TypeError):
             return False
-        self.applied = cfg
-        if self.pending is not None and self.pending == cfg:
-            self.pending = None
-            return True
-        return False
+        return self.settings.settle(cfg)
 
     def teaching(self, on: bool, *, busy: bool) -> None:
         """Teaching mode verifies the drafter's whole proposal (adaptive drafting off), so each step

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from engine.events import Step
 from engine.tree import DraftTree
-from specchat.tui.textutil import visible
+from specchat.tui.token_text import visible
 
 
 def _plural(n: int, word: str, plural: str | None = None) -> str:

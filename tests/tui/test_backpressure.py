@@ -9,8 +9,9 @@ from unittest.mock import MagicMock
 from engine.events import Step
 from specchat.tui.backpressure import UiLag
 from specchat.tui.engine_process import _command_handlers
-from specchat.tui.host import Delivery, EngineHost, JobDone, wait_items
-from specchat.tui.testing import make_session
+from specchat.tui.headless import make_session
+from specchat.tui.host import EngineHost, wait_items
+from specchat.tui.host_api import ChatJob, Delivery, JobDone
 
 
 class Clock:
@@ -77,7 +78,7 @@ def test_the_host_paces_after_every_step():
     thread = threading.Thread(target=host.run, daemon=True)
     thread.start()
     try:
-        job = host.submit("chat", "hello")
+        job = host.submit(ChatJob("hello"))
         items = wait_items(host, lambda got: any(isinstance(i, JobDone) and i.job == job for i in got))
         steps = sum(isinstance(i, Delivery) and isinstance(i.record, Step) for i in items)
         assert steps > 0 and len(paced) == steps

@@ -15,10 +15,12 @@ from engine.config import ConfigError, SpecConfig
 from engine.events import Finished, Step
 from specchat.tui.app import SpecChatApp
 from specchat.tui.engine_process import ProcessHost, _Forwarder
-from specchat.tui.fake import ScriptedLoader
-from specchat.tui.host import Delivery, GateWaiting, JobDone, Loaded, LoadFailed, LoadProgress, Mailbox
-from specchat.tui.testing import send, ui_settings, wait_until
+from specchat.tui.headless import ui_settings, wait_until
+from specchat.tui.host import Mailbox
+from specchat.tui.host_api import ChatJob, Delivery, GateWaiting, JobDone, Loaded, LoadFailed, LoadProgress
+from specchat.tui.scripted import ScriptedLoader
 from specchat.tui.widgets.transcript import AnswerView
+from tests.tui.helpers import send
 
 CONFIG = SpecConfig(method="ngram", num_draft_tokens=8)
 
@@ -73,7 +75,7 @@ def test_loads_answers_and_reports_the_session(collector):
     assert loaded.model_name == "fake-model" and loaded.config == CONFIG
     assert any(isinstance(i, LoadProgress) for i in c.items)
     assert "ngram" in c.host.session.methods and "eagle3" not in c.host.session.methods
-    job = c.host.submit("chat", "hello")
+    job = c.host.submit(ChatJob("hello"))
     done = c.until(lambda i: isinstance(i, JobDone) and i.job == job)
     assert done.error == ""
     records = [i.record for i in c.items if isinstance(i, Delivery) and i.job == job]
@@ -95,13 +97,13 @@ def test_a_refused_hot_swap_raises_here_and_keeps_the_settings(collector):
 def test_cancel_stops_the_answer_and_the_next_one_runs(collector):
     c = collector(step_delay=0.05)
     c.until(lambda i: isinstance(i, Loaded))
-    first = c.host.submit("chat", "a long one")
+    first = c.host.submit(ChatJob("a long one"))
     c.until(lambda i: isinstance(i, Delivery) and isinstance(i.record, Step))
     c.host.cancel()
     c.until(lambda i: isinstance(i, JobDone) and i.job == first)
     fin = [i.record for i in c.items if isinstance(i, Delivery) and i.job == first and isinstance(i.record, Finished)]
     assert fin and fin[-1].reason == "cancelled"
-    second = c.host.submit("chat", "and now?")
+    second = c.host.submit(ChatJob("and now?"))
     c.until(lambda i: isinstance(i, JobDone) and i.job == second)
     fin = [i.record for i in c.items if isinstance(i, Delivery) and i.job == second and isinstance(i.record, Finished)]
     assert fin and fin[-1].reason == "stop"
@@ -112,7 +114,7 @@ def test_the_step_gate_crosses_the_process(collector):
     c.until(lambda i: isinstance(i, Loaded))
     c.host.gate.set_stepping(True)
     assert c.host.gate.stepping
-    job = c.host.submit("chat", "step by step")
+    job = c.host.submit(ChatJob("step by step"))
     c.until(lambda i: isinstance(i, GateWaiting))
     steps = sum(isinstance(i, Delivery) and isinstance(i.record, Step) for i in c.items)
     assert steps == 1

@@ -95,7 +95,7 @@ def test_the_app_skips_the_ansi_to_truecolor_filter_but_keeps_no_color(monkeypat
     (a third of a frame's CPU at 120x40); NO_COLOR's monochrome filter must still apply."""
     from textual.filter import ANSIToTruecolor, Monochrome, NoColor
 
-    from specchat.tui.testing import make_app
+    from specchat.tui.headless import make_app
 
     app = make_app()
     assert any(isinstance(f, ANSIToTruecolor) for f in app._filters)  # Textual adds it ...

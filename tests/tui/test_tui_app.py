@@ -8,22 +8,22 @@ from pathlib import Path
 from engine.config import ConfigError
 from engine.events import Step
 from specchat.tui.app import SpecChatApp
-from specchat.tui.screens.compare import CompareScreen
-from specchat.tui.screens.help import HelpScreen
-from specchat.tui.testing import (
+from specchat.tui.headless import (
     SIZE,
     make_app,
     make_session,
     replay_app,
-    send,
     ui_settings,
     wait_idle,
     wait_loaded,
     wait_until,
 )
+from specchat.tui.screens.compare import CompareScreen
+from specchat.tui.screens.help import HelpScreen
 from specchat.tui.trace import UserTurn, read_trace
 from specchat.tui.widgets.draft_tree import DraftTreeView
 from specchat.tui.widgets.transcript import AnswerView, UserTurnView
+from tests.tui.helpers import send
 
 TRACE = Path(__file__).parent / "fixtures" / "demo.jsonl"
 
@@ -159,7 +159,7 @@ async def test_tree_shows_nodes_accepted_path_and_browses_steps():
 
 
 async def test_whitespace_and_control_characters_are_visible_in_the_tree():
-    from specchat.tui.textutil import visible
+    from specchat.tui.token_text import visible
 
     assert visible(" the") == "·the"
     assert visible("\n") == "↵" and visible("\t") == "→" and visible("") == "∅"
@@ -316,8 +316,8 @@ async def test_compare_mode_shows_both_panes_and_the_identical_badge():
 
 
 async def test_compare_badge_shows_the_first_difference():
-    from specchat.tui.fake import baseline_answer, synthetic_answer
-    from specchat.tui.testing import CONFIG
+    from specchat.tui.headless import CONFIG
+    from specchat.tui.scripted import baseline_answer, synthetic_answer
 
     spec = synthetic_answer("The cat sat on the mat.", config=CONFIG)
     other = baseline_answer(synthetic_answer("The cat sat on a mat.", config=CONFIG))
@@ -398,14 +398,15 @@ async def test_engine_thread_never_waits_on_a_slow_ui(monkeypatch):
     thread renders: that is CPU sharing, not waiting on the UI.)"""
     import threading
 
-    from specchat.tui.host import EngineHost, JobDone, wait_items
+    from specchat.tui.host import EngineHost, wait_items
+    from specchat.tui.host_api import ChatJob, JobDone
 
     # without a UI
     alone = make_session(step_delay=0.004)
     host = EngineHost(lambda p: alone, wake=lambda: None)
     thread = threading.Thread(target=host.run, daemon=True)
     thread.start()
-    job = host.submit("chat", "x")
+    job = host.submit(ChatJob("x"))
     wait_items(host, lambda items: any(isinstance(i, JobDone) and i.job == job for i in items))
     no_ui_s = alone.runs[-1]
     host.shutdown()

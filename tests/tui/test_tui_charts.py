@@ -11,11 +11,11 @@ import pytest
 from engine.costs import CostModel
 from engine.events import CommittedToken, Finished, Started, Step, StepTiming
 from engine.tree import DraftTree
-from specchat.tui import testing
+from specchat.tui import headless, screenshots
 from specchat.tui.chart_data import ChartData
-from specchat.tui.fake import ScriptedSession
 from specchat.tui.keys import APP_KEYS
 from specchat.tui.screens.charts import EMPTY_TEXT, ChartsScreen
+from specchat.tui.scripted import ScriptedSession
 from tests.tui.test_tui_snapshots import SIZES, THEMES, check
 
 # root -> a -> b -> c (a chain of three drafts) plus x, a second child of the root
@@ -120,7 +120,7 @@ def test_charts_key_is_in_the_keymap_and_palette():
 
 async def test_charts_open_empty_fill_live_and_close():
     gate = threading.Event()
-    session = ScriptedSession(testing.cut_answers(), config=testing.CONFIG, step_delay=0.0)
+    session = ScriptedSession(screenshots.cut_answers(), config=headless.CONFIG, step_delay=0.0)
     original = session._sleep
 
     def slow_after_five(ev: Step) -> None:  # hold the answer after a few steps: the view must be live
@@ -129,9 +129,9 @@ async def test_charts_open_empty_fill_live_and_close():
         original(ev)
 
     session._sleep = slow_after_five  # type: ignore[method-assign]
-    app = testing.make_app(session, ui=testing.ui_settings(save_sessions=False))
+    app = headless.make_app(session, ui=headless.ui_settings(save_sessions=False))
     async with app.run_test(size=(80, 24)) as pilot:
-        await testing.wait_loaded(pilot)
+        await headless.wait_loaded(pilot)
         await pilot.press("f9")
         await pilot.pause()
         screen = app.screen
@@ -140,13 +140,13 @@ async def test_charts_open_empty_fill_live_and_close():
         assert screen.query_one("#charts-empty").display and not screen.query_one("#charts-body").display
         assert "No answer yet" in EMPTY_TEXT
         app.submit_prompt("What is speculative decoding?")
-        await testing.wait_until(pilot, lambda: len(app.charts.view().committed) == 5, what="five steps")
-        await testing.wait_until(pilot, lambda: screen.drawn == app.charts.version, what="live redraw")
+        await headless.wait_until(pilot, lambda: len(app.charts.view().committed) == 5, what="five steps")
+        await headless.wait_until(pilot, lambda: screen.drawn == app.charts.version, what="live redraw")
         assert not screen.has_class("-empty") and app.busy_job is not None  # drawn while still streaming
         assert len(screen.query_one("#chart-steps").view.committed) == 5
         gate.set()
-        await testing.wait_idle(pilot)
-        await testing.wait_until(pilot, lambda: screen.drawn == app.charts.version, what="final redraw")
+        await headless.wait_idle(pilot)
+        await headless.wait_until(pilot, lambda: screen.drawn == app.charts.version, what="final redraw")
         assert not app.charts.view().streaming
         await pilot.press("escape")
         await pilot.pause()
@@ -162,4 +162,4 @@ async def test_charts_open_empty_fill_live_and_close():
 @pytest.mark.parametrize("theme", THEMES)
 @pytest.mark.parametrize("size", SIZES)
 async def test_snapshot_charts(tmp_path: Path, size: str, theme: str):
-    check(f"charts-{size}-{theme}", await testing.scenario_charts(size=SIZES[size], theme=theme), tmp_path)
+    check(f"charts-{size}-{theme}", await screenshots.scenario_charts(size=SIZES[size], theme=theme), tmp_path)

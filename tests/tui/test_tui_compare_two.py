@@ -11,21 +11,20 @@ import pytest
 
 from engine.config import ConfigError
 from specchat.tui.compare_pair import pair_label, pair_methods, parse_pair
-from specchat.tui.screens.compare import CompareScreen, LaneResult, depth_table
-from specchat.tui.testing import (
+from specchat.tui.headless import (
     SIZE,
     make_app,
     make_session,
-    palette,
     replay_app,
-    send,
-    settled_screenshot,
     ui_settings,
     wait_idle,
     wait_loaded,
     wait_until,
 )
+from specchat.tui.screens.compare import CompareScreen, LaneResult, depth_table
+from specchat.tui.screenshots import settled_screenshot
 from specchat.tui.trace import UserTurn, read_trace
+from tests.tui.helpers import palette, send
 
 SNAPSHOTS = Path(__file__).parent / "snapshots"
 UPDATE = os.environ.get("SPECCHAT_UPDATE_SNAPSHOTS") == "1"
@@ -195,7 +194,7 @@ async def test_snapshot_compare_medusa_vs_eagle3(tmp_path, size):
 
 # --- Medusa like every other method ------------------------------------------------------------------
 async def test_medusa_in_the_tree_panel_stats_teaching_settings_and_replay(tmp_path):
-    from specchat.tui.testing import CONFIG
+    from specchat.tui.headless import CONFIG
 
     path = tmp_path / "medusa.jsonl"
     session = make_session(config=CONFIG.replace(method="medusa"))

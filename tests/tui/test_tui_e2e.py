@@ -10,8 +10,9 @@ import pytest
 from engine.config import SpecConfig
 from engine.events import Step
 from specchat.tui.app import SpecChatApp
-from specchat.tui.testing import send, ui_settings, wait_idle, wait_until
+from specchat.tui.headless import ui_settings, wait_idle, wait_until
 from specchat.tui.widgets.transcript import AnswerView
+from tests.tui.helpers import send
 
 pytestmark = pytest.mark.slow
 

@@ -11,8 +11,9 @@ from pathlib import Path
 import pytest
 
 from engine.events import ConfigApplied, Finished, Started, Step
-from specchat.tui.host import Delivery, EngineHost, GateWaiting, JobDone, Loaded, Mailbox, wait_items
-from specchat.tui.testing import make_session
+from specchat.tui.headless import make_session
+from specchat.tui.host import EngineHost, Mailbox, wait_items
+from specchat.tui.host_api import ChatJob, CompareJob, Delivery, GateWaiting, JobDone, Loaded, ReplayJob
 from specchat.tui.trace import UserTurn, read_trace
 
 
@@ -31,7 +32,7 @@ def test_chat_job_delivers_turn_then_events_in_order():
     session = make_session()
     host, thread = _host(session)
     try:
-        job = host.submit("chat", "hello")
+        job = host.submit(ChatJob("hello"))
         items = wait_items(host, _done(job))
         assert isinstance(items[0], Loaded)
         records = [i.record for i in items if isinstance(i, Delivery)]
@@ -49,7 +50,7 @@ def test_compare_runs_baseline_then_speculative_one_at_a_time():
     session = make_session(step_delay=0.001)
     host, thread = _host(session)
     try:
-        job = host.submit("compare", "same prompt")
+        job = host.submit(CompareJob("same prompt"))
         items = wait_items(host, _done(job))
         lanes = [i.lane for i in items if isinstance(i, Delivery) and not isinstance(i.record, UserTurn)]
         # all baseline events strictly before any speculative one: never interleaved
@@ -68,7 +69,7 @@ def test_cancel_stops_at_a_step_boundary_and_skips_the_second_compare_run():
     session = make_session(step_delay=0.02)
     host, thread = _host(session)
     try:
-        job = host.submit("compare", "long")
+        job = host.submit(CompareJob("long"))
         wait_items(host, lambda items: sum(isinstance(i, Delivery) and isinstance(i.record, Step)
                                            for i in items) >= 2)
         host.cancel()
@@ -77,7 +78,7 @@ def test_cancel_stops_at_a_step_boundary_and_skips_the_second_compare_run():
         assert [f.reason for f in fins] == ["cancelled"]
         assert session.calls == [("generate", "none")]
         # the host is usable afterwards
-        job2 = host.submit("chat", "again")
+        job2 = host.submit(ChatJob("again"))
         items = wait_items(host, _done(job2))
         fins = [i.record for i in items if isinstance(i, Delivery) and isinstance(i.record, Finished)]
         assert [f.reason for f in fins] == ["stop"]
@@ -91,7 +92,7 @@ def test_step_gate_pauses_between_steps_until_released():
     host, thread = _host(session)
     host.gate.set_stepping(True)
     try:
-        host.submit("chat", "x")
+        host.submit(ChatJob("x"))
         items = wait_items(host, lambda items: any(isinstance(i, GateWaiting) for i in items))
         steps = [i for i in items if isinstance(i, Delivery) and isinstance(i.record, Step)]
         assert len(steps) == 1
@@ -112,7 +113,7 @@ def test_hot_swap_applies_at_the_next_step_boundary():
     host, thread = _host(session)
     host.gate.set_stepping(True)
     try:
-        job = host.submit("chat", "x")
+        job = host.submit(ChatJob("x"))
         wait_items(host, lambda items: any(isinstance(i, GateWaiting) for i in items))
         new = session.config.replace(num_steps=3)
         host.update_config(new)
@@ -135,9 +136,9 @@ def test_record_then_replay_gives_the_same_records(tmp_path):
     session = make_session()
     host, thread = _host(session, record_path=str(path))
     try:
-        job = host.submit("chat", "one")
+        job = host.submit(ChatJob("one"))
         live = wait_items(host, _done(job))
-        job = host.submit("compare", "two")
+        job = host.submit(CompareJob("two"))
         live += wait_items(host, _done(job))
     finally:
         host.shutdown()
@@ -150,7 +151,7 @@ def test_record_then_replay_gives_the_same_records(tmp_path):
     t = threading.Thread(target=replay.run, daemon=True)
     t.start()
     try:
-        job = replay.submit("replay", records=records)
+        job = replay.submit(ReplayJob(records))
         played = wait_items(replay, _done(job))
     finally:
         replay.shutdown()
@@ -181,7 +182,7 @@ def test_mailbox_never_waits_for_the_consumer():
 def test_scripted_session_from_a_trace_replays_its_answers():
     from pathlib import Path
 
-    from specchat.tui.fake import ScriptedSession
+    from specchat.tui.scripted import ScriptedSession
 
     trace = Path(__file__).parent / "fixtures" / "demo.jsonl"
     session = ScriptedSession.from_trace(str(trace))

@@ -12,23 +12,24 @@ from textual.widgets import Input, OptionList, ProgressBar
 from engine.config import SpecConfig
 from engine.events import Finished, PrefillProgress, RunningStats
 from specchat.themes import THEMES, contrast_ratio
-from specchat.tui import testing
-from specchat.tui.fake import ScriptedSession, demo_answers, synthetic_answer
-from specchat.tui.host import EngineHost, JobDone, wait_items
-from specchat.tui.screens.dialogs import ConfirmScreen, SessionsScreen
-from specchat.tui.testing import (
+from specchat.tui import headless
+from specchat.tui.headless import (
     SIZE,
     make_app,
     make_session,
     replay_app,
-    send,
     ui_settings,
     wait_idle,
     wait_loaded,
     wait_until,
 )
+from specchat.tui.host import EngineHost, wait_items
+from specchat.tui.host_api import CompareJob, JobDone
+from specchat.tui.screens.dialogs import ConfirmScreen, SessionsScreen
+from specchat.tui.scripted import ScriptedSession, demo_answers, synthetic_answer
 from specchat.tui.trace import read_trace
 from specchat.tui.widgets.transcript import AnswerView
+from tests.tui.helpers import send
 
 TRACE = Path(__file__).parent / "fixtures" / "demo.jsonl"
 NGRAM = SpecConfig(method="ngram", num_draft_tokens=8)
@@ -217,9 +218,9 @@ async def test_failed_load_stops_the_progress_animation():
 # --- words on screen ---------------------------------------------------------------------------------------
 async def test_markers_and_counts_read_as_words():
     answer = synthetic_answer("One two three four five six seven eight nine ten eleven twelve.",
-                              config=testing.CONFIG)
-    short = synthetic_answer("Hi", config=testing.CONFIG)
-    session = ScriptedSession([answer, short], config=testing.CONFIG, step_delay=0.3)
+                              config=headless.CONFIG)
+    short = synthetic_answer("Hi", config=headless.CONFIG)
+    session = ScriptedSession([answer, short], config=headless.CONFIG, step_delay=0.3)
     app = make_app(session)
     async with app.run_test(size=SIZE) as pilot:
         await wait_loaded(pilot)
@@ -297,7 +298,7 @@ def test_compare_runs_alternate_and_start_from_the_same_cache_state():
     try:
         orders, reused = [], []
         for _ in range(2):
-            job = host.submit("compare", "AGAIN")
+            job = host.submit(CompareJob("AGAIN"))
             items = wait_items(host, lambda got, j=job: any(isinstance(i, JobDone) and i.job == j for i in got),
                                timeout=60)
             started = [(i.lane, i.record) for i in items if hasattr(i, "record") and isinstance(i.record, Started)]

@@ -12,14 +12,15 @@ from textual.widgets import OptionList
 from specchat.tui import engine_process
 from specchat.tui.backpressure import UiLag
 from specchat.tui.engine_process import ProcessHost
-from specchat.tui.fake import ScriptedLoader, baseline_answer, synthetic_answer
+from specchat.tui.headless import CONFIG, SIZE, make_app, make_session, wait_idle, wait_loaded, wait_until
 from specchat.tui.host import EngineHost
 from specchat.tui.host_api import Host
 from specchat.tui.screens.dialogs import SessionsScreen
+from specchat.tui.scripted import ScriptedLoader, baseline_answer, synthetic_answer
 from specchat.tui.sessions import list_sessions
-from specchat.tui.testing import CONFIG, SIZE, make_app, make_session, send, wait_idle, wait_loaded, wait_until
 from specchat.tui.trace import UserTurn, read_trace
 from specchat.tui.widgets.transcript import AnswerView
+from tests.tui.helpers import send
 
 
 def _spy_notes(app) -> list[str]:

@@ -15,9 +15,9 @@ from pathlib import Path
 
 from textual.widgets import OptionList
 
+from specchat.tui.headless import SIZE, make_app, make_session, send, wait_idle, wait_loaded, wait_until
 from specchat.tui.screens.dialogs import SessionsScreen
 from specchat.tui.sessions import list_sessions, sessions_dir
-from specchat.tui.testing import SIZE, make_app, make_session, send, wait_idle, wait_loaded, wait_until
 from specchat.tui.trace import TraceWriter
 
 

@@ -5,9 +5,11 @@ while an answer streams waits for that job to end, and a refused value keeps the
 from __future__ import annotations
 
 from engine.events import Started
-from specchat.tui.host import REREAD_JOB, Delivery, EngineHost, JobDone, Loaded, wait_items
-from specchat.tui.testing import make_app, make_session, palette, send, wait_idle, wait_loaded, wait_until
+from specchat.tui.headless import make_app, make_session, wait_idle, wait_loaded, wait_until
+from specchat.tui.host import EngineHost, wait_items
+from specchat.tui.host_api import REREAD_JOB, CompareJob, Delivery, JobDone, Loaded
 from specchat.tui.widgets.title_bar import TitleBar
+from tests.tui.helpers import palette, send
 
 SIZE = (120, 40)
 
@@ -25,15 +27,14 @@ async def test_the_palette_switches_the_precision_and_the_title_follows():
         await palette(pilot, "precision fast", "Set precision = fast")
         await wait_until(pilot, lambda: session.precision == "fast", what="switched")
         await pilot.pause()
-        assert "fast precision" in title(app) and app.settings_control.precision == "fast"
+        assert "fast precision" in title(app) and app.settings_control.precision.value == "fast"
         await send(pilot, "one")
         await wait_idle(pilot)
-        assert app.settings_control.precision == "fast"  # the answer's Started reported it
+        assert app.settings_control.precision.value == "fast"  # the answer's Started reported it
 
 
 async def test_the_settings_panel_has_a_precision_row_that_switches_it():
-    session = make_session()
-    session.precision = "fast"
+    session = make_session(precision="fast")
     app = make_app(session, precision="fast")
     async with app.run_test(size=SIZE) as pilot:
         await wait_loaded(pilot)
@@ -56,11 +57,11 @@ async def test_a_switch_asked_for_during_an_answer_waits_for_the_job_to_end():
         await send(pilot, "one")
         await wait_until(pilot, lambda: app.chat_screen.answer is not None, what="streaming")
         assert app.apply_setting("precision", "fast") is None
-        assert session.precision == "exact" and app.settings_control.pending_precision == "fast"
+        assert session.precision == "exact" and app.settings_control.precision.pending == "fast"
         assert "fast precision" not in title(app)  # the title shows what is in force
         session.step_delay = 0
         await wait_idle(pilot)
-        assert session.precision == "fast" and app.settings_control.precision == "fast"
+        assert session.precision == "fast" and app.settings_control.precision.value == "fast"
         await pilot.pause()
         assert "fast precision" in title(app)
 
@@ -71,7 +72,7 @@ async def test_a_refused_precision_keeps_the_one_in_force():
     async with app.run_test(size=SIZE) as pilot:
         await wait_loaded(pilot)
         assert "precision must be one of exact, fast" in app.apply_setting("precision", "fp8")
-        assert session.precision == "exact" and app.settings_control.precision == "exact"
+        assert session.precision == "exact" and app.settings_control.precision.value == "exact"
 
 
 def test_the_host_holds_a_switch_until_the_running_job_ends():
@@ -89,7 +90,7 @@ def test_the_host_holds_a_switch_until_the_running_job_ends():
 
     try:
         seen += wait_items(host, until(lambda items: any(isinstance(i, Loaded) for i in items)))
-        job = host.submit("compare", "hello", methods=("none", "ngram"))
+        job = host.submit(CompareJob("hello", ("none", "ngram")))
         seen += wait_items(host, until(lambda items: any(isinstance(i, Delivery) for i in items)))
         assert host.set_precision("fast") is False and session.precision == "exact"
         seen += wait_items(host, until(lambda items: any(isinstance(i, JobDone) and i.job == REREAD_JOB
@@ -106,12 +107,11 @@ def test_the_host_holds_a_switch_until_the_running_job_ends():
 async def test_a_recording_keeps_its_precision_and_its_replay_shows_it(tmp_path):
     """``Started.precision`` goes into the trace; a replay's title says which arithmetic ran, and a
     replay has no engine to switch."""
-    from specchat.tui.testing import replay_app
+    from specchat.tui.headless import replay_app
     from specchat.tui.trace import read_trace
 
     path = tmp_path / "rec.jsonl"
-    session = make_session()
-    session.precision = "fast"
+    session = make_session(precision="fast")
     live = make_app(session, precision="fast", record=str(path))
     async with live.run_test(size=SIZE) as pilot:
         await wait_loaded(pilot)

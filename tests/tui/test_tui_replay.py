@@ -7,10 +7,11 @@ import time
 from pathlib import Path
 
 from engine.events import Step
+from specchat.tui.headless import SIZE, make_app, make_session, replay_app, wait_idle, wait_loaded, wait_until
 from specchat.tui.screens.compare import CompareScreen
-from specchat.tui.testing import SIZE, make_app, make_session, replay_app, send, wait_idle, wait_loaded, wait_until
 from specchat.tui.trace import read_trace
 from specchat.tui.widgets.transcript import AnswerView, UserTurnView
+from tests.tui.helpers import send
 
 TRACE = Path(__file__).parent / "fixtures" / "demo.jsonl"
 

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from specchat.tui import testing
+from specchat.tui import screenshots
 
 HERE = Path(__file__).parent
 TRACE = HERE / "fixtures" / "demo.jsonl"
@@ -43,25 +43,25 @@ THEMES = ("dark", "light", "colourblind")
 @pytest.mark.parametrize("theme", THEMES)
 @pytest.mark.parametrize("size", SIZES)
 async def test_snapshot_chat(tmp_path, size, theme):
-    check(f"chat-{size}-{theme}", await testing.scenario_chat(TRACE, size=SIZES[size], theme=theme), tmp_path)
+    check(f"chat-{size}-{theme}", await screenshots.scenario_chat(TRACE, size=SIZES[size], theme=theme), tmp_path)
 
 
 async def test_snapshot_chat_80x24_panels_stacked(tmp_path):
-    check("chat-80x24-panels", await testing.scenario_chat(TRACE, size=(80, 24), panels=True), tmp_path)
+    check("chat-80x24-panels", await screenshots.scenario_chat(TRACE, size=(80, 24), panels=True), tmp_path)
 
 
 @pytest.mark.parametrize("theme", THEMES)
 @pytest.mark.parametrize("size", SIZES)
 async def test_snapshot_compare(tmp_path, size, theme):
-    check(f"compare-{size}-{theme}", await testing.scenario_compare(TRACE, size=SIZES[size], theme=theme),
+    check(f"compare-{size}-{theme}", await screenshots.scenario_compare(TRACE, size=SIZES[size], theme=theme),
           tmp_path)
 
 
 @pytest.mark.parametrize("size", SIZES)
 async def test_snapshot_teaching(tmp_path, size):
-    check(f"teaching-{size}", await testing.scenario_teaching(TRACE, size=SIZES[size]), tmp_path)
+    check(f"teaching-{size}", await screenshots.scenario_teaching(TRACE, size=SIZES[size]), tmp_path)
 
 
 @pytest.mark.parametrize("size", SIZES)
 async def test_snapshot_settings(tmp_path, size):
-    check(f"settings-{size}", await testing.scenario_settings(size=SIZES[size]), tmp_path)
+    check(f"settings-{size}", await screenshots.scenario_settings(size=SIZES[size]), tmp_path)

@@ -31,9 +31,10 @@ import pytest
 from engine.config import SpecConfig
 from engine.events import Finished
 from specchat.tui.app import SpecChatApp
+from specchat.tui.headless import ui_settings, wait_until
 from specchat.tui.launch import SessionLoader
-from specchat.tui.testing import send, ui_settings, wait_until
 from specchat.tui.widgets.transcript import AnswerView
+from tests.tui.helpers import send
 from tests.tui.test_tui_e2e import _embedded_available
 
 pytestmark = pytest.mark.slow

@@ -6,18 +6,10 @@ from __future__ import annotations
 
 from engine.config import ConfigError
 from specchat.tui.app import SpecChatApp
+from specchat.tui.headless import SIZE, make_app, make_session, wait_idle, wait_loaded, wait_until
 from specchat.tui.screens.help import HelpScreen
-from specchat.tui.testing import (
-    SIZE,
-    make_app,
-    make_session,
-    palette,
-    send,
-    wait_idle,
-    wait_loaded,
-    wait_until,
-)
 from specchat.tui.widgets.transcript import AnswerView, UserTurnView
+from tests.tui.helpers import palette, send
 
 
 # --- loading, keys, config --------------------------------------------------------------------------

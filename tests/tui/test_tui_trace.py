@@ -10,7 +10,7 @@ import pytest
 
 from engine.config import SpecConfig
 from engine.events import ConfigApplied, Finished, Started, Step
-from specchat.tui.fake import synthetic_answer
+from specchat.tui.scripted import synthetic_answer
 from specchat.tui.trace import TraceError, TraceWriter, UserTurn, open_trace, read_trace
 
 TRACE = Path(__file__).parent / "fixtures" / "demo.jsonl"

@@ -1,5 +1,5 @@
 """The chat screen: transcript and prompt on the left; draft tree, teaching notes, stats and
-settings on the right. It only *shows* records and the app's state (:class:`Chrome`); the app decides
+settings on the right. It only *shows* records and the app's state (:class:`AppStatus`); the app decides
 what to do with the engine."""
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ from textual.screen import Screen
 from textual.widgets import Footer, Static
 
 from engine.events import ConfigApplied, Finished, PrefillProgress, Started, Step
-from specchat.tui.chrome import Chrome
-from specchat.tui.messages import ChromeStale
+from specchat.tui.app_status import AppStatus
+from specchat.tui.messages import StatusStale
 from specchat.tui.teaching import explain_step
 from specchat.tui.trace import Record, UserTurn
 from specchat.tui.widgets.draft_tree import DraftTreePanel, HistoryEntry
@@ -49,7 +49,7 @@ class ChatScreen(Screen):
         self.method = ""
         self.ready = False  # composed and mounted: records can be shown
         self._answer_open = False  # a Started came and its Finished not yet
-        self._chrome: Chrome | None = None  # the app's state as last shown
+        self._app_status: AppStatus | None = None  # the app's state as last shown
         self._held: list[list[Record]] = []  # records that came before the screen was composed
 
     def compose(self) -> ComposeResult:
@@ -83,25 +83,25 @@ class ChatScreen(Screen):
         held, self._held = self._held, []
         for records in held:
             self._show_records(records)
-        self.post_message(ChromeStale())
+        self.post_message(StatusStale())
 
     def on_screen_resume(self) -> None:
         prompt = self.query_one(PromptInput)
         if not prompt.disabled and not self.has_class("-settings"):
             prompt.focus()
-        self.post_message(ChromeStale())
+        self.post_message(StatusStale())
 
     # the app's state -----------------------------------------------------------------------------
-    def show_chrome(self, chrome: Chrome) -> None:
-        self._chrome = chrome
-        self.query_one(TitleBar).show(chrome)
+    def show_status(self, app_status: AppStatus) -> None:
+        self._app_status = app_status
+        self.query_one(TitleBar).show(app_status)
         stats = self.stats
-        if stats.state.stepping != chrome.stepping or stats.state.prefill != chrome.prefill:
-            stats.state.stepping = chrome.stepping
-            stats.state.prefill = chrome.prefill
+        if stats.state.stepping != app_status.stepping or stats.state.prefill != app_status.prefill:
+            stats.state.stepping = app_status.stepping
+            stats.state.prefill = app_status.prefill
             stats.refresh(layout=True)
         if self.settings.display:
-            self.settings.show_values(chrome.applied, chrome.pending, chrome.ui_values)
+            self.settings.show_values(app_status.applied, app_status.pending, app_status.ui_values)
         self.show_teaching()
 
     def context_line(self) -> str:
@@ -115,13 +115,13 @@ class ChatScreen(Screen):
         return self.has_class("-settings")
 
     def open_settings(self, focus: str | None, methods: tuple[str, ...]) -> None:
-        """Show the settings panel with the values last shown as chrome, ``focus`` focused."""
+        """Show the settings panel with the values of the app status last shown, ``focus`` focused."""
         self.set_class(True, "-settings")
         settings = self.settings
         if methods:
             settings.set_methods(methods)
-        if self._chrome is not None:
-            settings.show_values(self._chrome.applied, self._chrome.pending, self._chrome.ui_values)
+        if self._app_status is not None:
+            settings.show_values(self._app_status.applied, self._app_status.pending, self._app_status.ui_values)
         if focus:
             self.call_after_refresh(lambda: settings.query_one(f"#set-{focus}").focus())
 
@@ -296,11 +296,11 @@ class ChatScreen(Screen):
         self.show_teaching()
 
     def show_teaching(self) -> None:
-        """The teaching panel explains the step the tree shows, while the app's chrome says teaching."""
-        chrome = self._chrome
-        on = chrome is not None and chrome.teaching
+        """The teaching panel explains the step the tree shows, while the app's status says teaching."""
+        app_status = self._app_status
+        on = app_status is not None and app_status.teaching
         self.set_class(on, "-teaching")
-        if chrome is None or not on:
+        if app_status is None or not on:
             return
         panel = self.query_one("#teach", Static)
         entry = self.tree.current
@@ -311,7 +311,7 @@ class ChatScreen(Screen):
             body = explain_step(entry.step, entry.method, prompt_tokens=entry.prompt_tokens)
         if not self.tree.live:
             hint = "browsing an earlier step · F8 forward · F7 back · End: live"
-        elif chrome.waiting:
+        elif app_status.waiting:
             hint = "‖ paused · F8 next step · F7 back · F4 ends teaching"
         else:
             hint = "F8 next step · F7 back · F1 explains the words"

@@ -25,10 +25,10 @@ from textual.screen import Screen
 from textual.widgets import Footer, Static
 
 from engine.events import Finished, Started, Step
-from specchat.tui.chrome import Chrome
-from specchat.tui.messages import ChromeStale
+from specchat.tui.app_status import AppStatus
+from specchat.tui.messages import StatusStale
 from specchat.tui.teaching import COMPARE_DEPTHS
-from specchat.tui.textutil import first_difference, visible
+from specchat.tui.token_text import first_difference, visible
 from specchat.tui.trace import Record, UserTurn
 from specchat.tui.widgets.prompt import PromptInput
 from specchat.tui.widgets.repaint import repaint
@@ -186,16 +186,16 @@ class CompareScreen(Screen):
         held, self._held = self._held, []
         for lane, records in held:
             self._show_records(lane, records)
-        self.post_message(ChromeStale())
+        self.post_message(StatusStale())
 
     def on_screen_resume(self) -> None:
         prompt = self.query_one(PromptInput)
         if not prompt.disabled:
             prompt.focus()
-        self.post_message(ChromeStale())
+        self.post_message(StatusStale())
 
-    def show_chrome(self, chrome: Chrome) -> None:
-        self.query_one(TitleBar).show(chrome)
+    def show_status(self, app_status: AppStatus) -> None:
+        self.query_one(TitleBar).show(app_status)
 
     def on_resize(self, event) -> None:
         self.set_class(event.size.width < 100, "-narrow")

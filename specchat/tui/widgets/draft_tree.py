@@ -27,7 +27,7 @@ from textual.message import Message
 from textual.widgets import Static
 
 from engine.events import Step
-from specchat.tui.textutil import visible
+from specchat.tui.token_text import visible
 from specchat.tui.widgets.repaint import StickyHeight, repaint, update_static
 
 NodeState = str  # "root" | "accepted" | "rejected" | "unreached"

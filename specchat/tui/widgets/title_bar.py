@@ -8,7 +8,7 @@ from textual.content import Content
 from textual.widgets import Static
 
 from engine.config import SpecConfig
-from specchat.tui.chrome import Chrome
+from specchat.tui.app_status import AppStatus
 from specchat.tui.settings_schema import format_value
 from specchat.tui.widgets.repaint import update_static
 
@@ -38,22 +38,22 @@ def pending_summary(applied: SpecConfig, pending: SpecConfig | None) -> str:
 class TitleBar(Static):
     COMPONENT_CLASSES: ClassVar[set[str]] = {"title--pending", "title--replay"}
 
-    def show(self, chrome: Chrome) -> None:
-        """``chrome.precision`` is shown when it is not the exact reference ("fast precision")."""
+    def show(self, app_status: AppStatus) -> None:
+        """``app_status.precision`` is shown when it is not the exact reference ("fast precision")."""
         # what changes (status, pending, replay state) comes first: a narrow terminal cuts the end
         parts: list[tuple[str, str] | str] = [("specchat", "bold")]
-        if chrome.replay:
-            parts += [" · ", (chrome.replay, ".title--replay")]
-        if chrome.status:
-            parts += [" · ", (chrome.status, "italic")]
-        pend = pending_summary(chrome.applied, chrome.pending)
+        if app_status.replay:
+            parts += [" · ", (app_status.replay, ".title--replay")]
+        if app_status.status:
+            parts += [" · ", (app_status.status, "italic")]
+        pend = pending_summary(app_status.applied, app_status.pending)
         if pend:
             parts += [" · ", ("◌ pending: " + pend, ".title--pending")]
-        if chrome.context:
-            parts += [" · ", chrome.context]
-        if chrome.precision:
-            parts += [" · ", (chrome.precision, "bold")]
-        parts += [" · ", config_summary(chrome.applied)]
-        if chrome.model:
-            parts += [" · ", chrome.model]
+        if app_status.context:
+            parts += [" · ", app_status.context]
+        if app_status.precision:
+            parts += [" · ", (app_status.precision, "bold")]
+        parts += [" · ", config_summary(app_status.applied)]
+        if app_status.model:
+            parts += [" · ", app_status.model]
         update_static(self, Content.assemble(*parts))

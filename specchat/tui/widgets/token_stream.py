@@ -15,7 +15,7 @@ from textual.reactive import reactive
 from textual.widget import Widget
 
 from engine.events import Step
-from specchat.tui.textutil import sanitize
+from specchat.tui.token_text import sanitize
 from specchat.tui.widgets.repaint import repaint
 
 Kind = Literal["draft", "target", "rejected", "plain", "marker"]

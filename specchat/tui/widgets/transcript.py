@@ -7,7 +7,7 @@ from textual.content import Content
 from textual.widgets import Static
 
 from engine.events import Finished, Started, Step
-from specchat.tui.textutil import sanitize
+from specchat.tui.token_text import sanitize
 from specchat.tui.widgets.repaint import repaint
 from specchat.tui.widgets.token_stream import TokenStream
 

@@ -37,6 +37,7 @@ from engine.events import (
 )
 from engine.stats import RunningTally
 from engine.tree import DraftTree
+from specchat.tui.pending import PendingChange
 
 Message = dict[str, str]
 
@@ -290,7 +291,8 @@ def split_answers(events: Sequence[Any]) -> list[list[Event]]:
 
 
 class ScriptedSession:
-    """SessionAPI over scripted answers; ``chat`` cycles through them.
+    """A :class:`~specchat.tui.host_api.HostedSession` over scripted answers; ``chat`` cycles through them
+    (tests/tui/test_host_api.py checks it has every member the real session has, with its signature).
 
     ``step_delay``: seconds to sleep per step (a stand-in for GPU time); ``None`` uses each step's
     recorded timing scaled by ``time_scale``.
@@ -305,20 +307,19 @@ class ScriptedSession:
         step_delay: float | None = 0.0,
         time_scale: float = 1.0,
         refuse_methods: dict[str, str] | None = None,
+        precision: str = "exact",
     ) -> None:
-        self._config = config or SpecConfig(method="ngram")
-        self._answers = [list(a) for a in (answers or demo_answers(self._config))]
+        config = config or SpecConfig(method="ngram")
+        self._answers = [list(a) for a in (answers or demo_answers(config))]
         self.model_name = model_name
         self.step_delay = step_delay
         self.time_scale = time_scale
         # methods this fake engine refuses, as the real one does without a draft model: method -> message
         self.refuse_methods = dict(refuse_methods or {})
-        self._lock = threading.Lock()
-        self._pending: SpecConfig | None = None
-        self.precision = "exact"  # the arithmetic its Started events report (set_precision switches it)
-        self._pending_precision: str | None = None
-        self._busy = False
+        # like the engine: hot-swapped settings wait for the next step, a precision for the answer's end
         self._version = 0
+        self._settings = PendingChange(config, self._count_version)
+        self._precision = PendingChange(precision)  # what its Started events report
         self._cancel = threading.Event()
         self._messages: list[Message] = []
         self._turn = 0
@@ -341,12 +342,15 @@ class ScriptedSession:
     # SessionAPI ----------------------------------------------------------------------------
     @property
     def config(self) -> SpecConfig:
-        return self._config
+        return self._settings.value
 
     @property
     def pending_config(self) -> SpecConfig | None:
-        with self._lock:
-            return self._pending
+        return self._settings.pending
+
+    @property
+    def precision(self) -> str:
+        return self._precision.value
 
     @property
     def messages(self) -> list[Message]:
@@ -361,13 +365,7 @@ class ScriptedSession:
         config.validate()
         if config.method in self.refuse_methods:
             raise ConfigError(self.refuse_methods[config.method])
-        with self._lock:
-            if self._busy:
-                self._pending = config
-            else:  # like the engine: an idle session applies at once, without an event
-                self._config = config
-                self._pending = None
-                self._version += 1
+        self._settings.ask(config)  # like the engine: an idle session applies at once, without an event
 
     def check_precision(self, precision: str) -> None:
         if precision not in ("exact", "fast"):
@@ -375,16 +373,17 @@ class ScriptedSession:
 
     def set_precision(self, precision: str) -> bool:
         self.check_precision(precision)
-        with self._lock:  # like the engine: at once when idle, else when the answer ends
-            if self._busy:
-                self._pending_precision = precision
-            else:
-                self.precision = precision
-            return not self._busy
+        return self._precision.ask(precision)  # like the engine: at once when idle, else when the answer ends
 
     def reset(self) -> None:
         self._messages.clear()
         self._turn = 0
+
+    def reread(self) -> None:
+        """Nothing to read again: a scripted session keeps no cache."""
+
+    def rewind_cache(self, length: int) -> None:
+        """Nothing to cut back: a scripted session keeps no cache (compare runs start alike anyway)."""
 
     def restore(self, messages: list[Message], answers: Sequence[Sequence[int] | None] | None = None) -> None:
         self.reset()
@@ -422,14 +421,14 @@ class ScriptedSession:
         yield from self._play(answer, config, [])
 
     # the step loop ---------------------------------------------------------------------------
-    def _apply_pending(self) -> ConfigApplied | None:
-        with self._lock:
-            pending, self._pending = self._pending, None
-        if pending is None:
-            return None
-        self._config = pending
+    def _count_version(self, _: SpecConfig) -> None:
         self._version += 1
-        return ConfigApplied(version=self._version, config=pending.to_dict())
+
+    def _apply_pending(self) -> ConfigApplied | None:
+        applied = self._settings.take()
+        if applied is None:
+            return None
+        return ConfigApplied(version=self._version, config=applied.to_dict())
 
     def _yield(self, ev: Event) -> Iterator[Event]:
         self.threads.add(threading.get_ident())
@@ -438,20 +437,15 @@ class ScriptedSession:
         self.yield_gaps.append(time.perf_counter() - t0)
 
     def _play(self, answer: Sequence[Event], config: SpecConfig | None, text_parts: list[str]) -> Iterator[Event]:
-        with self._lock:
-            self._busy = True
+        self._settings.begin()
+        self._precision.begin()
         t0 = time.perf_counter()
         try:
             yield from self._play_steps(answer, config, text_parts)
             self.runs.append(time.perf_counter() - t0)
         finally:
-            with self._lock:
-                self._busy = False
-                if self._pending is not None:
-                    self._config, self._pending = self._pending, None
-                    self._version += 1
-                if self._pending_precision is not None:
-                    self.precision, self._pending_precision = self._pending_precision, None
+            self._settings.end()
+            self._precision.end()
 
     def _play_steps(
         self, answer: Sequence[Event], config: SpecConfig | None, text_parts: list[str]
@@ -471,7 +465,7 @@ class ScriptedSession:
                 yield from self._yield(ev)
             elif isinstance(ev, Started):
                 self._started = True
-                cfg = (config or self._config).to_dict()
+                cfg = (config or self._settings.value).to_dict()
                 yield from self._yield(dataclasses.replace(ev, config=cfg, model=self.model_name,
                                                            precision=self.precision))
             elif isinstance(ev, Step):

@@ -1,8 +1,9 @@
-"""The app's state as the screens' chrome shows it: title bar, status, stats clock, teaching panel.
+"""The app's status as the screens show it around the conversation: title bar, status line, stats
+clock, teaching panel (what a UI designer calls the chrome).
 
-Why one value: the app builds a :class:`Chrome` after each batch of engine items (or a key that
+Why one value: the app builds an :class:`AppStatus` after each batch of engine items (or a key that
 changes its state) and hands it to each screen, which shows it with its own widgets. Screens never
-ask the app for its state; a screen coming back into view posts ``ChromeStale`` and gets a fresh one.
+ask the app for its state; a screen coming back into view posts ``StatusStale`` and gets a fresh one.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from engine.config import SpecConfig
 
 
 @dataclass(frozen=True)
-class Chrome:
+class AppStatus:
     model: str
     applied: SpecConfig
     pending: SpecConfig | None

@@ -1,0 +1,50 @@
+"""PendingChange: the one place the rule "asked for while a job runs, applied when it ends" lives
+(the host's precision switch, the scripted session's hot-swaps, the UI's copy of both)."""
+
+from __future__ import annotations
+
+import pytest
+
+from specchat.tui.pending import PendingChange
+
+
+def test_idle_a_change_is_in_force_at_once_busy_it_waits_for_the_end() -> None:
+    seen: list[str] = []
+    change = PendingChange("exact", seen.append)
+    assert change.ask("fast") is True and change.value == "fast" and seen == ["fast"]
+    change.begin()
+    assert change.ask("exact") is False
+    assert (change.value, change.pending, change.wanted) == ("fast", "exact", "exact") and seen == ["fast"]
+    assert change.end() == "exact" and (change.value, change.pending) == ("exact", None)
+    assert seen == ["fast", "exact"]
+    assert change.end() is None and seen == ["fast", "exact"]  # nothing held: nothing applied
+
+
+def test_a_step_boundary_takes_the_held_change_before_the_job_ends() -> None:
+    change = PendingChange(1)
+    change.begin()
+    change.ask(2)
+    assert change.take() == 2 and change.value == 2 and change.take() is None
+    assert change.ask(3) is False  # still busy until end()
+    assert change.end() == 3
+
+
+def test_a_refused_switch_changes_nothing() -> None:
+    def refuse(value: str) -> None:
+        raise ValueError(f"cannot run {value}")
+
+    change = PendingChange("exact", refuse)
+    with pytest.raises(ValueError):
+        change.ask("fast")
+    assert (change.value, change.pending) == ("exact", None)
+
+
+def test_the_ui_copy_holds_what_the_host_holds_and_settles_on_the_engines_report() -> None:
+    shown = PendingChange("exact")
+    shown.hold("fast")
+    assert shown.pending == "fast" and shown.wanted == "fast"
+    shown.hold("exact")  # asking for the value in force again: nothing waits
+    assert shown.pending is None
+    shown.hold("fast")
+    assert shown.settle("exact") is False and shown.pending == "fast"  # another report: still waiting
+    assert shown.settle("fast") is True and (shown.value, shown.pending) == ("fast", None)

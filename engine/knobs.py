@@ -111,7 +111,7 @@ class Knob:
 def _num(x: float | None) -> str:
     if x is None:
         return ""
-    return f"{int(x):,}".replace(",", "_") if float(x).is_integer() and abs(x) >= 10_000 else f"{x:g}"
+    return f"{int(x):,}".replace(",", "_") if float(x).is_integer() and abs(x) >= 100_000 else f"{x:g}"
 
 
 _TREE_COST = ("each level is one drafter forward on up to eagle_topk nodes, and the session looks for "

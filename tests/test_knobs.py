@@ -3,6 +3,7 @@ shows or takes it (SpecConfig, the CLI, the TUI's settings schema, export) agree
 
 from __future__ import annotations
 
+import argparse
 import math
 
 import pytest
@@ -124,3 +125,126 @@ def test_a_cancel_is_seen_before_each_drafting_level_at_the_largest_settings(mon
     events = list(s.generate_ids([1, 5, 9]))
     assert events[-1].reason == "cancelled"
     assert len(calls) == 3
+
+
+# -- the surfaces agree with the declaration --------------------------------------------------------
+def _subparsers() -> dict[str, argparse.ArgumentParser]:
+    from specchat.cli import build_parser
+    from specchat.tui.__main__ import build_parser as tui_parser
+
+    parser = build_parser()
+    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    found = {name: sub.choices[name] for name in ("run", "serve", "generate", "bench", "tune", "export")}
+    return {**found, "python -m specchat.tui": tui_parser()}
+
+
+def _action(parser: argparse.ArgumentParser, flag: str) -> argparse.Action:
+    return next(a for a in parser._actions if flag in a.option_strings)
+
+
+@pytest.mark.parametrize("knob", [k for k in KNOBS.values() if k.flag], ids=lambda k: k.name)
+def test_every_knob_is_a_flag_of_every_command_with_its_sglang_name_and_help(knob: Knob) -> None:
+    for command, parser in _subparsers().items():
+        action = _action(parser, knob.flag)
+        assert action.dest == knob.name, command
+        assert action.help.startswith(knob.help), command
+        if knob.sglang:
+            assert knob.sglang in action.option_strings, f"{command}: SGLang's name {knob.sglang}"
+        if knob.kind is not bool and knob.default is not None:  # the flag takes the default, in any case
+            assert action.type(str(knob.default).lower()) == knob.default, command
+
+
+def test_the_settings_schema_is_the_knobs_with_a_label() -> None:
+    from specchat.tui.settings_schema import ENGINE_FIELDS, FIELDS
+
+    assert [f.name for f in ENGINE_FIELDS] == [k.name for k in KNOBS.values() if k.label]
+    for knob in KNOBS.values():
+        if knob.label:
+            field = FIELDS[knob.name]
+            assert (field.label, field.help, field.choices) == (knob.label, knob.help, knob.choices)
+
+
+def test_exports_sglang_line_names_each_knob_by_its_sglang_flag() -> None:
+    from engine.config import METHOD_KNOBS
+    from engine.knobs import SGLANG_ALGORITHMS
+    from specchat.export import SGLANG_REMOVED, sglang_line
+
+    for method in SGLANG_ALGORITHMS:
+        config = SpecConfig(method=method)
+        command = sglang_line(config, None, "d").command
+        assert f"--speculative-algorithm {SGLANG_ALGORITHMS[method]}" in command
+        for name in METHOD_KNOBS[method]:
+            flag = KNOBS[name].sglang
+            if flag and flag not in SGLANG_REMOVED:
+                assert f"{flag} {getattr(config, name)}" in command, (method, name)
+        known = {k.sglang for k in KNOBS.values()} | {"--model-path", "--speculative-draft-model-path"}
+        assert {w for w in command.split() if w.startswith("--")} <= known
+
+
+# -- the CLI: one line, exit 2, before any work ------------------------------------------------------
+CLI_CASES = [(KNOBS[n].flag, str(v)) for n, vs in OUT_OF_BOUNDS.items() for v in vs
+             if KNOBS[n].flag and KNOBS[n].kind is not bool]
+
+
+@pytest.mark.parametrize(("flag", "value"), CLI_CASES)
+def test_the_cli_refuses_each_out_of_bounds_knob_in_one_line(flag: str, value: str, capsys) -> None:
+    """``export`` for speed (it loads no model); every command shares the parser's flags."""
+    from specchat.cli import main
+
+    assert main(["export", "sglang", flag, value]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("specchat: error: argument ") and flag in err[0], err
+    assert "must be" in err[0] or "choose" in err[0]
+
+
+OTHER_FLAGS = [
+    (["generate", "--prompt", "hi", "--threads", "0"], "--threads", "from 1 to"),
+    (["generate", "--prompt", "hi", "--threads", "-3"], "--threads", "from 1 to"),
+    (["run", "--threads", "100000"], "--threads", "from 1 to"),
+    (["replay", "t.jsonl", "--speed", "0"], "--speed", "above 0"),
+    (["replay", "t.jsonl", "--speed", "nan"], "--speed", "above 0"),
+    (["replay", "t.jsonl", "--speed", "inf"], "--speed", "above 0"),
+    (["train-draft", "--out", "x", "--max-steps", "-5"], "--max-steps", "from 1 to"),
+    (["train-draft", "--out", "x", "--max-steps", "0"], "--max-steps", "from 1 to"),
+    (["train-draft", "--out", "x", "--epochs", "0"], "--epochs", "above 0"),
+    (["train-draft", "--out", "x", "--threads", "0"], "--threads", "from 1 to"),
+    (["bench", "--limit", "0"], "--limit", "from 1 to"),
+    (["bench", "--rows", "-1"], "--rows", "from 1 to"),
+    (["bench", "--context", "0"], "--context", "from 1 to"),
+    (["tune", "--prompts", "p.jsonl", "--minutes", "0"], "--minutes", "above 0"),
+    (["tune", "--prompts", "p.jsonl", "--minutes", "nan"], "--minutes", "above 0"),
+    (["tune", "--prompts", "p.jsonl", "--limit", "-2"], "--limit", "from 1 to"),
+    (["serve", "--port", "0"], "--port", "from 1 to 65535"),
+    (["serve", "--port", "70000"], "--port", "from 1 to 65535"),
+    (["serve", "--max-sessions", "0"], "--max-sessions", "from 1 to"),
+    (["generate", "--prompt", "hi", "--speculative-num-steps", "abc"], "--speculative-num-steps", "an integer"),
+]
+
+
+@pytest.mark.parametrize(("argv", "flag", "needle"), OTHER_FLAGS, ids=lambda x: " ".join(x) if isinstance(x, list)
+                         else None)
+def test_every_numeric_flag_is_refused_in_one_line_before_any_work(argv: list[str], flag: str, needle: str,
+                                                                   capsys) -> None:
+    from specchat.cli import main
+
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and flag in err[0] and needle in err[0], err
+
+
+def test_a_settings_file_out_of_bounds_is_refused_in_one_line(tmp_path, capsys) -> None:
+    from specchat.cli import main
+
+    settings = tmp_path / "s.json"
+    settings.write_text('{"method": "eagle3", "num_steps": 99999}')
+    assert main(["export", "sglang", "--settings", str(settings)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "num_steps must be an integer from 1 to 32" in err[0], err
+
+
+def test_the_developer_entry_point_takes_the_same_flags_and_refuses_the_same_values(capsys) -> None:
+    from specchat.tui.__main__ import main
+
+    assert main(["--fake", "--speculative-num-steps", "99999"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--speculative-num-steps" in err[0] and "from 1 to 32" in err[0]

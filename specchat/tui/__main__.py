@@ -1,38 +1,37 @@
 """Developer entry point: ``python -m specchat.tui --fake`` or ``python -m specchat.tui --replay FILE``.
 
 The user-facing commands are ``specchat run`` and ``specchat replay`` (specchat/cli.py); this one
-exists so the UI can be tried without a model or before the CLI is wired.
+takes the same flags as ``run`` (generated from engine/knobs.py, so it cannot spell them
+differently) plus ``--replay FILE`` and replay's playback flags.
 """
 
 from __future__ import annotations
 
-import argparse
 import sys
+
+from engine.errors import UserError
+from specchat.cli import add_playback_args, add_run_args
+from specchat.options import Parser
+
+
+def build_parser() -> Parser:
+    p = Parser(prog="python -m specchat.tui")
+    add_run_args(p)
+    p.add_argument("--replay", dest="trace", default=None, help="play a recorded trace")
+    add_playback_args(p)
+    return p
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m specchat.tui")
-    p.add_argument("model", nargs="?")
-    p.add_argument("--fake", action="store_true", help="scripted demo session, no model")
-    p.add_argument("--replay", dest="trace", help="play a recorded trace")
-    p.add_argument("--speed", type=float, default=1.0)
-    p.add_argument("--step", action="store_true", help="replay step by step")
-    p.add_argument("--method")
-    p.add_argument("--num-steps", type=int)
-    p.add_argument("--eagle-topk", type=int)
-    p.add_argument("--num-draft-tokens", type=int)
-    p.add_argument("--temperature", type=float)
-    p.add_argument("--theme")
-    p.add_argument("--compare", action="store_true")
-    p.add_argument("--teach", action="store_true")
-    p.add_argument("--record")
-    args = p.parse_args(argv)
+    p = build_parser()
+    try:
+        args = p.parse_args(argv)
+        from specchat.tui.launch import replay_tui, run_tui
 
-    from specchat.tui.launch import replay_tui, run_tui
-
-    if args.trace:
-        return replay_tui(args)
-    return run_tui(args)
+        return replay_tui(args) if args.trace else run_tui(args)
+    except UserError as exc:
+        print(f"{p.prog}: error: {exc}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

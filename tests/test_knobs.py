@@ -19,7 +19,7 @@ from engine.session import Session
 OUT_OF_BOUNDS: dict[str, list[object]] = {
     "num_steps": [0, 33, 99999],
     "eagle_topk": [0, 65, 99999],
-    "num_draft_tokens": [1, 257, 10**9],
+    "num_draft_tokens": [1, 65, 10**9],
     "ngram_min_match_window_size": [0, 65],
     "ngram_max_match_window_size": [0, 65],
     "ngram_min_bfs_breadth": [0, 65],
@@ -66,7 +66,7 @@ def test_each_bound_itself_is_allowed(knob: Knob) -> None:
         if edge is None or (edge == knob.low and knob.low_open):
             continue
         value = knob.kind(edge)
-        extra = {"num_draft_tokens": 256} if knob.name in ("eagle_topk",) else {}
+        extra = {"num_draft_tokens": 64} if knob.name in ("eagle_topk",) else {}
         if knob.name.startswith("ngram_max_match"):
             extra = {"ngram_max_trie_depth": int(edge) + 1}
         if knob.name == "ngram_max_trie_depth" and edge == knob.low:
@@ -108,7 +108,7 @@ def test_a_cancel_is_seen_before_each_drafting_level_at_the_largest_settings(mon
     """Esc at 32 levels a step: the drafter looks for the cancel before each level, so the step in
     flight ends after the level that was running (not after 31 more forwards)."""
     target, draft = our_model("llama", 0)[0], our_model("llama", 1, num_hidden_layers=1)[0]
-    config = SpecConfig(method="standalone", num_steps=32, eagle_topk=8, num_draft_tokens=256, max_new_tokens=500,
+    config = SpecConfig(method="standalone", num_steps=32, eagle_topk=8, num_draft_tokens=64, max_new_tokens=500,
                         adaptive_draft=False)
     s = Session(target, TinyTokenizer(stop_ids=frozenset()), config,
                 drafters={"none": NoDrafter, "standalone": lambda: StandaloneDrafter(draft, 97)})

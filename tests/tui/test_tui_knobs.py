@@ -11,7 +11,7 @@ from specchat.tui.testing import SIZE, make_app, make_session, palette, wait_loa
 @pytest.mark.parametrize(("typed", "name", "needle"), [
     ("num_steps 99999", "num_steps", "num_steps must be an integer from 1 to 32 (--speculative-num-steps)"),
     ("topk 65", "eagle_topk", "eagle_topk must be an integer from 1 to 64"),
-    ("num_draft_tokens 100000", "num_draft_tokens", "num_draft_tokens must be an integer from 2 to 256"),
+    ("num_draft_tokens 100000", "num_draft_tokens", "num_draft_tokens must be an integer from 2 to 64"),
     ("temperature nan", "temperature", "temperature must be a number from 0 to 10"),
     ("max_new_tokens 1000000000000", "max_new_tokens", "max_new_tokens must be an integer from 1 to 1_048_576"),
 ])

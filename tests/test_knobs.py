@@ -130,12 +130,10 @@ def test_a_cancel_is_seen_before_each_drafting_level_at_the_largest_settings(mon
 # -- the surfaces agree with the declaration --------------------------------------------------------
 def _subparsers() -> dict[str, argparse.ArgumentParser]:
     from specchat.cli import build_parser
-    from specchat.tui.__main__ import build_parser as tui_parser
 
     parser = build_parser()
     sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
-    found = {name: sub.choices[name] for name in ("run", "serve", "generate", "bench", "tune", "export")}
-    return {**found, "python -m specchat.tui": tui_parser()}
+    return {name: sub.choices[name] for name in ("run", "serve", "generate", "bench", "tune", "export")}
 
 
 def _action(parser: argparse.ArgumentParser, flag: str) -> argparse.Action:
@@ -240,11 +238,3 @@ def test_a_settings_file_out_of_bounds_is_refused_in_one_line(tmp_path, capsys) 
     assert main(["export", "sglang", "--settings", str(settings)]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "num_steps must be an integer from 1 to 32" in err[0], err
-
-
-def test_the_developer_entry_point_takes_the_same_flags_and_refuses_the_same_values(capsys) -> None:
-    from specchat.tui.__main__ import main
-
-    assert main(["--fake", "--speculative-num-steps", "99999"]) == 2
-    err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and "--speculative-num-steps" in err[0] and "from 1 to 32" in err[0]

@@ -9,10 +9,19 @@ from __future__ import annotations
 from typing import Any
 
 from engine.api import Message
-from engine.config import SpecConfig
+from engine.config import ConfigError, SpecConfig
 
 # A turn must leave the answer at least this much room (or max_new_tokens, if smaller).
 MIN_ANSWER_ROOM = 64
+
+
+def check_answer_length(config: SpecConfig, limit: int) -> None:
+    """Refuse an answer longer than the whole context (``--max-new-tokens 10**9``) when the
+    settings are taken, with the context's size: such an answer could never end by its length,
+    and the cache would be sized for it."""
+    if config.max_new_tokens > limit:
+        raise ConfigError(f"max_new_tokens={config.max_new_tokens} is more than the model's context of {limit} "
+                          f"tokens; use --max-new-tokens {limit} or less")
 
 
 def context_refusal(prompt_tokens: int, config: SpecConfig, limit: int) -> str:

@@ -25,7 +25,7 @@ from engine.answer import AnswerState
 from engine.api import Message
 from engine.budgets import Budgets
 from engine.config import ConfigError, SpecConfig
-from engine.context import context_refusal, fit_context
+from engine.context import check_answer_length, context_refusal, fit_context
 from engine.drafters.base import Drafter, NoDrafter
 from engine.drafters.tree_search import cancellable
 from engine.events import (
@@ -339,10 +339,7 @@ class Session:
             drafts = ("eagle", "eagle3", "standalone", "medusa")
             hint = " (load a draft with --draft)" if config.method in drafts else ""
             raise ConfigError(f"method {config.method!r} is not available in this session{hint}; have: {have}")
-        limit = self._cache_limit()
-        if config.max_new_tokens > limit:
-            raise ConfigError(f"max_new_tokens={config.max_new_tokens} is more than the model's context of {limit} "
-                              f"tokens; use --max-new-tokens {limit} or less")
+        check_answer_length(config, self._cache_limit())
         self._drafter(config.method).check(config)
 
     def _apply(self, config: SpecConfig) -> None:
@@ -438,7 +435,6 @@ class Session:
         reuse = min(same, self._capture.store.length) if self._capture.on else same
         self._cached = self._cached[:reuse]
         self._captures.truncate(same)  # others' features of tokens that stay hold (EAGLE-3, Medusa alternating)
-        # never past the context: an answer stops there (max_new_tokens may be the whole context)
         self._ensure_capacity(min(len(prompt) + config.max_new_tokens, self._cache_limit()) + config.max_tree_tokens)
         self._cache.truncate(reuse)
         logits = yield from self._prefiller.run(prompt[reuse:], self._cache, self._capture, self._cancel)

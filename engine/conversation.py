@@ -26,7 +26,7 @@ from typing import Any
 import torch
 
 from engine.api import Message
-from engine.config import SpecConfig
+from engine.config import ConfigError, SpecConfig
 from engine.events import PrefillProgress
 from engine.features import FeatureCapture, FeatureCaptures
 from engine.followup import Spoken, follow_up, replay, spoken
@@ -39,6 +39,15 @@ MIN_ANSWER_ROOM = 64
 CACHE_SLACK = 256
 CHUNK_S = 0.25  # a prefill chunk takes about this long, so cancel() acts within it
 CHUNK_MIN, CHUNK_MAX = 16, 4096
+
+
+def check_answer_length(config: SpecConfig, limit: int) -> None:
+    """Refuse an answer longer than the whole context (``--max-new-tokens 10**9``) when the
+    settings are taken, with the context's size: such an answer could never end by its length,
+    and the cache would be sized for it."""
+    if config.max_new_tokens > limit:
+        raise ConfigError(f"max_new_tokens={config.max_new_tokens} is more than the model's context of {limit} "
+                          f"tokens; use --max-new-tokens {limit} or less")
 
 
 def context_refusal(prompt_tokens: int, config: SpecConfig, limit: int) -> str:

@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from engine.config import ConfigError, SpecConfig
+from engine.conversation import check_answer_length
 from engine.drafters.base import Drafter, NoDrafter
 from engine.features import FeatureCapture, FeatureCaptures, FeatureSpec
 
@@ -28,7 +29,8 @@ class Drafters:
     """The installed drafters (made on first use), the settings, and the feature captures."""
 
     def __init__(self, factories: dict[str, DrafterFactory] | None, config: SpecConfig,
-                 features: FeatureSpec | None) -> None:
+                 features: FeatureSpec | None, context_limit: int | None = None) -> None:
+        self.context_limit = context_limit  # the target's context: no answer may be longer
         self._factories = factories if factories is not None else default_drafters()
         self._made: dict[str, Drafter] = {}
         # target states the drafters read (EAGLE and Medusa heads), one row per cached token,
@@ -60,6 +62,8 @@ class Drafters:
             drafts = ("eagle", "eagle3", "standalone", "medusa")
             hint = " (load a draft with --draft)" if config.method in drafts else ""
             raise ConfigError(f"method {config.method!r} is not available in this session{hint}; have: {have}")
+        if self.context_limit is not None:
+            check_answer_length(config, self.context_limit)
         self.get(config.method).check(config)
 
     def checked(self, config: SpecConfig | None) -> SpecConfig:

@@ -64,7 +64,7 @@ class Session:
         self.draft_description = ""  # what the loader loaded as a draft, one line for the UI
         self.ngram_corpus: Any = None  # the n-gram drafter's corpus (a CorpusHandle), set by the loader
         config = config or SpecConfig()
-        self._drafters = Drafters(drafters, config, features)
+        self._drafters = Drafters(drafters, config, features, context_limit=model.context_limit)
         self._conversation = Conversation(model, tokenizer, system_prompt, self._drafters.captures)
         self._precision = PrecisionSwitch(model)
         self._costs = Budgets(model, calibrate=calibrate_costs, threads=threads)  # adaptive budgets

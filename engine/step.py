@@ -38,6 +38,7 @@ from engine.budgets import Budgets
 from engine.config import SpecConfig
 from engine.conversation import Conversation
 from engine.drafters.base import Drafter, NoDrafter
+from engine.drafters.tree_search import cancellable
 from engine.drafting import Drafters
 from engine.events import (
     CommittedToken,
@@ -228,7 +229,7 @@ class SpecLoop:
                                            config.replace(num_steps=answer.levels, eagle_topk=answer.width))
                 ask = last[3]
         tree = drafter.propose(self.conversation.cached, answer.root, ask, noise=self.picker.noise(config),
-                               stop=budget.stop_rule() if gated else None)
+                               stop=cancellable(budget.stop_rule() if gated else None, self.cancel))
         answer.proposed = len(tree)
         if answer.levels:
             answer.grown = max(tree.depths)

@@ -11,11 +11,11 @@ import importlib
 import sys
 from collections.abc import Callable, Sequence
 
-from engine.config import METHODS
 from engine.errors import UserError
-from specchat.options import SPEC_FLAGS, UsageError
+from specchat.options import MAX_THREADS, Parser, UsageError, add_knob_flags, bounded
 
 EMBEDDED_MODEL = "smollm2-135m"
+MAX_PROMPTS = 1_000_000  # --limit: more than any prompt file holds, and refuses a negative or 0
 
 # command -> (module, function): imported only when that command runs, to keep start-up light
 COMMANDS: dict[str, tuple[str, str]] = {
@@ -47,7 +47,7 @@ def _add_model_args(p: argparse.ArgumentParser) -> None:
                         "is lossless against the baseline of the same precision")
     p.add_argument("--backend", default="auto", choices=["auto", "specchat", "hf"],
                    help="specchat: our own forward (Llama family, Gemma 3); hf: any transformers causal LM")
-    p.add_argument("--threads", type=int, default=None,
+    p.add_argument("--threads", type=bounded(int, 1, MAX_THREADS), default=None,
                    help="CPU threads for the model (default: all cores, one fewer while another busy program "
                         "holds a core; answers do not depend on it)")
     p.add_argument("--allow-pickle", action="store_true",
@@ -55,8 +55,6 @@ def _add_model_args(p: argparse.ArgumentParser) -> None:
 
 
 def _add_spec_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--method", "--speculative-algorithm", dest="method", default=None,
-                   help=" | ".join(METHODS))
     p.add_argument("--draft", "--speculative-draft-model-path", dest="draft", default=None,
                    help="EAGLE head or small draft model (folder or hub id); the method is inferred from it")
     p.add_argument("--draft-revision", default=None, help="hub draft: branch, tag or commit")
@@ -67,18 +65,7 @@ def _add_spec_args(p: argparse.ArgumentParser) -> None:
                         "(those shipped with the embedded model), none, or folders of train-draft shards")
     p.add_argument("--settings", default=None, metavar="FILE",
                    help="a JSON of settings (specchat tune --save-settings writes one); flags given win over it")
-    for flag, dest, typ, help_ in SPEC_FLAGS:
-        p.add_argument(flag, dest=dest, type=typ, default=None, help=help_)
-    p.add_argument("--adaptive-draft", dest="adaptive_draft", action=argparse.BooleanOptionalAction, default=None,
-                   help="verify only the part of each draft tree expected to pay (default: on)")
-    p.add_argument("--temperature", type=float, default=None, help="0 = greedy (default)")
-    p.add_argument("--top-p", dest="top_p", type=float, default=None)
-    p.add_argument("--top-k", dest="top_k", type=int, default=None, help="sample among the k likeliest (0 = off)")
-    p.add_argument("--seed", type=int, default=None)
-    p.add_argument("--sampling", choices=["coupled", "rejection"], default=None,
-                   help="temperature > 0: coupled (default; the answer depends only on the seed, not on the "
-                        "drafter) or rejection (recursive rejection sampling)")
-    p.add_argument("--max-new-tokens", dest="max_new_tokens", type=int, default=None)
+    add_knob_flags(p)  # every setting of an answer, from engine/knobs.py
 
 
 def add_run_args(p: argparse.ArgumentParser) -> None:
@@ -94,8 +81,15 @@ def add_run_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--record", default=None, help="write every step to this JSON-lines trace")
 
 
+def add_playback_args(p: argparse.ArgumentParser) -> None:
+    """How a recorded trace plays (``specchat replay``)."""
+    p.add_argument("--speed", type=bounded(float, 0, 1000, low_open=True), default=1.0,
+                   help="playback speed factor (above 0, up to 1000; default 1)")
+    p.add_argument("--step", action="store_true", help="step through with the keyboard")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="specchat", description=__doc__.splitlines()[0])
+    parser = Parser(prog="specchat", description=__doc__.splitlines()[0])
     parser.add_argument("--version", action="version", version=_version())
     sub = parser.add_subparsers(dest="command", required=True)
 
@@ -108,8 +102,8 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--host", default="127.0.0.1",
                        help="address to listen on (default 127.0.0.1: this machine only; anything else lets "
                             "others in: there is no authentication)")
-    serve.add_argument("--port", type=int, default=8000, help="TCP port (default 8000)")
-    serve.add_argument("--max-sessions", dest="max_sessions", type=int, default=None, metavar="N",
+    serve.add_argument("--port", type=bounded(int, 1, 65535), default=8000, help="TCP port (default 8000)")
+    serve.add_argument("--max-sessions", dest="max_sessions", type=bounded(int, 1, 1024), default=None, metavar="N",
                        help="browser sessions (engines) at once (default: what this machine's memory and cores "
                             "hold for the model); one more gets a page saying so")
     serve.add_argument("--public-url", dest="public_url", default=None, metavar="URL",
@@ -132,22 +126,24 @@ def build_parser() -> argparse.ArgumentParser:
                        help="comma list; 'none' (baseline) is always run (default: none,ngram with --prompts; "
                             "none with --random-weights)")
     bench.add_argument("--peers", default="", help="comma list of reference implementations: hf, llamacpp")
-    bench.add_argument("--limit", type=int, default=None, help="use only the first N prompts")
+    bench.add_argument("--limit", type=bounded(int, 1, MAX_PROMPTS), default=None, help="use only the first N prompts")
     bench.add_argument("--json", dest="json_out", default=None, help="write results to this JSON file")
     bench.add_argument("--plot", default=None, metavar="FILE.svg",
                        help="also write the table (and the --cost-curve chart) as an SVG image, e.g. for a README")
     bench.add_argument("--cost-curve", action="store_true",
                        help="time one target forward over n new tokens relative to n = 1")
-    bench.add_argument("--context", type=int, default=300, help="cost curve: cached tokens before the tree")
-    bench.add_argument("--data-engine", dest="data_engine", type=int, default=None, metavar="N",
+    bench.add_argument("--context", type=bounded(int, 1, 1 << 20), default=300,
+                       help="cost curve: cached tokens before the tree")
+    bench.add_argument("--data-engine", dest="data_engine", type=bounded(int, 1, 1 << 16), default=None, metavar="N",
                        help="time train-draft's data paths (one row; rows exact; rows fast), N answer tokens each")
     bench.add_argument("--train-speed", dest="train_speed", action="store_true",
                        help="time a training step with the target run per batch vs stored features (fp32, bf16)")
-    bench.add_argument("--rows", type=int, default=48, help="data engine: conversations per forward")
+    bench.add_argument("--rows", type=bounded(int, 1, 4096), default=48, help="data engine: conversations per forward")
     bench.add_argument("--random-weights", dest="random_weights", default=None, metavar="SHAPE",
                        help="no checkpoint: a random model of this shape (llama-3.1-8b, smollm2-135m or a "
                             "config.json); reports decode tok/s, bandwidth fraction, cost curve, oracle acceptance")
-    bench.add_argument("--peak-bandwidth", dest="peak_bandwidth", type=float, default=None, metavar="GBPS",
+    bench.add_argument("--peak-bandwidth", dest="peak_bandwidth", type=bounded(float, 0, 1e6, low_open=True),
+                       default=None, metavar="GBPS",
                        help="peak memory bandwidth for the bandwidth fraction (default: looked up by GPU name)")
 
     tune = sub.add_parser("tune", help="sweep the tree knobs on your prompts; print SGLang and vLLM launch lines")
@@ -157,8 +153,9 @@ def build_parser() -> argparse.ArgumentParser:
     tune.add_argument("--methods", default="ngram", help="comma list of methods to tune (default: ngram)")
     tune.add_argument("--grid", default=None,
                       help="knob values to sweep, e.g. 'num_steps=3,4;eagle_topk=1,4' (default: SGLang's ranges)")
-    tune.add_argument("--minutes", type=float, default=None, help="time budget: coarse grid first, then refine")
-    tune.add_argument("--limit", type=int, default=None, help="use only the first N prompts")
+    tune.add_argument("--minutes", type=bounded(float, 0, 7 * 24 * 60, low_open=True), default=None,
+                      help="time budget: coarse grid first, then refine")
+    tune.add_argument("--limit", type=bounded(int, 1, MAX_PROMPTS), default=None, help="use only the first N prompts")
     tune.add_argument("--json", dest="json_out", default=None, help="write everything to this JSON file")
     tune.add_argument("--save-settings", dest="save_settings", default=None, metavar="FILE",
                       help="write the winner's settings for specchat run --settings FILE")
@@ -170,8 +167,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     rep = sub.add_parser("replay", help="play a recorded trace in the TUI, no model needed")
     rep.add_argument("trace", help="a trace written by specchat run --record")
-    rep.add_argument("--speed", type=float, default=1.0, help="playback speed factor")
-    rep.add_argument("--step", action="store_true", help="step through with the keyboard")
+    add_playback_args(rep)
     rep.add_argument("--theme", default=None, help="dark, light or colourblind")
 
     from specchat.train_draft import add_parser as add_train_draft
@@ -181,10 +177,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
     try:
-        return _dispatch(args)
+        return _dispatch(build_parser().parse_args(argv))
     except KeyboardInterrupt:
         print("specchat: interrupted", file=sys.stderr)
         return 130

@@ -18,52 +18,94 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from engine.errors import UserError
+from engine.knobs import KNOBS, Knob
 
 if TYPE_CHECKING:
     from engine.config import SpecConfig
 
-# (flag, dest, type, help): SGLang's names, so tuned values carry over to a deployment.
-SPEC_FLAGS: list[tuple[str, str, type, str]] = [
-    ("--speculative-num-steps", "num_steps", int, "tree levels drafted per step (EAGLE)"),
-    ("--speculative-eagle-topk", "eagle_topk", int, "branching factor of the draft tree (EAGLE)"),
-    ("--speculative-num-draft-tokens", "num_draft_tokens", int, "tree size per step, root included"),
-    ("--speculative-ngram-min-match-window-size", "ngram_min_match_window_size", int, "n-gram: shortest match"),
-    ("--speculative-ngram-max-match-window-size", "ngram_max_match_window_size", int, "n-gram: longest match"),
-    ("--speculative-ngram-min-bfs-breadth", "ngram_min_bfs_breadth", int, "n-gram: least branching"),
-    ("--speculative-ngram-max-bfs-breadth", "ngram_max_bfs_breadth", int, "n-gram: most branching"),
-    ("--speculative-ngram-match-type", "ngram_match_type", str, "n-gram: BFS (recency) or PROB (frequency)"),
-    ("--speculative-ngram-max-trie-depth", "ngram_max_trie_depth", int, "n-gram: longest stored suffix"),
-    ("--speculative-ngram-capacity", "ngram_capacity", int, "n-gram: trie node budget"),
-    ("--speculative-ngram-mode", "ngram_mode", str, "n-gram: tree (SGLang trie) or chain (prompt lookup)"),
-    ("--speculative-medusa-tree", "medusa_tree", str, "Medusa: dynamic (top-k product tree) or static (the paper's "
-     "63-node tree)"),
-]
-# the sampling and length flags, read the same way
-OTHER_FIELDS: tuple[str, ...] = ("temperature", "top_p", "top_k", "sampling", "seed", "max_new_tokens",
-                                 "adaptive_draft")
-# --method names (lower-cased) -> SpecConfig.method; "eagle2" is SGLang's name for EAGLE-1/2 heads
-ALGORITHMS: dict[str, str] = {"none": "none", "ngram": "ngram", "eagle": "eagle", "eagle3": "eagle3",
-                              "standalone": "standalone", "eagle2": "eagle", "medusa": "medusa"}
+# --method names (any case) -> SpecConfig.method; "eagle2" is SGLang's name for EAGLE-1/2 heads
+ALGORITHMS: dict[str, str] = {**{m: m for m in KNOBS["method"].choices}, **dict(KNOBS["method"].value_aliases)}
 TREE_METHODS = ("eagle", "eagle3", "standalone", "medusa")
+# --threads: more than a few per core only slows torch down; the cap refuses a typo (400 for 4)
+MAX_THREADS = 4 * (os.cpu_count() or 1)
 
 
 class UsageError(UserError):
     """Bad input from the user: printed as one line, exit status 2."""
 
 
+class Parser(argparse.ArgumentParser):
+    """argparse, with its errors raised as UsageError: the CLI prints them as one line (exit 2),
+    like every other mistake in the flags, instead of the usage block and a second line."""
+
+    def error(self, message: str):  # type: ignore[override]
+        raise UsageError(message)
+
+
+def add_knob_flags(p: argparse.ArgumentParser) -> None:
+    """One flag per knob that has one (engine/knobs.py): its name, help, type and bounds, checked
+    as it is parsed, before any work."""
+    for knob in KNOBS.values():
+        if knob.flag is None:
+            continue
+        if knob.kind is bool:
+            p.add_argument(knob.flag, *knob.flag_aliases, dest=knob.name, action=argparse.BooleanOptionalAction,
+                           default=None, help=f"{knob.help} (default: {'on' if knob.default else 'off'})")
+            continue
+        metavar = "|".join(knob.choices) if knob.choices else None
+        p.add_argument(knob.flag, *knob.flag_aliases, dest=knob.name, type=knob_type(knob), default=None,
+                       metavar=metavar, help=f"{knob.help} ({_allowed(knob)})")
+
+
+def _allowed(knob: Knob) -> str:
+    shown = "none" if knob.default is None else knob.default
+    return f"default {shown}" if knob.choices else f"{knob.describe()}; default {shown}"
+
+
+def knob_type(knob: Knob):
+    """argparse's ``type`` for ``knob``: text -> a value within its bounds, else ArgumentTypeError
+    (argparse then names the flag)."""
+
+    def convert(text: str) -> Any:
+        if knob.choices:
+            value = knob.canonical(text)
+            if value is None:
+                raise argparse.ArgumentTypeError(f"unknown {knob.name} {text!r}; choose {', '.join(knob.choices)}")
+            return value
+        try:
+            value = knob.kind(text)
+        except ValueError:
+            value = None
+        if value is None or not knob.accepts_type(value) or not knob.in_range(value):
+            raise argparse.ArgumentTypeError(f"must be {knob.describe()}, got {text!r}")
+        return value
+
+    convert.__name__ = knob.name
+    return convert
+
+
+def bounded(kind: type, low: float | None = None, high: float | None = None, *, low_open: bool = False):
+    """argparse's ``type`` for a numeric flag that is no knob (--threads, --speed, --max-steps...):
+    the same check and wording as the knobs'."""
+    return knob_type(Knob("value", kind, None, "", None, low=low, high=high, low_open=low_open))
+
+
 def spec_overrides(args: argparse.Namespace) -> dict[str, Any]:
-    """The SpecConfig fields the user set on the command line (flags left unset are absent)."""
+    """The SpecConfig fields the user set on the command line (flags left unset are absent).
+
+    The parser already checked each value (:func:`knob_type`); a choice is canonicalised again
+    here for Namespaces built by other means (serve forwards the flags of ``run``)."""
     out: dict[str, Any] = {}
-    method = getattr(args, "method", None)
-    if method is not None:
-        key = method.lower()
-        if key not in ALGORITHMS:
-            raise UsageError(f"unknown method {method!r}; choose none, ngram, eagle, eagle3, standalone or medusa")
-        out["method"] = ALGORITHMS[key]
-    for dest in [dest for _, dest, _, _ in SPEC_FLAGS] + list(OTHER_FIELDS):
-        value = getattr(args, dest, None)
-        if value is not None:
-            out[dest] = value.upper() if dest == "ngram_match_type" else value
+    for knob in KNOBS.values():
+        value = getattr(args, knob.name, None) if knob.flag else None
+        if value is None:
+            continue
+        if knob.choices:
+            value = knob.canonical(str(value))
+            if value is None:
+                raise UsageError(f"unknown {knob.name} {getattr(args, knob.name)!r}; choose "
+                                 f"{', '.join(knob.choices)}")
+        out[knob.name] = value
     return out
 
 

@@ -15,7 +15,7 @@ from typing import Any
 
 from engine.errors import MissingFileError
 from specchat.bench_report import cpu_name_and_flags
-from specchat.options import UsageError
+from specchat.options import MAX_THREADS, UsageError, bounded
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -26,7 +26,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="output folder: config.json + model.safetensors (EAGLE-3 layout); required unless --data-only")
     p.add_argument("--method", default="eagle3", choices=["eagle3", "medusa"],
                    help="eagle3: one EAGLE-3 head; medusa: Medusa-1 heads on the target's last hidden state")
-    p.add_argument("--medusa-heads", type=int, default=4, help="medusa: number of heads (head k guesses k+2 ahead)")
+    p.add_argument("--medusa-heads", type=bounded(int, 1, 16), default=4,
+                   help="medusa: number of heads (head k guesses k+2 ahead)")
     p.add_argument("--medusa-train-lm-head", action="store_true",
                    help="medusa: also train the shared lm_head (default: frozen, the target's rows)")
     p.add_argument("--export-layout", default=None, choices=["vllm", "medusa"],
@@ -41,34 +42,39 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--prompts", default=None,
                    help="extra user prompts, JSON lines (messages | turns | prompt); mixed with self-written ones")
     p.add_argument("--no-builtin-prompts", action="store_true", help="do not mix in specchat's own prompt list")
-    p.add_argument("--magpie-share", type=float, default=0.7,
+    p.add_argument("--magpie-share", type=bounded(float, 0, 1), default=0.7,
                    help="share of conversations whose first user turn the model writes itself (Magpie); the rest "
                         "come from the prompt lists (0: prompt lists only)")
-    p.add_argument("--tokens", type=int, default=300_000,
+    p.add_argument("--tokens", type=bounded(int, 1, 10**10), default=300_000,
                    help="answer tokens of self-distilled data to generate (medusa: and to train on)")
-    p.add_argument("--draft-vocab-size", type=int, default=8192,
+    p.add_argument("--draft-vocab-size", type=bounded(int, 1, 1 << 20), default=8192,
                    help="draft vocabulary (most frequent answer tokens; medusa: rows of the shared lm_head)")
-    p.add_argument("--ttt-steps", type=int, default=5, help="training-time-test steps unrolled per position")
-    p.add_argument("--intermediate-size", type=int, default=None, help="head MLP width (default: the target's)")
-    p.add_argument("--epochs", type=float, default=2.0)
-    p.add_argument("--max-steps", type=int, default=None, help="stop after this many optimizer steps in all")
-    p.add_argument("--hours", type=float, default=None,
+    p.add_argument("--ttt-steps", type=bounded(int, 1, 64), default=5,
+                   help="training-time-test steps unrolled per position")
+    p.add_argument("--intermediate-size", type=bounded(int, 1, 1 << 17), default=None,
+                   help="head MLP width (default: the target's)")
+    p.add_argument("--epochs", type=bounded(float, 0, 1000, low_open=True), default=2.0)
+    p.add_argument("--max-steps", type=bounded(int, 1, 10**9), default=None,
+                   help="stop after this many optimizer steps in all")
+    p.add_argument("--hours", type=bounded(float, 0, 24 * 365, low_open=True), default=None,
                    help="stop this invocation after N hours (checkpointed; continue with --resume)")
-    p.add_argument("--batch-tokens", type=int, default=1024,
+    p.add_argument("--batch-tokens", type=bounded(int, 1, 1 << 24), default=1024,
                    help="padded tokens per optimizer step (medusa: answer positions per step)")
-    p.add_argument("--lr", type=float, default=None, help="peak learning rate (default 5e-4; medusa 1e-3)")
-    p.add_argument("--eval-every", type=int, default=200, help="measure held-out tau and export every N steps")
-    p.add_argument("--checkpoint-every", type=int, default=20)
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--lr", type=bounded(float, 0, 1, low_open=True), default=None,
+                   help="peak learning rate (default 5e-4; medusa 1e-3)")
+    p.add_argument("--eval-every", type=bounded(int, 1, 10**9), default=200,
+                   help="measure held-out tau and export every N steps")
+    p.add_argument("--checkpoint-every", type=bounded(int, 1, 10**9), default=20)
+    p.add_argument("--seed", type=bounded(int, 0, 2**63 - 1), default=0)
     p.add_argument("--import-data", action="append", default=None, metavar="DIR",
                    help="first copy the id shards (batch-*.npz) of DIR into the data cache (e.g. the shipped "
                         "assets/train-data/...; repeat for several folders); their target features are computed "
                         "here")
     p.add_argument("--data-only", action="store_true",
                    help="generate (or extend) the self-distilled data and stop; --out is not written")
-    p.add_argument("--gen-batch", type=int, default=None,
+    p.add_argument("--gen-batch", type=bounded(int, 1, 4096), default=None,
                    help="conversations per transformers batch when generating on a GPU (default 256; 32 on CPU)")
-    p.add_argument("--rows", type=int, default=48,
+    p.add_argument("--rows", type=bounded(int, 1, 4096), default=48,
                    help="conversations generated per forward by the CPU data engine (default 48)")
     p.add_argument("--data-precision", default="auto", choices=["auto", "fast", "exact"],
                    help="the data engine's arithmetic (auto: fast where the CPU has it)")
@@ -76,7 +82,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="train the head under bf16 autocast (auto: where the CPU has bf16 dot products)")
     p.add_argument("--export-dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"])
     p.add_argument("--device", default="cpu", help="cpu or cuda[:N]")
-    p.add_argument("--threads", type=int, default=None, help="CPU threads (default: all cores)")
+    p.add_argument("--threads", type=bounded(int, 1, MAX_THREADS), default=None,
+                   help="CPU threads (default: all cores)")
     p.add_argument("--revision", default=None, help="hub model: branch, tag or commit")
 
 

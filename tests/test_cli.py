@@ -60,9 +60,9 @@ def test_corrupt_safetensors(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("flags,needle", [
-    (["--speculative-eagle-topk", "0"], "eagle_topk"),
-    (["--speculative-num-draft-tokens", "1"], "num_draft_tokens"),
-    (["--temperature", "-1"], "temperature"),
+    (["--speculative-eagle-topk", "0"], "--speculative-eagle-topk: must be an integer from 1 to 64"),
+    (["--speculative-num-draft-tokens", "1"], "--speculative-num-draft-tokens: must be an integer from 2 to 64"),
+    (["--temperature", "-1"], "--temperature"),
     (["--method", "magic"], "unknown method"),
 ])
 def test_invalid_flag_values(flags: list[str], needle: str, capsys) -> None:

@@ -29,8 +29,8 @@ def test_the_cache_never_exceeds_the_context_whatever_max_new_tokens_says() -> N
     past the flag bounds (set here behind the config's back) cannot allocate petabytes."""
     net = our_model("llama", 0)[0]
     config = SpecConfig(method="none", max_new_tokens=12)
-    object.__setattr__(config, "max_new_tokens", 10**12)
     session = Session(net, TinyTokenizer(stop_ids=frozenset()), config, drafters={"none": NoDrafter})
+    object.__setattr__(config, "max_new_tokens", 10**12)  # after the session's own check refused no such value
     events = session.generate_ids([1, 5, 6, 7])
     assert any(isinstance(e, Started) for e in events)
     limit = net.config.max_position_embeddings

@@ -189,7 +189,7 @@ def test_a_good_head_hot_swapped_into_a_running_chat_drafts_and_stays_lossless()
 
 
 def test_config_refuses_a_bad_tree_kind_and_a_topk_beyond_the_head_vocabulary() -> None:
-    with pytest.raises(ConfigError, match="medusa_tree must be dynamic or static"):
+    with pytest.raises(ConfigError, match="medusa_tree must be one of dynamic, static"):
         SpecConfig(method="medusa", medusa_tree="fixed")  # type: ignore[arg-type]
     b = bundle("vllm", 40)
     s = medusa_session(b, SpecConfig(method="medusa", eagle_topk=4, num_draft_tokens=64, max_new_tokens=2))

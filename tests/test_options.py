@@ -60,7 +60,10 @@ def test_bench_never_lets_the_draft_pick_the_method() -> None:
 
 
 def test_unknown_method_is_a_usage_error() -> None:
-    args = build_parser().parse_args(["generate", "--prompt", "hi", "--method", "lookahead"])
+    with pytest.raises(UsageError, match="unknown method 'lookahead'; choose none, ngram"):  # as it is parsed
+        build_parser().parse_args(["generate", "--prompt", "hi", "--method", "lookahead"])
+    args = build_parser().parse_args(["generate", "--prompt", "hi"])
+    args.method = "lookahead"  # a Namespace built by other means (serve forwards run's flags)
     with pytest.raises(UsageError, match="unknown method"):
         make_config(args, method="ngram")
     assert issubclass(UsageError, UserError)

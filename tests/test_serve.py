@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from engine.knobs import KNOBS
 from specchat import serve, serve_session
 from specchat.cli import add_run_args, build_parser, main
 from specchat.serve import ServeError, SessionBudget, check_address, run_argv, session_command
@@ -73,6 +74,21 @@ def test_the_tab_command_carries_the_run_options(argv):
     _round_trip(argv)
 
 
+def _other_value(action: argparse.Action) -> str:
+    """A value ``action`` takes that is not its default: a choice, else the first its type accepts."""
+    choices = action.choices or (KNOBS[action.dest].choices if action.dest in KNOBS else ())
+    if choices:
+        return next(c for c in choices if c != action.default)
+    for text in ("3", "0.5", "5000", "x"):
+        try:
+            if action.type is not None:
+                action.type(text)
+            return text
+        except (argparse.ArgumentTypeError, ValueError, TypeError):
+            continue
+    raise AssertionError(f"no value for {action.option_strings[0]}")
+
+
 def test_every_run_flag_is_forwarded():
     """Each flag of ``run``, set to a value other than its default, reaches the tab: a flag added to
     ``run`` later is served without a change here."""
@@ -86,10 +102,8 @@ def test_every_run_flag_is_forwarded():
             argv.append(action.option_strings[1])
         elif action.nargs == 0:
             argv.append(action.option_strings[0])
-        elif action.choices:
-            argv += [action.option_strings[0], next(c for c in action.choices if c != action.default)]
         else:
-            argv += [action.option_strings[0], {int: "3", float: "0.5"}.get(action.type, "x")]
+            argv += [action.option_strings[0], _other_value(action)]
     argv += ["--", "a-model"]
     forwarded = run_argv(build_parser().parse_args(["serve", *argv]))
     changed = {a.dest for a in parser._actions}
@@ -140,7 +154,7 @@ def no_server(monkeypatch):
 @pytest.mark.parametrize(("argv", "says"), [
     (["./no/such/model"], "no such file or folder"),
     (["--fake", "--method", "bogus"], "unknown method 'bogus'"),
-    (["--fake", "--max-sessions", "0"], "at least 1 session"),
+    (["--fake", "--max-sessions", "0"], "--max-sessions: must be an integer from 1 to"),
     (["--fake", "--port", "0"], "from 1 to 65535"),
 ])
 def test_main_refuses_bad_input_in_one_line_before_serving(argv, says, no_server, capsys):

@@ -159,7 +159,7 @@ def test_cancel_stops_at_a_step_boundary_and_the_session_stays_usable() -> None:
 
 def test_cancel_from_another_thread() -> None:
     m = model()
-    s = Session(m, TinyTokenizer(stop_ids=frozenset()), SpecConfig(max_new_tokens=10_000),
+    s = Session(m, TinyTokenizer(stop_ids=frozenset()), SpecConfig(max_new_tokens=500),
                 drafters={"none": NoDrafter})
     seen = threading.Event()
     result: list = []
@@ -218,11 +218,13 @@ def test_invalid_hot_swap_is_refused_and_old_settings_stay() -> None:
 def test_a_topk_wider_than_the_tree_is_refused_up_front_in_one_line(method: str) -> None:
     """``generate --method eagle3 --speculative-eagle-topk 99999`` used to print one word and hang
     (topk² candidates per level): a level wider than the tree's drafts is refused on construction."""
-    with pytest.raises(ConfigError, match=r"eagle_topk=99999 .*room for 7 drafts.*eagle_topk 7 or less") as err:
-        SpecConfig(method=method, eagle_topk=99999)
+    with pytest.raises(ConfigError, match=r"eagle_topk=12 .*room for 7 drafts.*eagle_topk 7 or less") as err:
+        SpecConfig(method=method, eagle_topk=12)
     assert "\n" not in str(err.value)
     assert SpecConfig(method=method, eagle_topk=7).eagle_topk == 7  # the widest level the tree holds
-    assert SpecConfig(method="ngram", eagle_topk=99999).eagle_topk == 99999  # a knob that does not act there
+    assert SpecConfig(method="ngram", eagle_topk=12).eagle_topk == 12  # a knob that does not act there
+    with pytest.raises(ConfigError, match=r"eagle_topk must be an integer from 1 to 64"):  # its bound: for all
+        SpecConfig(method="ngram", eagle_topk=99999)
 
 
 def test_a_refused_topk_hot_swap_keeps_the_old_settings() -> None:

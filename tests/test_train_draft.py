@@ -402,7 +402,7 @@ def test_cli_refuses_bad_runs_with_one_line(tmp_path: Path, capsys: pytest.Captu
     assert "has no checkpoint" in capsys.readouterr().err
     assert main(["train-draft", "--out", str(tmp_path / "x"), "--tokens", "0"]) == 2
     err = capsys.readouterr().err
-    assert err.count("\n") == 1 and "must be positive" in err
+    assert err.count("\n") == 1 and "--tokens: must be an integer from 1" in err
     (tmp_path / "run" / "checkpoint").mkdir(parents=True)
     (tmp_path / "run" / "checkpoint" / "progress.json").write_text("{}")
     assert main(["train-draft", "--out", str(tmp_path / "run")]) == 2

@@ -187,7 +187,7 @@ def test_flags_fix_a_knob_and_bad_flags_fail_before_loading(tiny, tmp_path: Path
         (["--methods", "none"], "tune needs a method"),
         (["--methods", "ngram", "--grid", "num_steps=3"], "num_steps acts on none of ngram"),
         (["--methods", "ngram", "--temperature", "0.7"], "greedy"),
-        (["--methods", "ngram", "--minutes", "0"], "--minutes must be > 0"),
+        (["--methods", "ngram", "--minutes", "0"], "--minutes: must be a number above 0"),
         (["--methods", "ngram", "--json", str(tmp_path)], "is a folder"),
     ]:
         assert _tune(model, prompts, *flags) == 2

@@ -37,6 +37,7 @@ from __future__ import annotations
 import math
 import random
 import struct
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -126,6 +127,17 @@ class Sampling:
     process: Processor
     to_target_dist: ToTargetDist
     generator: torch.Generator | None = None
+
+
+def cancellable(rule: StopRule | None, cancel: threading.Event) -> StopRule:
+    """``rule``, and a stop once ``cancel`` is set: every drafter that grows a tree level by level
+    asks before each level, so Esc waits for at most one level (and the verify of what was grown),
+    not for the 32 levels the largest settings draft."""
+
+    def stop(cands: Candidates, frontier: list[int]) -> bool:
+        return cancel.is_set() or (rule is not None and rule(cands, frontier))
+
+    return stop
 
 
 _KERNEL_MAX_K = 64  # the widest top-k the kernel's perturbed picks take (ops.c)

@@ -6,7 +6,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from engine.config import CONTEXT_OVERFLOW, DRAFT_KNOBS, MEDUSA_TREES, METHODS, SAMPLINGS, ConfigError, knobs_for
+from engine.config import DRAFT_KNOBS, METHODS, ConfigError, knobs_for
+from engine.knobs import KNOBS, Knob
 
 FieldKind = Literal["int", "float", "choice", "bool", "text"]
 
@@ -21,29 +22,15 @@ class SettingField:
     help: str = ""
 
 
-ENGINE_FIELDS: tuple[SettingField, ...] = (
-    SettingField("method", "method", "choice", choices=METHODS, help="drafting method (the target stays loaded)"),
-    SettingField("num_steps", "num_steps", "int", help="tree depth: levels the drafter guesses ahead"),
-    SettingField("eagle_topk", "eagle_topk", "int", help="branching: candidates kept per node"),
-    SettingField("num_draft_tokens", "num_draft_tokens", "int", help="tree size incl. the root"),
-    SettingField("ngram_min_match_window_size", "ngram min window", "int", help="n-gram: shortest suffix matched"),
-    SettingField("ngram_max_match_window_size", "ngram max window", "int", help="n-gram: longest suffix matched"),
-    SettingField("ngram_min_bfs_breadth", "ngram min breadth", "int", help="n-gram: fewest branches per level"),
-    SettingField("ngram_max_bfs_breadth", "ngram max breadth", "int", help="n-gram: most branches per level"),
-    SettingField("ngram_corpus", "ngram corpus", "bool",
-                 help="n-gram: where the conversation has no match, draft from the model's own answers"),
-    SettingField("medusa_tree", "medusa tree", "choice", choices=MEDUSA_TREES,
-                 help="Medusa: dynamic (top-k product of the heads) or static (the paper's 63-node tree)"),
-    SettingField("adaptive_draft", "adaptive draft", "bool",
-                 help="verify only the part of each tree expected to pay (off in teaching mode)"),
-    SettingField("temperature", "temperature", "float", help="0 = greedy (identical to baseline)"),
-    SettingField("top_p", "top_p", "float", help="nucleus sampling cut-off"),
-    SettingField("sampling", "sampling", "choice", choices=SAMPLINGS,
-                 help="temperature > 0: coupled (the baseline's very sample) or rejection (more drafts land)"),
-    SettingField("max_new_tokens", "max_new_tokens", "int", help="answer length limit"),
-    SettingField("context_overflow", "context overflow", "choice", choices=CONTEXT_OVERFLOW,
-                 help="a turn that does not fit the context: refuse it, or drop the oldest turns"),
-)
+def _field(knob: Knob) -> SettingField:
+    """A panel row and palette setting from the knob's one declaration (engine/knobs.py)."""
+    kind: FieldKind = "bool" if knob.kind is bool else "choice" if knob.choices else \
+        "int" if knob.kind is int else "float"
+    return SettingField(knob.name, knob.label or knob.name, kind, choices=knob.choices, help=knob.help)
+
+
+# the knobs with a label, in their declared order: the rows of the panel and the palette's settings
+ENGINE_FIELDS: tuple[SettingField, ...] = tuple(_field(k) for k in KNOBS.values() if k.label is not None)
 
 # the target's own arithmetic: not part of an answer's settings (SpecConfig), switched by the session
 # between answers (Session.set_precision), after which the conversation is read again in it

@@ -346,7 +346,7 @@ async def test_settings_grey_out_knobs_the_drafter_ignores_and_offer_only_loadab
         names = [f.name for f in SettingsCommands(app.screen)._fields()]
         assert "eagle_topk" not in names and "ngram_max_bfs_breadth" in names
         # a cross-field rule still refuses with its reason
-        assert "must be >=" in app.apply_setting("ngram_max_match_window_size", "0")
+        assert "must be >=" in app.apply_setting("ngram_min_bfs_breadth", "20")  # above max breadth 10
         # baseline: every drafting knob is greyed
         app.apply_setting("method", "none")
         await pilot.pause()

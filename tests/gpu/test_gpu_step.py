@@ -95,18 +95,20 @@ def session(method: str, device: str) -> Session:
 
 # Per step, once every graph the step needs is captured: (launches outside graphs, host waits), at
 # most. What is a graph now: the verify forward of every method (features captured for EAGLE and
-# Medusa), the standalone model's root forward. What is not yet (issue 51, item 2, open): EAGLE's
-# draft levels (the head's ~45 ops a level, and the extend: ~137 a step for EAGLE-1, ~195 for
-# EAGLE-3, whose head reads three layers) and the standalone model's tree levels (an eager forward
-# of the draft model each, ~300 ops: its per-level prefix mask is not a static-decoder input yet).
-# The waits: the verdict's one read (the verify's inputs go over from pinned memory without one);
-# a drafted level adds one (the tree search reads its candidates), Medusa one a head.
+# Medusa), the standalone model's root forward. The waits: the verdict's one read (the verify's
+# inputs go over from pinned memory without one), and for a drafter the drafted tree's one read:
+# EAGLE's greedy tree is searched on the device (engine/drafters/device_search.py), Medusa's heads
+# are ranked in one top-k. What is not a graph yet (issue 51, item 2, open): EAGLE's draft levels
+# and its catch-up (the head's ~45 ops a level and the device search's ~10: ~161 a step for
+# EAGLE-1, ~219 for EAGLE-3, whose head reads three layers), and the standalone model's tree
+# levels (an eager forward of the draft model each, ~300 ops, and a read a level: its per-level
+# prefix mask is not a static-decoder input yet).
 CEILINGS: dict[str, tuple[int, int]] = {
     "none": (3, 1),
     "ngram": (3, 1),
-    "eagle": (140, 4),
-    "eagle3": (200, 4),
-    "medusa": (20, 7),
+    "eagle": (165, 2),
+    "eagle3": (220, 2),
+    "medusa": (20, 2),
     "standalone": (960, 13),
 }
 

@@ -21,6 +21,7 @@ from collections.abc import Sequence
 import torch
 
 from engine.config import SpecConfig
+from engine.drafters.device_search import Frontier, grow_tree_on_device
 from engine.drafters.eagle_head import EagleHead
 from engine.drafters.tree_search import Candidates, DraftRandom, Level, StopRule, check_topk, coupled_scores, grow_tree
 from engine.kernels.head import Keys
@@ -80,6 +81,9 @@ class EagleDrafter:
         budget = min(config.num_draft_tokens, steps + 1) if topk == 1 else config.num_draft_tokens
         sampling = self._random.sampling(config, head.to_target_dist)
         coupled = coupled_scores(config, noise, n, head.vocab_ids, head.kernel)
+        if sampling is None and coupled is None and stop is None and head.native is None \
+                and head.device.type == "cuda":
+            return self._propose_on_device(n, root, steps, topk, budget)
         picks = topk if sampling is None and coupled is None else 0  # plain top-k: the kernel picks
         g_last, root_logp = self._extend(root, picks)
         state: dict[int, torch.Tensor] = {}
@@ -107,6 +111,34 @@ class EagleDrafter:
         return tree
 
     # -- internals --------------------------------------------------------------------------------
+    def _propose_on_device(self, n: int, root: int, steps: int, topk: int, budget: int) -> DraftTree:
+        """The greedy tree searched on the device (engine/drafters/device_search.py): one host read
+        for the tree, none between levels. A level's k rows sit at fixed head-cache slots and see
+        the committed entries plus their ancestors' slots, an ancestor mask gathered on the device."""
+        head = self.head
+        g_last, first = self._extend(root)
+        k = min(topk, head.vocab_size)
+        scratch = max(steps - 1, 1) * k
+        dev = head.device
+        own = torch.eye(k, dtype=torch.bool, device=dev)
+        # [k, committed + scratch]: which entries each frontier row sees, gathered from its parent's row
+        seen = torch.zeros(k, n + scratch, dtype=torch.bool, device=dev)
+        seen[:, :n] = True
+        state: dict[str, torch.Tensor] = {"seen": seen}
+
+        def expand(f: Frontier) -> torch.Tensor:
+            lo = n + (f.depth - 1) * k  # the level's first slot
+            rows = state["seen"] if f.parent_rows is None else state["seen"][f.parent_rows]
+            rows[:, lo: lo + k] |= own
+            stream = g_last[None].expand(k, -1) if f.parent_rows is None else state["g"][f.parent_rows]
+            positions = torch.full((k,), n - 1 + f.depth, dtype=torch.int64)
+            g = head.forward(f.tokens, stream, positions, self.cache, lo, rows[:, : lo + k])
+            state["g"], state["seen"] = g, rows
+            return head.log_probs(g)
+
+        return grow_tree_on_device(root, first.logp[0], expand, head.to_target, num_steps=steps, topk=topk,
+                                   num_draft_tokens=budget)
+
     def _extend(self, root: int, picks: int = 0) -> tuple[torch.Tensor, Level]:
         """Add head entries for every committed position that lacks one; return the last entry's
         output and its log-probabilities (the root's children, ``picks`` of them picked)."""

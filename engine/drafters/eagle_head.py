@@ -233,7 +233,10 @@ class EagleHead:
         if key_mask is None:
             key_mask = torch.ones(T, start + T, dtype=torch.bool)
             key_mask[:, start:] = torch.ones(T, T, dtype=torch.bool).tril_()
-        bias = torch.zeros(T, start + T, dtype=self.dtype).masked_fill_(~key_mask.cpu(), float("-inf"))
+        # built where the mask is: a host mask (Keys) goes over in one copy, a device one (the device
+        # tree search's ancestors) is never read back
+        bias = torch.zeros(T, start + T, dtype=self.dtype, device=key_mask.device).masked_fill_(~key_mask,
+                                                                                                 float("-inf"))
         out = F.scaled_dot_product_attention(
             qk[:, :nh].transpose(0, 1).unsqueeze(0), cache.k[:, :, : start + T], cache.v[:, :, : start + T],
             attn_mask=bias.to(self.device, non_blocking=True), scale=self.scale, enable_gqa=nkv != nh,

@@ -50,6 +50,7 @@ from engine.drafters.tree_search import (
     check_topk,
     coupled_scores,
     grow_tree,
+    to_host,
 )
 from engine.kernels.linear import Linear
 from engine.kernels.stored import StoredLinear
@@ -242,17 +243,29 @@ class MedusaDrafter:
             logp = logits
         else:
             logp = torch.log_softmax(logits, dim=-1)
-        ranked = []
-        for d, k in enumerate(width):
-            k = min(k, logp.shape[-1])
-            picked = coupled.picks(logp[d: d + 1], d + 1, k) if coupled is not None and coupled.picks else None
-            if picked is not None:
-                ranked.append((picked[0][0], picked[1][0]))
-                continue
-            scores = logp[d] if coupled is None else coupled.scores(logp[d][None], d + 1)[0]
-            ix = scores.topk(k).indices
-            ranked.append((heads.to_target(ix).tolist(), logp[d, ix].tolist()))
-        return ranked
+        ranked: list[Ranked | None] = [None] * len(width)
+        if coupled is not None and coupled.picks is not None:
+            for d, k in enumerate(width):
+                picked = coupled.picks(logp[d: d + 1], d + 1, min(k, logp.shape[-1]))
+                if picked is not None:
+                    ranked[d] = (picked[0][0], picked[1][0])
+        rest = [d for d, r in enumerate(ranked) if r is None]
+        if rest:
+            for d, r in zip(rest, self._ranked_at_once(logp, rest, width, coupled), strict=True):
+                ranked[d] = r
+        return [r for r in ranked if r is not None]
+
+    def _ranked_at_once(self, logp: torch.Tensor, rows: list[int], width: list[int], coupled: Coupled | None
+                        ) -> list[Ranked]:
+        """Heads ``rows``' best candidates from one top-k over all of them and one host read: on a
+        GPU each read drains the queue, and a head apiece was a wait a head (two, with the log-probs)."""
+        k = min(max(width[d] for d in rows), logp.shape[-1])
+        mine = torch.stack([logp[d] for d in rows])  # (a list index would send the list over first)
+        picked = mine if coupled is None else torch.cat([coupled.scores(logp[d][None], d + 1) for d in rows])
+        ix = picked.topk(k, dim=-1).indices  # [len(rows), k]
+        ids, lps = to_host(self.heads.to_target(ix.flatten()), mine.gather(-1, ix).flatten())
+        return [(ids[r * k: r * k + min(width[d], k)], lps[r * k: r * k + min(width[d], k)])
+                for r, d in enumerate(rows)]
 
 
 # each head's candidates in rank order: (target ids, log-probabilities)

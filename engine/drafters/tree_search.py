@@ -165,7 +165,7 @@ def grow_tree(root: int, root_logp: torch.Tensor | Level, expand: Expand, to_tar
     picked = None if sampled else _picked(first, k, coupled, 1)
     if picked is None:
         lp, ix = _pick(first.logp, k, sampling if sampled else None, [-1], proposals, coupled, 1)
-        picked = _to_host(to_target(ix[0]), lp[0])
+        picked = to_host(to_target(ix[0]), lp[0])
     ids, lp_list = picked
     frontier = cands.add(ids, lp_list, lp_list, [-1] * k, 1)
     for level in range(2, num_steps + 1):
@@ -184,7 +184,7 @@ def grow_tree(root: int, root_logp: torch.Tensor | Level, expand: Expand, to_tar
             parent_scores = torch.tensor([cands.score[i] for i in frontier], dtype=lp.dtype).to(lp.device,
                                                                                                 non_blocking=True)
             cum = parent_scores[:, None] + lp
-            ids, lp_list, cum_list = _to_host(to_target(ix.flatten()), lp.flatten(), cum.flatten())
+            ids, lp_list, cum_list = to_host(to_target(ix.flatten()), lp.flatten(), cum.flatten())
         new = cands.add(ids, lp_list, cum_list, [p for p in frontier for _ in range(k)], level)
         frontier = _best(new, cands.score, k)
     chosen = sorted(_best(list(range(len(cands.tokens))), cands.score, budget))
@@ -239,7 +239,7 @@ def _f32(x: float) -> float:
     return struct.unpack("f", struct.pack("f", x))[0]
 
 
-def _to_host(ids: torch.Tensor, *values: torch.Tensor) -> tuple[list, ...]:
+def to_host(ids: torch.Tensor, *values: torch.Tensor) -> tuple[list, ...]:
     """Token ids and float rows as Python lists in one device-to-host copy: on a GPU each
     ``.tolist()`` waits for the queue to drain, and a level needed three. float64 holds every id
     and every float32/bf16 value exactly, so the lists equal the separate ``.tolist()`` ones.

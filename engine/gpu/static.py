@@ -105,7 +105,9 @@ class StaticBuffers:
         """Write one step's (padded) inputs and send them to the device; returns the views."""
         b = tokens.shape[0]
         h = self.host
-        if self._copied is not None:
+        # the step's one host wait (reading the verdict) has nearly always let the last copy
+        # leave already: ask first (no wait), wait only when it has not
+        if self._copied is not None and not self._copied.query():
             self._copied.synchronize()
         m = 2 * MAX_TOKENS + 1
         h[:b] = tokens

@@ -185,7 +185,7 @@ def _check(func, args: tuple, kwargs: dict) -> None:
         crosses = (func is torch.ops.aten._to_copy.default and target is not None and torch.device(target).type
                    == "cpu") or (func is torch.ops.aten.copy_.default and _is_fake(args[0]) != _is_fake(args[1]))
         if crosses:
-            _sync(f"{func} between host and device")
+            _sync(f"{func} between host and device", waits=not _async_upload(func, args))
         return
     skip: list[Any] = []
     if func in _HOST_INDICES:
@@ -259,6 +259,18 @@ def _names_cuda(device: Any) -> bool:
     return torch.device(device).type == "cuda"
 
 
+def _pinned(t: torch.Tensor) -> bool:
+    """Pinned host memory, or a view of it (a slice of a pinned buffer is pinned too)."""
+    return bool(getattr(t, "_fake_pinned", False) or getattr(t._base, "_fake_pinned", False))
+
+
+def _async_upload(func, args: tuple) -> bool:
+    """``device.copy_(pinned host, non_blocking=True)``: queued, the host does not wait (from
+    pageable memory CUDA stages the copy and the host waits)."""
+    return (func is torch.ops.aten.copy_.default and _is_fake(args[0]) and len(args) > 2 and bool(args[2])
+            and _pinned(args[1]))
+
+
 def _mark_pinned(t: torch.Tensor) -> torch.Tensor:
     t._fake_pinned = True  # type: ignore[attr-defined]
     return t
@@ -320,7 +332,7 @@ class FakeCudaMode(TorchFunctionMode):
         if func is torch.Tensor.pin_memory:
             return _mark_pinned(args[0].clone())
         if func is torch.Tensor.is_pinned:
-            return bool(getattr(args[0], "_fake_pinned", False))
+            return _pinned(args[0])
         if _names_cuda(kwargs.get("device")):
             gen = kwargs.get("generator")
             if gen is not None and gen.device.type != "cuda":

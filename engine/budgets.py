@@ -36,13 +36,16 @@ class Budgets:
         """The relative verify cost by tree size (measured on first use, about a second on the
         embedded model), or None for a session that learns costs from its steps alone."""
         if self.calibrates and not self._tried:
-            from engine.calibrate import threads_for_calibration, verify_cost_shape
+            from engine import calibrate
 
             self._tried = True
-            threads = threads_for_calibration(self.model)
+            start = calibrate.now()
+            threads = calibrate.threads_for_calibration(self.model)
             if self._threads is not None and threads < self._threads.full:
                 self._threads.start_reduced()  # a core is taken already: the first steps need not find out
-            self.measured = verify_cost_shape(self.model, threads=threads)
+            # the thread probe's forwards count against the same deadline: start-up waits for both
+            left = max(calibrate.CALIBRATION_DEADLINE_S - (calibrate.now() - start), 0.0)
+            self.measured = calibrate.verify_cost_shape(self.model, threads=threads, deadline_s=left)
         return self.measured
 
     def learned(self) -> dict[str, dict[int, float]]:

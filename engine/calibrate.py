@@ -28,9 +28,9 @@ CALIBRATION_SIZES = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)
 # the calibration's bound in wall time (seconds): about a second on a quiet 2-core machine; beside a
 # busy program it used to take minutes, and the chat waited for it
 CALIBRATION_DEADLINE_S = 4.0
-_MIN_SIZES = 3
+_MIN_SIZES = 3  # sizes a curve needs to be worth planning with (else the steps teach the costs)
 # a one-token warm-up forward this slow (seconds) at all threads: a core is taken, measure on one
-_PROBE_SLOW_S = 1.0  # sizes a curve needs to be worth planning with (else the steps teach the costs)
+_PROBE_SLOW_S = 1.0
 # all threads this many times slower than one: a core is taken (beside a training job, 10x and
 # more; on a quiet machine one thread is the slower, so noise alone never crosses it)
 _BUSY = 1.5

@@ -240,8 +240,6 @@ def session_budget(options: RunOptions) -> SessionBudget:
 def run_serve(options: ServeOptions) -> int:
     from specchat.tui.launch import preflight
 
-    if options.max_sessions is not None and options.max_sessions < 1:
-        raise ServeError(f"--max-sessions {options.max_sessions}: allow at least 1 session")
     check_address(options.host, options.port)
     _, precision = preflight(options)  # the flags `run` would refuse, refused once here
     run = options.run_options()

@@ -133,18 +133,16 @@ def check_args(options: TrainDraftOptions) -> Path:
     bad numbers, a missing --import-data, --init-from or --prompts, a --resume without a
     checkpoint (or a checkpoint without --resume), an output folder that cannot be written or that
     holds files this command did not write (a model's folder). Returns the output folder, marked as ours."""
-    if options.tokens <= 0 or options.draft_vocab_size <= 1 or options.ttt_steps < 1 or options.batch_tokens < 16 \
-            or options.rows < 1 or (options.gen_batch is not None and options.gen_batch < 1):
-        raise UsageError("--tokens, --draft-vocab-size, --ttt-steps, --rows, --gen-batch and --batch-tokens "
-                         "must be positive (batch-tokens at least 16)")
-    if not 0.0 <= options.magpie_share <= 1.0:
-        raise UsageError(f"--magpie-share {options.magpie_share}: give a share between 0 and 1")
+    # the parser bounds every number from below (1, or 0 for --magpie-share); two need more
+    if options.draft_vocab_size <= 1 or options.batch_tokens < 16:
+        raise UsageError("--draft-vocab-size must be positive and above 1, and --batch-tokens at least 16 "
+                         f"(got {options.draft_vocab_size} and {options.batch_tokens})")
     if options.magpie_share < 1.0 and options.no_builtin_prompts and options.prompts is None:
         raise UsageError("--magpie-share below 1 needs prompts: drop --no-builtin-prompts or give --prompts FILE")
     if options.method != "medusa" and (options.export_layout or options.medusa_train_lm_head):
         raise UsageError("--export-layout and --medusa-train-lm-head go with --method medusa")
-    if options.method == "medusa" and (options.medusa_heads < 1 or options.init_from is not None):
-        raise UsageError("--method medusa needs --medusa-heads of at least 1 and takes no --init-from (use --resume)")
+    if options.method == "medusa" and options.init_from is not None:
+        raise UsageError("--method medusa takes no --init-from (use --resume)")
     if options.refit_vocab and (options.init_from is None or options.method != "eagle3"):
         raise UsageError("--refit-vocab goes with --init-from HEAD (a new EAGLE-3 head picks its vocabulary from "
                          "the data anyway)")

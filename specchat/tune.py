@@ -240,8 +240,6 @@ def run_tune(options: TuneOptions) -> int:
     if unused:
         raise UsageError(f"--grid: {', '.join(unused)} acts on none of {', '.join(methods)}")
     searches = [Search.build(m, method_axes(m, grid, fixed), base) for m in methods]
-    if options.minutes is not None and options.minutes <= 0:
-        raise UsageError(f"--minutes must be > 0, not {options.minutes}")
     prompts = load_prompts(options.prompts, options.limit)
     modes = weights_modes(options.target)
     if len(modes) > 1:
@@ -254,7 +252,7 @@ def run_tune(options: TuneOptions) -> int:
     sweep = Sweep(modes[0], Row("none", modes[0]))
     for search in searches:
         sweep.skipped += [{**r, "reason": f"refused by the config: {r['reason']}"} for r in search.refused]
-    budget = Budget(None if options.minutes is None else start + 60 * options.minutes)
+    budget = Budget(None if options.minutes is None else start + 60 * options.minutes)  # > 0: the parser
     searches = _warm_up(session, prompts, baseline, searches, sweep, budget)
     _search(session, prompts, baseline, searches, sweep, budget)
     report = _report(options, base, session, searches, sweep, budget, CLOCK() - start)

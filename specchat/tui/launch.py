@@ -175,10 +175,7 @@ def replay_tui(options: ReplayOptions) -> int:
     except TraceError as exc:
         print(f"specchat replay: {exc}", file=sys.stderr)
         return 2
-    speed = options.speed
-    if speed <= 0:
-        print("specchat replay: --speed must be > 0", file=sys.stderr)
-        return 2
+    speed = options.speed  # the parser keeps it above 0
     try:
         config = SpecConfig.from_dict(trace.header.get("config") or {})
     except (ConfigError, TypeError):

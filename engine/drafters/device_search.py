@@ -12,8 +12,9 @@ Shapes depend only on (topk, level), never on the drafted values: a level is ``k
 head-cache slots are fixed by the level, and each row's ancestors are a [k, levels * k] boolean
 mask gathered from its parent's row. That is what makes a level replayable as a CUDA graph.
 
-Greedy only (plain top-k): sampled and coupled drafts, and the adaptive budget's stop rule (which
-reads the candidates between levels), keep the host search.
+Greedy only (plain top-k): sampled and coupled drafts keep the host search. The adaptive budget's
+per-level stop rule is not asked here (tree_search.levels_on_device says why); a cancel is seen
+before the tree. engine/drafters/eagle_graphs.py replays the whole search from one CUDA graph.
 """
 
 from __future__ import annotations

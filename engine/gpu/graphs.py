@@ -60,6 +60,10 @@ class GraphSet:
         self.replays = 0  # runs served from a captured graph (for tests and the bench)
         self.captures = 0
 
+    def captured(self) -> list[Hashable]:
+        """The keys of the graphs captured for the current address (tests, the bench)."""
+        return list(self._graphs)
+
     def run(self, address: Hashable, key: Hashable, body: Callable[[], Any]) -> Any:
         """``body()``'s outputs: from the graph captured for ``key`` (captured now if new). The body
         must read only device tensors at fixed addresses and write its results into tensors it makes

@@ -12,8 +12,9 @@ Shapes depend only on (topk, level), never on the drafted values: a level is ``k
 head-cache slots are fixed by the level, and each row's ancestors are a [k, levels * k] boolean
 mask gathered from its parent's row. That is what makes a level replayable as a CUDA graph.
 
-Greedy only (plain top-k): sampled and coupled drafts, and the adaptive budget's stop rule (which
-reads the candidates between levels), keep the host search.
+Greedy only (plain top-k): sampled and coupled drafts keep the host search. The adaptive budget's
+per-level stop rule is not asked here (tree_search.levels_on_device says why); a cancel is seen
+before the tree. engine/drafters/eagle_graphs.py replays the whole search from one CUDA graph.
 """
 
 from __future__ import annotations
@@ -24,7 +25,6 @@ from dataclasses import dataclass
 
 import torch
 
-from engine.drafters.tree_search import to_host
 from engine.tree import DraftTree
 
 
@@ -53,9 +53,20 @@ def grow_tree_on_device(root: int, root_logp: torch.Tensor, expand: ExpandOnDevi
                         num_steps: int, topk: int, num_draft_tokens: int) -> DraftTree:
     """The greedy tree of tree_search.grow_tree (same knobs), searched on ``root_logp``'s device.
     ``root_logp``: [head vocab] log-probabilities of the root's children."""
-    budget = num_draft_tokens - 1
-    if budget <= 0:
+    if num_draft_tokens <= 1:
         return DraftTree.root_only(root)
+    return tree_from_rows(root, search_on_device(root_logp, expand, to_target, num_steps=num_steps, topk=topk,
+                                                 num_draft_tokens=num_draft_tokens).tolist())
+
+
+def search_on_device(root_logp: torch.Tensor, expand: ExpandOnDevice, to_target: ToTarget, *, num_steps: int,
+                     topk: int, num_draft_tokens: int) -> torch.Tensor:
+    """The search with nothing read back: [4, num_draft_tokens - 1] float64 rows (the chosen nodes'
+    target ids, their parents' candidate indices (-1: the root), their log-probabilities, their own
+    candidate indices), which :func:`tree_from_rows` turns into the tree after one read. float64
+    holds every id and float32 value exactly. No shape or host value depends on the drafted values,
+    so a CUDA graph can hold the whole search (engine/drafters/eagle_graphs.py)."""
+    budget = num_draft_tokens - 1
     k = min(topk, root_logp.shape[-1])
     lp, ix = root_logp.float().topk(k)
     tokens, logp, score = [to_target(ix)], [lp], [lp]
@@ -72,15 +83,20 @@ def grow_tree_on_device(root: int, root_logp: torch.Tensor, expand: ExpandOnDevi
         tokens.append(to_target(ix.flatten()))
         logp.append(lp.flatten())
         score.append(cum)
-        parent.append(frontier_idx.repeat_interleave(k))
+        parent.append(frontier_idx[:, None].expand(-1, k).flatten())  # each row's k children
         keep = _best(cum, k)  # positions among this level's k * k: row keep // k's child
         frontier_idx = first + keep
         frontier_score = cum[keep]
         frontier = Frontier(tokens[-1][keep], keep // k, level)
-    all_score = torch.cat(score)
-    chosen = _best(all_score, budget).sort().values
-    ids, parents, lps, rows = to_host(torch.cat(tokens)[chosen], torch.cat(parent)[chosen], torch.cat(logp)[chosen],
-                                      chosen)  # the tree's one host read
-    row = {int(c): r for r, c in enumerate(rows, start=1)}
+    chosen = _best(torch.cat(score), budget).sort().values
+    rows = (torch.cat(tokens)[chosen], torch.cat(parent)[chosen], torch.cat(logp)[chosen], chosen)
+    return torch.stack([r.to(torch.float64) for r in rows])
+
+
+def tree_from_rows(root: int, rows: list[list[float]]) -> DraftTree:
+    """The DraftTree of :func:`search_on_device`'s rows, read back as lists."""
+    ids, parents, lps, chosen = rows
+    row = {int(c): r for r, c in enumerate(chosen, start=1)}
     row[-1] = 0
-    return DraftTree((root, *ids), (-1, *(row[int(p)] for p in parents)), (1.0, *(math.exp(v) for v in lps)))
+    return DraftTree((root, *(int(i) for i in ids)), (-1, *(row[int(p)] for p in parents)),
+                     (1.0, *(math.exp(v) for v in lps)))

@@ -21,9 +21,19 @@ from collections.abc import Sequence
 import torch
 
 from engine.config import SpecConfig
-from engine.drafters.device_search import Frontier, grow_tree_on_device
+from engine.drafters.eagle_graphs import EagleDraftGraphs
 from engine.drafters.eagle_head import EagleHead
-from engine.drafters.tree_search import Candidates, DraftRandom, Level, StopRule, check_topk, coupled_scores, grow_tree
+from engine.drafters.tree_search import (
+    Candidates,
+    DraftRandom,
+    Level,
+    StopRule,
+    cancelled,
+    check_topk,
+    coupled_scores,
+    grow_tree,
+    levels_on_device,
+)
 from engine.kernels.head import Keys
 from engine.prefix import common_prefix
 from engine.sampling import GumbelNoise
@@ -41,6 +51,17 @@ class EagleDrafter:
         self._tokens: list[int] = []  # tokens in the target cache, as far as this drafter knows
         self._pending: list[torch.Tensor] = []  # features of committed positions without a head entry yet
         self._random = DraftRandom()
+        # the greedy draft as graphs (engine/drafters/eagle_graphs.py) where the per-op head runs on
+        # CUDA; tests set it on the CPU, where the same bodies run eagerly
+        self.on_device = head.native is None and head.device.type == "cuda"
+        self._graphs: EagleDraftGraphs | None = None
+
+    @property
+    def graphs(self) -> EagleDraftGraphs:
+        """The draft's graphs, made on the first on-device draft."""
+        if self._graphs is None:
+            self._graphs = EagleDraftGraphs(self.head)
+        return self._graphs
 
     # -- the Drafter protocol ------------------------------------------------------------------
     def check(self, config: SpecConfig) -> None:
@@ -81,9 +102,8 @@ class EagleDrafter:
         budget = min(config.num_draft_tokens, steps + 1) if topk == 1 else config.num_draft_tokens
         sampling = self._random.sampling(config, head.to_target_dist)
         coupled = coupled_scores(config, noise, n, head.vocab_ids, head.kernel)
-        if sampling is None and coupled is None and stop is None and head.native is None \
-                and head.device.type == "cuda":
-            return self._propose_on_device(n, root, steps, topk, budget)
+        if sampling is None and coupled is None and self.on_device and levels_on_device(stop):
+            return self._propose_on_device(root, steps, topk, 1 if cancelled(stop) else budget)
         picks = topk if sampling is None and coupled is None else 0  # plain top-k: the kernel picks
         g_last, root_logp = self._extend(root, picks)
         state: dict[int, torch.Tensor] = {}
@@ -111,33 +131,13 @@ class EagleDrafter:
         return tree
 
     # -- internals --------------------------------------------------------------------------------
-    def _propose_on_device(self, n: int, root: int, steps: int, topk: int, budget: int) -> DraftTree:
-        """The greedy tree searched on the device (engine/drafters/device_search.py): one host read
-        for the tree, none between levels. A level's k rows sit at fixed head-cache slots and see
-        the committed entries plus their ancestors' slots, an ancestor mask gathered on the device."""
-        head = self.head
-        g_last, first = self._extend(root)
-        k = min(topk, head.vocab_size)
-        scratch = max(steps - 1, 1) * k
-        dev = head.device
-        own = torch.eye(k, dtype=torch.bool, device=dev)
-        # [k, committed + scratch]: which entries each frontier row sees, gathered from its parent's row
-        seen = torch.zeros(k, n + scratch, dtype=torch.bool, device=dev)
-        seen[:, :n] = True
-        state: dict[str, torch.Tensor] = {"seen": seen}
-
-        def expand(f: Frontier) -> torch.Tensor:
-            lo = n + (f.depth - 1) * k  # the level's first slot
-            rows = state["seen"] if f.parent_rows is None else state["seen"][f.parent_rows]
-            rows[:, lo: lo + k] |= own
-            stream = g_last[None].expand(k, -1) if f.parent_rows is None else state["g"][f.parent_rows]
-            positions = torch.full((k,), n - 1 + f.depth, dtype=torch.int64)
-            g = head.forward(f.tokens, stream, positions, self.cache, lo, rows[:, : lo + k])
-            state["g"], state["seen"] = g, rows
-            return head.log_probs(g)
-
-        return grow_tree_on_device(root, first.logp[0], expand, head.to_target, num_steps=steps, topk=topk,
-                                   num_draft_tokens=budget)
+    def _propose_on_device(self, root: int, steps: int, topk: int, budget: int) -> DraftTree:
+        """The greedy tree as two graph replays and one host read (engine/drafters/eagle_graphs.py)."""
+        first = self.cache.length
+        features = self._pending_features(first)
+        self._pending = []
+        return self.graphs.draft(self.cache, self._entry_tokens(first, root), features, root, steps=steps,
+                                 topk=topk, budget=budget)
 
     def _extend(self, root: int, picks: int = 0) -> tuple[torch.Tensor, Level]:
         """Add head entries for every committed position that lacks one; return the last entry's
@@ -145,17 +145,24 @@ class EagleDrafter:
         head, cache = self.head, self.cache
         n = len(self._tokens)
         first = cache.length
-        if first >= n:
-            raise RuntimeError("the EAGLE drafter has no committed position to extend from")
-        features = torch.cat(self._pending) if len(self._pending) != 1 else self._pending[0]
-        if features.shape[0] != n - first:
-            raise RuntimeError(f"EAGLE drafter out of step: {features.shape[0]} features for {n - first} positions")
+        pending = self._pending_features(first)
+        features = torch.cat(pending) if len(pending) != 1 else pending[0]
         # entry p at slot p and position p, seeing every entry up to its own
         g, level = head.run(self._entry_tokens(first, root), features, None, cache, first, None, logits=1, picks=picks)
         cache.commit(n - first)
         self._pending = []
         assert level is not None
         return g[-1], level
+
+    def _pending_features(self, first: int) -> list[torch.Tensor]:
+        """The features of the positions from ``first`` on, checked to be one per position."""
+        n = len(self._tokens)
+        if first >= n:
+            raise RuntimeError("the EAGLE drafter has no committed position to extend from")
+        have = sum(f.shape[0] for f in self._pending)
+        if have != n - first:
+            raise RuntimeError(f"EAGLE drafter out of step: {have} features for {n - first} positions")
+        return self._pending
 
     def _entry_tokens(self, first: int, root: int) -> list[int]:
         """Tokens of the entries from position ``first``: entry p pairs the token at p+1 with the

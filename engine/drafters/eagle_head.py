@@ -205,42 +205,70 @@ class EagleHead:
         key_mask: [T, start+T] bool, which cached entries each row sees; None = every entry before
         ``start`` plus a causal block over the new ones.
         """
-        s = self.spec
         T = tokens.shape[0]
-        e = self.target.embed_tokens(tokens).to(self.dtype)
-        stream = stream.to(self.dtype)
-        if s.kind == "eagle3":
-            if stream.shape[-1] != s.hidden_size:
-                if self.fc_norms:
-                    chunks = stream.split(s.target_hidden_size, dim=-1)
-                    stream = torch.cat([self._rms(c, wt) for c, wt in zip(chunks, self.fc_norms, strict=True)], -1)
-                stream = self.fc(stream)
-            h = stream
-            a = torch.cat([self._rms(e, self.ln_in), self._rms(h, self.ln_hidden)], dim=-1)
-        else:
-            h = self.fc(torch.cat([e, stream], dim=-1))
-            a = h
-        nh, nkv, hd = s.num_heads, s.num_kv_heads, s.head_dim
-        qkv = self.qkv(a)
-        k_end = (nh + nkv) * hd
+        h, a = self._layer_input(tokens, stream)
         self.rotary.ensure(int(positions.max()) + 1)
-        rot = self.rotary.lookup(positions.to(self.device, non_blocking=True))
-        qk = apply_rotary_interleaved(qkv[:, :k_end].view(T, nh + nkv, hd), rot)
+        q, k, v = self._qkv(a, self.rotary.lookup(positions.to(self.device, non_blocking=True)))
         if cache.capacity < start + T:
             cache.grow(start + T + 256)
-        cache.k[0, :, start: start + T] = qk[:, nh:].transpose(0, 1)
-        cache.v[0, :, start: start + T] = qkv[:, k_end:].view(T, nkv, hd).transpose(0, 1)
+        cache.k[0, :, start: start + T] = k.transpose(0, 1)
+        cache.v[0, :, start: start + T] = v.transpose(0, 1)
         if key_mask is None:
             key_mask = torch.ones(T, start + T, dtype=torch.bool)
             key_mask[:, start:] = torch.ones(T, T, dtype=torch.bool).tril_()
         # built where the mask is: a host mask (Keys) goes over in one copy, a device one (the device
         # tree search's ancestors) is never read back
-        bias = torch.zeros(T, start + T, dtype=self.dtype, device=key_mask.device).masked_fill_(~key_mask,
-                                                                                                 float("-inf"))
+        return self._attend_and_finish(h, q, cache.k[:, :, : start + T], cache.v[:, :, : start + T],
+                                       key_mask.to(self.device, non_blocking=True))
+
+    @torch.inference_mode()
+    def static_forward(self, tokens: torch.Tensor, stream: torch.Tensor, positions: torch.Tensor, cache: KVCache,
+                       slots: torch.Tensor, allowed: torch.Tensor) -> torch.Tensor:
+        """:meth:`forward` with no shape or host value depending on the step (a CUDA graph's body):
+        ``positions`` and ``slots`` [T] are device tensors, K/V go in with ``index_copy_`` at
+        ``slots``, and attention reads the whole cache through ``allowed`` [T, capacity] (bool,
+        built on the device). The rotary table must already cover the positions."""
+        h, a = self._layer_input(tokens, stream)
+        q, k, v = self._qkv(a, self.rotary.lookup(positions))
+        cache.k[0].index_copy_(1, slots, k.transpose(0, 1))
+        cache.v[0].index_copy_(1, slots, v.transpose(0, 1))
+        return self._attend_and_finish(h, q, cache.k, cache.v, allowed)
+
+    def _layer_input(self, tokens: torch.Tensor, stream: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(h, the attention's input): the residual stream entering the layer and what it attends with."""
+        s = self.spec
+        e = self.target.embed_tokens(tokens).to(self.dtype)
+        stream = stream.to(self.dtype)
+        if s.kind != "eagle3":
+            h = self.fc(torch.cat([e, stream], dim=-1))
+            return h, h
+        if stream.shape[-1] != s.hidden_size:
+            if self.fc_norms:
+                chunks = stream.split(s.target_hidden_size, dim=-1)
+                stream = torch.cat([self._rms(c, wt) for c, wt in zip(chunks, self.fc_norms, strict=True)], -1)
+            stream = self.fc(stream)
+        return stream, torch.cat([self._rms(e, self.ln_in), self._rms(stream, self.ln_hidden)], dim=-1)
+
+    def _qkv(self, a: torch.Tensor, rot: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Rotated q [T, nh, hd], rotated k and v [T, nkv, hd]."""
+        s = self.spec
+        T, nh, nkv, hd = a.shape[0], s.num_heads, s.num_kv_heads, s.head_dim
+        qkv = self.qkv(a)
+        k_end = (nh + nkv) * hd
+        qk = apply_rotary_interleaved(qkv[:, :k_end].view(T, nh + nkv, hd), rot)
+        return qk[:, :nh], qk[:, nh:], qkv[:, k_end:].view(T, nkv, hd)
+
+    def _attend_and_finish(self, h: torch.Tensor, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
+                           key_mask: torch.Tensor) -> torch.Tensor:
+        """Attention of q over ``keys``/``values`` [1, nkv, S, hd] where ``key_mask`` [T, S] allows,
+        then the output projection and the MLP: the layer's output g."""
+        s = self.spec
+        T, nh, nkv = q.shape[0], s.num_heads, s.num_kv_heads
+        bias = torch.zeros(key_mask.shape, dtype=self.dtype, device=key_mask.device).masked_fill_(~key_mask,
+                                                                                                   float("-inf"))
         out = F.scaled_dot_product_attention(
-            qk[:, :nh].transpose(0, 1).unsqueeze(0), cache.k[:, :, : start + T], cache.v[:, :, : start + T],
-            attn_mask=bias.to(self.device, non_blocking=True), scale=self.scale, enable_gqa=nkv != nh,
-        )[0].transpose(0, 1).reshape(T, nh * hd)
+            q.transpose(0, 1).unsqueeze(0), keys, values, attn_mask=bias, scale=self.scale, enable_gqa=nkv != nh,
+        )[0].transpose(0, 1).reshape(T, nh * s.head_dim)
         x = h + self.o(out)
         gate, up = self.gate_up(self._rms(x, self.ln_post)).chunk(2, dim=-1)
         return x + self.down(F.silu(gate) * up)

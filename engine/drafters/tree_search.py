@@ -129,15 +129,38 @@ class Sampling:
     generator: torch.Generator | None = None
 
 
-def cancellable(rule: StopRule | None, cancel: threading.Event) -> StopRule:
+@dataclass(frozen=True)
+class Cancellable:
     """``rule``, and a stop once ``cancel`` is set: every drafter that grows a tree level by level
     asks before each level, so Esc waits for at most one level (and the verify of what was grown),
-    not for the 32 levels the largest settings draft."""
+    not for the 32 levels the largest settings draft. A search that reads nothing between levels
+    (engine/drafters/eagle_graphs.py) asks once, before the tree: :func:`levels_on_device`."""
 
-    def stop(cands: Candidates, frontier: list[int]) -> bool:
-        return cancel.is_set() or (rule is not None and rule(cands, frontier))
+    rule: StopRule | None
+    cancel: threading.Event
 
-    return stop
+    def __call__(self, cands: Candidates, frontier: list[int]) -> bool:
+        return self.cancel.is_set() or (self.rule is not None and self.rule(cands, frontier))
+
+
+def cancellable(rule: StopRule | None, cancel: threading.Event) -> StopRule:
+    return Cancellable(rule, cancel)
+
+
+def levels_on_device(stop: StopRule | None) -> bool:
+    """Whether a search that reads nothing between levels may run under ``stop``: there is none,
+    or it is the session's (:class:`Cancellable`). Its cancel is checked before the tree
+    (:func:`cancelled`); its rule, the adaptive budget's per-level stop, is not asked: on the
+    device the budget's say is the depth and width it picks before the step (engine/step.py) and the
+    pruning after. Asking it would read the candidates back every level (a host wait each) to save
+    a level that a graph replays in microseconds; the answer is the same either way (the budget
+    only prunes drafts)."""
+    return stop is None or isinstance(stop, Cancellable)
+
+
+def cancelled(stop: StopRule | None) -> bool:
+    """A cancel seen now (before a tree's first level)."""
+    return isinstance(stop, Cancellable) and stop.cancel.is_set()
 
 
 _KERNEL_MAX_K = 64  # the widest top-k the kernel's perturbed picks take (ops.c)

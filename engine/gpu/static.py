@@ -21,7 +21,6 @@ that is how the tests check that padding does not change logits and that buffers
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from typing import Literal
 
@@ -29,6 +28,7 @@ import torch
 import torch.nn.functional as F
 
 from engine import gpu
+from engine.gpu.graphs import GraphSet, PinnedUpload, graphs_wanted
 from engine.gpu.rms_norm import rms_norm
 from engine.gpu.tree_attention import tree_attention
 from engine.models.layer import ForwardOutput
@@ -87,12 +87,9 @@ class StaticBuffers:
 
     def __init__(self, device: torch.device) -> None:
         self.device = device
-        size = 2 * MAX_TOKENS + 1 + MAX_TOKENS * MAX_TOKENS
-        self.host = torch.zeros(size, dtype=torch.int64, pin_memory=device.type == "cuda")
-        self.device_buffer = torch.zeros(size, dtype=torch.int64, device=device)
+        self.upload = PinnedUpload(2 * MAX_TOKENS + 1 + MAX_TOKENS * MAX_TOKENS, device)
+        self.device_buffer = self.upload.device_buffer
         self._slots = torch.arange(MAX_TOKENS, device=device)
-        # the pinned host tensor is rewritten only after the previous step's copy has left it
-        self._copied = torch.cuda.Event() if device.type == "cuda" else None
 
     def views(self, bucket: int) -> StepInputs:
         d = self.device_buffer
@@ -104,20 +101,13 @@ class StaticBuffers:
     def load(self, tokens: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor, length: int) -> StepInputs:
         """Write one step's (padded) inputs and send them to the device; returns the views."""
         b = tokens.shape[0]
-        h = self.host
-        # the step's one host wait (reading the verdict) has nearly always let the last copy
-        # leave already: ask first (no wait), wait only when it has not
-        if self._copied is not None and not self._copied.query():
-            self._copied.synchronize()
+        h = self.upload.writable()
         m = 2 * MAX_TOKENS + 1
         h[:b] = tokens
         h[MAX_TOKENS : MAX_TOKENS + b] = positions
         h[2 * MAX_TOKENS] = length
         h[m : m + b * b] = mask.reshape(-1)
-        used = m + b * b
-        self.device_buffer[:used].copy_(h[:used], non_blocking=True)
-        if self._copied is not None:
-            self._copied.record()
+        self.upload.send(m + b * b)
         return self.views(b)
 
 
@@ -202,17 +192,22 @@ class StaticDecoder:
         self.device = model.device
         cuda = self.device.type == "cuda"
         if graphs is None:
-            graphs = cuda and os.environ.get("SPECCHAT_CUDA_GRAPHS", "1") != "0"
+            graphs = graphs_wanted(self.device)
         if graphs and not cuda:
             raise ValueError("CUDA graphs need a CUDA device")
         self.graphs = graphs
         self.attention: Attention = attention or ("triton" if cuda and gpu.triton_available() else "torch")
         self.buffers = StaticBuffers(self.device)
-        self._graphs: dict[tuple[int, Wanted], tuple[torch.cuda.CUDAGraph, Outputs]] = {}
-        self._graph_key: tuple | None = None
-        self._pool = None
-        self.replays = 0  # forwards served from a captured graph (for tests and the bench)
-        self.captures = 0
+        self._graphs = GraphSet(graphs)
+
+    @property
+    def replays(self) -> int:
+        """Forwards served from a captured graph (for tests and the bench)."""
+        return self._graphs.replays
+
+    @property
+    def captures(self) -> int:
+        return self._graphs.captures
 
     def forward(self, tokens: torch.Tensor, cache, positions: torch.Tensor | None, tree_mask: torch.Tensor | None,
                 logits: str, wanted: Wanted = Wanted()) -> ForwardOutput | None:
@@ -236,33 +231,7 @@ class StaticDecoder:
                              [a[:n].clone() for a in aux])
 
     def _run(self, cache, inputs: StepInputs, bucket: int, wanted: Wanted) -> Outputs:
-        if not self.graphs:
-            return static_forward(self.model, cache, inputs, self.attention, wanted)
-        key = (id(cache), cache.k.data_ptr(), cache.v.data_ptr(), cache.capacity, self.model.rotary.table.data_ptr())
-        if key != self._graph_key:
-            self._graphs.clear()
-            self._pool = None
-            self._graph_key = key
-        if (bucket, wanted) not in self._graphs:
-            self._graphs[bucket, wanted] = self._capture(cache, inputs, wanted)
-        graph, output = self._graphs[bucket, wanted]
-        graph.replay()
-        self.replays += 1
-        return output
-
-    def _capture(self, cache, inputs: StepInputs, wanted: Wanted) -> tuple[torch.cuda.CUDAGraph, Outputs]:
-        """Warm up on a side stream (builds the Triton kernels, cuBLAS handles), then capture.
-        Both write K/V only to scratch slots past the committed prefix."""
-        stream = torch.cuda.Stream()
-        stream.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(stream):
-            for _ in range(2):
-                static_forward(self.model, cache, inputs, self.attention, wanted)
-        torch.cuda.current_stream().wait_stream(stream)
-        graph = torch.cuda.CUDAGraph()
-        if self._pool is None:
-            self._pool = torch.cuda.graph_pool_handle()
-        with torch.cuda.graph(graph, pool=self._pool):
-            output = static_forward(self.model, cache, inputs, self.attention, wanted)
-        self.captures += 1
-        return graph, output
+        address = (id(cache), cache.k.data_ptr(), cache.v.data_ptr(), cache.capacity,
+                   self.model.rotary.table.data_ptr())
+        return self._graphs.run(address, (bucket, wanted),
+                                lambda: static_forward(self.model, cache, inputs, self.attention, wanted))

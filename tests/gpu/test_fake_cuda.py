@@ -315,7 +315,7 @@ def test_eagle_drafting_on_the_device(gpu, kind: str, temperature: float, sampli
         assert run("cpu")[0] == got
     # the verify forwards that capture the head's features are graph replays too (eagerly they
     # took 37 ms a step on an H200 instead of ~3)
-    wanted = [w for _, w in target._static._graphs]
+    wanted = [w for _, w in target._static._graphs.captured()]
     assert any(w.capture for w in wanted) if kind == "eagle3" else any(w.hidden for w in wanted)
     assert target._static.replays >= 3
 
@@ -324,9 +324,9 @@ def test_eagle_drafting_on_the_device(gpu, kind: str, temperature: float, sampli
 def test_eagle_drafting_waits_on_the_device_a_few_times_a_level(gpu, monkeypatch: pytest.MonkeyPatch) -> None:
     """Each host sync or host<->device copy in drafting drains the GPU's queue, and a level's
     kernels are small, so syncs set a level's time on a GPU (an EAGLE-3 step drafted for 19.9 ms
-    on the H200 of session 25). Greedy, a tree of 3 levels and top-k 2: one wait a level (the tree
-    search reading its candidates; 21 a propose before the host data went over asynchronously),
-    plus now and then one for a growing rotary table or cache."""
+    on the H200 of session 25). Greedy, a tree of 3 levels and top-k 2: one wait a tree (reading the
+    chosen tree; 21 a propose before the host data went over asynchronously, one a level before the
+    search ran on the device), plus now and then one for a growing rotary table or cache."""
     from engine.drafters.eagle import EagleDrafter
     from engine.drafters.loading import load_draft
 
@@ -348,4 +348,4 @@ def test_eagle_drafting_waits_on_the_device_a_few_times_a_level(gpu, monkeypatch
     answer(Session(target, TinyTokenizer(), config, drafters={"none": NoDrafter, "eagle3": b.factory},
                    features=b.features))
     assert len(counts) >= 3  # the answer drafted (every propose grows all num_steps levels: no budget)
-    assert sum(counts) / len(counts) <= config.num_steps + 0.5
+    assert sum(counts) / len(counts) <= 1.5

@@ -1,0 +1,98 @@
+"""What every CUDA-graph user of the engine shares: inputs sent from pinned memory in one copy,
+and graphs captured on first use per shape and dropped when the memory they read moves.
+
+Why shared: the target's verify (engine/gpu/static.py) and the EAGLE draft
+(engine/drafters/eagle_graphs.py) both replay graphs whose inputs are device buffers at fixed
+addresses, filled each step from the host without a wait, and whose captured kernels read caches
+and tables that move when they grow.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Hashable
+from typing import Any
+
+import torch
+
+
+def graphs_wanted(device: torch.device) -> bool:
+    """Graphs on a CUDA device unless ``SPECCHAT_CUDA_GRAPHS=0`` (eager static forwards, for debugging)."""
+    return device.type == "cuda" and os.environ.get("SPECCHAT_CUDA_GRAPHS", "1") != "0"
+
+
+class PinnedUpload:
+    """A device int64 buffer at a fixed address and its pinned host twin: the host writes a step's
+    values into ``host`` and :meth:`send` queues one non-blocking copy (no host wait)."""
+
+    def __init__(self, size: int, device: torch.device) -> None:
+        self.device = device
+        self.host = torch.zeros(size, dtype=torch.int64, pin_memory=device.type == "cuda")
+        self.device_buffer = torch.zeros(size, dtype=torch.int64, device=device)
+        # the pinned host tensor is rewritten only after the previous step's copy has left it
+        self._copied = torch.cuda.Event() if device.type == "cuda" else None
+
+    def writable(self) -> torch.Tensor:
+        """The host tensor, once the last copy out of it has left. The step's one host wait (reading
+        the verdict) has nearly always let it leave already: ask first (no wait), wait only when not."""
+        if self._copied is not None and not self._copied.query():
+            self._copied.synchronize()
+        return self.host
+
+    def send(self, used: int) -> None:
+        """Queue the copy of the first ``used`` values to the device."""
+        self.device_buffer[:used].copy_(self.host[:used], non_blocking=True)
+        if self._copied is not None:
+            self._copied.record()
+
+
+class GraphSet:
+    """CUDA graphs captured on first use, one per key, replayed after. ``address`` names the memory
+    the captured kernels read besides their inputs (caches, tables): when it changes, every graph is
+    dropped and captured again on its next use. ``enabled`` False runs the body eagerly (CPU tests,
+    ``SPECCHAT_CUDA_GRAPHS=0``)."""
+
+    def __init__(self, enabled: bool) -> None:
+        self.enabled = enabled
+        self._graphs: dict[Hashable, tuple[Any, Any]] = {}
+        self._address: Hashable = None
+        self._pool: Any = None
+        self.replays = 0  # runs served from a captured graph (for tests and the bench)
+        self.captures = 0
+
+    def captured(self) -> list[Hashable]:
+        """The keys of the graphs captured for the current address (tests, the bench)."""
+        return list(self._graphs)
+
+    def run(self, address: Hashable, key: Hashable, body: Callable[[], Any]) -> Any:
+        """``body()``'s outputs: from the graph captured for ``key`` (captured now if new). The body
+        must read only device tensors at fixed addresses and write its results into tensors it makes
+        (or into fixed ones); the outputs returned are the same tensors at every replay."""
+        if not self.enabled:
+            return body()
+        if address != self._address:
+            self._graphs.clear()
+            self._pool = None
+            self._address = address
+        if key not in self._graphs:
+            self._graphs[key] = self._capture(body)
+        graph, output = self._graphs[key]
+        graph.replay()
+        self.replays += 1
+        return output
+
+    def _capture(self, body: Callable[[], Any]) -> tuple[Any, Any]:
+        """Warm up on a side stream (builds the Triton kernels, cuBLAS handles), then capture."""
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            for _ in range(2):
+                body()
+        torch.cuda.current_stream().wait_stream(stream)
+        graph = torch.cuda.CUDAGraph()
+        if self._pool is None:
+            self._pool = torch.cuda.graph_pool_handle()
+        with torch.cuda.graph(graph, pool=self._pool):
+            output = body()
+        self.captures += 1
+        return graph, output

@@ -45,6 +45,6 @@ def check_train_target(args: argparse.Namespace) -> None:
 
     config = target_config(args.model)
     if config is not None and getattr(args, "method", "eagle3") == "eagle3":
-        from engine.train.head import default_aux_layer_ids
+        from engine.train.eagle3_head import default_aux_layer_ids
 
         default_aux_layer_ids(config.num_layers)

@@ -24,7 +24,7 @@ from engine.config import SpecConfig
 from engine.drafters.device_search import Frontier, grow_tree_on_device
 from engine.drafters.eagle_head import EagleHead
 from engine.drafters.tree_search import Candidates, DraftRandom, Level, StopRule, check_topk, coupled_scores, grow_tree
-from engine.kernels.head import Keys
+from engine.kernels.eagle_native import Keys
 from engine.prefix import common_prefix
 from engine.sampling import GumbelNoise
 from engine.tree import DraftTree

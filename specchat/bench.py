@@ -14,7 +14,6 @@ llamacpp_peer.py, the cost curve in bench_cost.py, the draft-training paths in b
 
 from __future__ import annotations
 
-import argparse
 import json
 import time
 from collections.abc import Callable
@@ -39,6 +38,7 @@ from specchat.options import UsageError, draft_options, make_config, prepare_jso
 
 if TYPE_CHECKING:
     from engine.config import SpecConfig
+    from specchat.command_options import BenchOptions, ModelOptions, TuneOptions
 
 PEERS = ("hf", "llamacpp")
 
@@ -68,76 +68,76 @@ class Runner:
     run: Callable[[Prompt], Run]
 
 
-def run_bench(args: argparse.Namespace) -> int:
+def run_bench(options: BenchOptions) -> int:
     """Route to the other benchmarks, or: plan, load, warm up, time every prompt, report."""
-    check_plot_path(args)  # --plot: refused before any work, like --json
-    if getattr(args, "random_weights", None):
+    check_plot_path(options)  # --plot: refused before any work, like --json
+    if options.random_weights:
         from specchat.gpu_bench import run_random_bench
 
-        return run_random_bench(args)  # checks its flags, then --json, before building the model
-    if getattr(args, "data_engine", None) is not None or getattr(args, "train_speed", False):
+        return run_random_bench(options)  # checks its flags, then --json, before building the model
+    if options.data_engine is not None or options.train_speed:
         from specchat.bench_train import run_data_bench, run_train_bench
 
-        prepare_json_out(args.json_out)
-        return run_data_bench(args) if args.data_engine is not None else run_train_bench(args)
-    base_config = make_config(args, method="none", max_new_tokens=256)
-    modes = weights_modes(args)
-    if args.cost_curve:
+        prepare_json_out(options.json_out)
+        return run_data_bench(options) if options.data_engine is not None else run_train_bench(options)
+    base_config = make_config(options.spec, method="none", max_new_tokens=256)
+    modes = weights_modes(options.target)
+    if options.cost_curve:
         from specchat.bench_cost import run_cost_curve
 
-        prepare_json_out(args.json_out)
-        return run_cost_curve(load_sessions(args, base_config, modes), args)
-    plan = plan_bench(args, base_config, modes)
-    prepare_json_out(args.json_out)
-    llama_peer = _open_llamacpp(args, plan)
+        prepare_json_out(options.json_out)
+        return run_cost_curve(load_sessions(options, base_config, modes), options)
+    plan = plan_bench(options, base_config, modes)
+    prepare_json_out(options.json_out)
+    llama_peer = _open_llamacpp(options.target, plan)
     _say_how_sampling_compares(plan.config)
-    sessions = load_sessions(args, plan.config, modes)
-    hf = _open_hf(args, plan, sessions[modes[0]])
+    sessions = load_sessions(options, plan.config, modes)
+    hf = _open_hf(options.target, plan, sessions[modes[0]])
     runners = _runners(plan, sessions, hf, llama_peer)
     graphs = _warm_up(plan, sessions, hf, llama_peer)
     _time_prompts(plan.prompts, runners)
-    report = _report(args, plan, sessions, [r.row for r in runners], graphs)
+    report = _report(options, plan, sessions, [r.row for r in runners], graphs)
     print_table(report)
     print_bandwidth(report.get("bandwidth"))
-    if args.json_out:
-        Path(args.json_out).write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
-    if getattr(args, "plot", None):
-        print(f"bench: wrote {write_bench_svg(args.plot, report)}")
+    if options.json_out:
+        Path(options.json_out).write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
+    if options.plot:
+        print(f"bench: wrote {write_bench_svg(options.plot, report)}")
     return 0
 
 
 # checking the flags ---------------------------------------------------------------------------
-def plan_bench(args: argparse.Namespace, base_config: SpecConfig, modes: list[str]) -> Plan:
+def plan_bench(options: BenchOptions, base_config: SpecConfig, modes: list[str]) -> Plan:
     """The prompts, methods and peers from the flags; refuses a bad one in one line, before loading."""
-    if not args.prompts:
+    if not options.prompts:
         raise UsageError("bench needs --prompts FILE.jsonl (or --cost-curve)")
-    prompts = load_prompts(args.prompts, args.limit)
+    prompts = load_prompts(options.prompts, options.limit)
     if not base_config.greedy and base_config.sampling == "coupled" and base_config.seed is None:
         base_config = base_config.replace(seed=0)  # coupled samples are a function of the seed: fix one
-    methods = [m.strip() for m in (args.methods or "none,ngram").split(",") if m.strip()]
+    methods = [m.strip() for m in (options.methods or "none,ngram").split(",") if m.strip()]
     methods = ["none"] + [m for m in methods if m != "none"]
-    peers = [p.strip() for p in args.peers.split(",") if p.strip()]
+    peers = [p.strip() for p in options.peers.split(",") if p.strip()]
     for peer in peers:
         if peer not in PEERS:
             raise UsageError(f"unknown peer {peer!r}; available: {', '.join(PEERS)}")
     return Plan(prompts, modes, base_config, {m: base_config.replace(method=m) for m in methods}, peers)
 
 
-def weights_modes(args: argparse.Namespace) -> list[str]:
+def weights_modes(target: ModelOptions) -> list[str]:
     """``--weights stored,fp32`` x ``--precision exact,fast`` -> the modes to load, one session each:
     "stored", "fp32" (exact precision only), or "stored/exact", "stored/fast" (order kept,
     duplicates dropped). Each method is compared with the baseline of its own mode."""
     def listed(value: str | None, default: str) -> list[str]:
         return list(dict.fromkeys(v.strip() for v in (value or default).split(",") if v.strip()))
 
-    weights = listed(getattr(args, "weights", None), "stored")
+    weights = listed(target.weights, "stored")
     bad = [w for w in weights if w not in ("stored", "fp32")]
     if bad or not weights:
-        raise UsageError(f"--weights takes stored, fp32 or stored,fp32, not {args.weights!r}")
-    precisions = listed(getattr(args, "precision", None), "auto")
+        raise UsageError(f"--weights takes stored, fp32 or stored,fp32, not {target.weights!r}")
+    precisions = listed(target.precision, "auto")
     bad = [p for p in precisions if p not in ("auto", "exact", "fast")]
     if bad or not precisions:
-        raise UsageError(f"--precision takes auto, exact, fast or exact,fast, not {args.precision!r}")
+        raise UsageError(f"--precision takes auto, exact, fast or exact,fast, not {target.precision!r}")
     if "auto" in precisions and len(precisions) > 1:
         raise UsageError("--precision auto stands alone; name them to compare (exact,fast)")
     if precisions == ["auto"]:  # fast where it runs, for a run of stored weights alone
@@ -146,9 +146,9 @@ def weights_modes(args: argparse.Namespace) -> list[str]:
         precisions = ["exact"]
         if weights == ["stored"]:
             try:
-                device = pick_device(getattr(args, "device", None) or "auto")
-                precisions = [resolve_precision("auto", device=device, backend=getattr(args, "backend", None) or "auto",
-                                                dtype=pick_dtype(getattr(args, "dtype", None) or "auto", device))]
+                device = pick_device(target.device or "auto")
+                precisions = [resolve_precision("auto", device=device, backend=target.backend or "auto",
+                                                dtype=pick_dtype(target.dtype or "auto", device))]
             except LoadError as exc:
                 raise UsageError(str(exc)) from None
     if "fast" in precisions and "fp32" in weights:
@@ -168,7 +168,7 @@ def _say_how_sampling_compares(config: SpecConfig) -> None:
 
 
 # loading --------------------------------------------------------------------------------------
-def load_sessions(args: argparse.Namespace, base_config: SpecConfig, modes: list[str]) -> dict[str, Any]:
+def load_sessions(options: BenchOptions | TuneOptions, base_config: SpecConfig, modes: list[str]) -> dict[str, Any]:
     """One session per weights mode, in the order given (``specchat tune`` loads its one here too)."""
     from engine.loader import load_session
     from engine.models.progress import rich_progress
@@ -177,34 +177,33 @@ def load_sessions(args: argparse.Namespace, base_config: SpecConfig, modes: list
     with rich_progress() as progress:
         for mode in modes:
             weights, precision = mode_parts(mode)
-            sessions[mode] = load_session(args.model, base_config, dtype=args.dtype, device=args.device,
-                                          backend=args.backend, allow_pickle=args.allow_pickle, progress=progress,
-                                          threads=args.threads, revision=args.revision, weights=weights,
-                                          precision=precision, **draft_options(args))
+            sessions[mode] = load_session(options.target.model, base_config, progress=progress,
+                                          **options.target.load_args(weights=weights, precision=precision),
+                                          **draft_options(options))
             corpus = sessions[mode].ngram_corpus
-            timed = [m.strip().lower() for m in (getattr(args, "methods", None) or "none,ngram").split(",")]
+            timed = [m.strip().lower() for m in (options.methods or "none,ngram").split(",")]
             if corpus is not None and "ngram" in timed:  # timed with the whole corpus, not while indexing
                 corpus.wait_shown(progress)
     return sessions
 
 
-def _open_llamacpp(args: argparse.Namespace, plan: Plan) -> Any:
+def _open_llamacpp(target: ModelOptions, plan: Plan) -> Any:
     """llama.cpp on the same GGUF (before our model loads: a missing package is refused first)."""
     if "llamacpp" not in plan.peers:
         return None
     from specchat.llamacpp_peer import LlamaCppPeer
 
-    return LlamaCppPeer.open(args.model, plan.config.max_new_tokens, args.threads)
+    return LlamaCppPeer.open(target.model, plan.config.max_new_tokens, target.threads)
 
 
-def _open_hf(args: argparse.Namespace, plan: Plan, session: Any) -> Any:
+def _open_hf(target: ModelOptions, plan: Plan, session: Any) -> Any:
     """transformers on the fp32 checkpoint of the same model."""
     if "hf" not in plan.peers:
         return None
     from engine.models.resolve import resolve_model
     from specchat.bench_peers import HFPeer
 
-    path = resolve_model(args.model, revision=args.revision, weights="fp32").path
+    path = resolve_model(target.model, revision=target.revision, weights="fp32").path
     return HFPeer(path, session, plan.config.max_new_tokens)
 
 
@@ -302,7 +301,7 @@ def _curve_json(curve: dict[int, float]) -> dict[str, float]:
     return {str(n): round(v, 3) for n, v in curve.items()}
 
 
-def _report(args: argparse.Namespace, plan: Plan, sessions: dict[str, Any], rows: list[Row],
+def _report(options: BenchOptions, plan: Plan, sessions: dict[str, Any], rows: list[Row],
             graphs: dict[str, dict[str, int]]) -> dict[str, Any]:
     """The JSON report: machine, model, settings, one result per row, CUDA graphs, bandwidth."""
     baselines = {row.weights: row for row in rows if row.name == "none" and row.ours}
@@ -312,8 +311,8 @@ def _report(args: argparse.Namespace, plan: Plan, sessions: dict[str, Any], rows
     machine["weights"] = {w: {"kernels": getattr(sessions[w].model, "kernels", None),
                               "weight_bytes": getattr(sessions[w].model, "weight_bytes", None)} for w in plan.modes}
     report: dict[str, Any] = {
-        "machine": machine, "model": first.model_name, "prompts_file": str(args.prompts), "dtype": args.dtype,
-        "weights": plan.modes, "max_new_tokens": plan.config.max_new_tokens,
+        "machine": machine, "model": first.model_name, "prompts_file": str(options.prompts),
+        "dtype": options.target.dtype, "weights": plan.modes, "max_new_tokens": plan.config.max_new_tokens,
         "config": {k: v for k, v in plan.config.to_dict().items() if k != "method"},
         "results": [row.result(baselines.get(row.weights, reference), plan.modes[0]) for row in rows],
     }
@@ -330,7 +329,7 @@ def _report(args: argparse.Namespace, plan: Plan, sessions: dict[str, Any], rows
     cuda_graphs = graph_report(sessions, graphs)
     if cuda_graphs:
         report["cuda_graphs"] = cuda_graphs
-    bandwidth = baseline_bandwidth(first.model, reference.decode_tokens_per_s, getattr(args, "peak_bandwidth", None))
+    bandwidth = baseline_bandwidth(first.model, reference.decode_tokens_per_s, options.peak_bandwidth)
     if bandwidth is not None:
         report["bandwidth"] = bandwidth
     return report

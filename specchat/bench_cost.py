@@ -7,10 +7,11 @@ the same curve on a random model of any shape.
 
 from __future__ import annotations
 
-import argparse
 import json
 from pathlib import Path
 from typing import Any
+
+from specchat.command_options import BenchOptions
 
 
 def measure_cost_curve(model: Any, context: int, sizes: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64)
@@ -24,7 +25,7 @@ def measure_cost_curve(model: Any, context: int, sizes: tuple[int, ...] = (1, 2,
     return [{"n": n, "ms": round(ms, 2), "relative": round(ms / base, 3)} for n, ms in costs.items()]
 
 
-def run_cost_curve(sessions: dict[str, Any], args: argparse.Namespace) -> int:
+def run_cost_curve(sessions: dict[str, Any], options: BenchOptions) -> int:
     """Time one target forward over n new tokens (a tree mask) on top of ~context cached tokens,
     for each --weights mode (and transformers with --peers hf)."""
     from rich.console import Console
@@ -33,16 +34,17 @@ def run_cost_curve(sessions: dict[str, Any], args: argparse.Namespace) -> int:
     from specchat.bench_report import machine_info, variant_words
 
     first = next(iter(sessions.values()))
-    curves = {f"specchat {w}": measure_cost_curve(s.model, args.context) for w, s in sessions.items()}
-    if "hf" in [p.strip() for p in args.peers.split(",")]:
+    curves = {f"specchat {w}": measure_cost_curve(s.model, options.context) for w, s in sessions.items()}
+    if "hf" in [p.strip() for p in options.peers.split(",")]:
         from engine.models.hf import HFModel
         from engine.models.resolve import resolve_model
 
-        path = resolve_model(args.model, revision=args.revision, weights="fp32").path
-        curves["transformers"] = measure_cost_curve(HFModel.from_pretrained(path), args.context)
+        path = resolve_model(options.target.model, revision=options.target.revision, weights="fp32").path
+        curves["transformers"] = measure_cost_curve(HFModel.from_pretrained(path), options.context)
     machine = machine_info(first.model)
     variant = f", {variant_words(machine)} kernels" if machine.get("kernel_variant") else ""
-    table = Table(title=f"one target forward over n tree tokens, {args.context} cached ({first.model_name}{variant})")
+    title = f"one target forward over n tree tokens, {options.context} cached ({first.model_name}{variant})"
+    table = Table(title=title)
     table.add_column("n", justify="right")
     for name in curves:
         table.add_column(f"{name} ms", justify="right")
@@ -53,11 +55,11 @@ def run_cost_curve(sessions: dict[str, Any], args: argparse.Namespace) -> int:
             cells += [f"{curve[i]['ms']:.1f}", f"{curve[i]['relative']:.2f}"]
         table.add_row(*cells)
     Console().print(table)
-    if getattr(args, "plot", None):
+    if options.plot:
         from specchat.bench_plot import write_cost_svg
 
-        print(f"bench: wrote {write_cost_svg(args.plot, table, curves, first.model_name)}")
-    if args.json_out:
-        Path(args.json_out).write_text(json.dumps({"machine": machine, "model": first.model_name,
-                                                   "context": args.context, "cost_curve": curves}, indent=2) + "\n")
+        print(f"bench: wrote {write_cost_svg(options.plot, table, curves, first.model_name)}")
+    if options.json_out:
+        Path(options.json_out).write_text(json.dumps({"machine": machine, "model": first.model_name,
+                                                   "context": options.context, "cost_curve": curves}, indent=2) + "\n")
     return 0

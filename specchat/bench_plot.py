@@ -9,12 +9,12 @@ end a run of minutes with the results lost.
 
 from __future__ import annotations
 
-import argparse
 import io
 import os
 from pathlib import Path
 from typing import Any
 
+from specchat.command_options import BenchOptions
 from specchat.options import UsageError, prepare_json_out
 from specchat.plots import RGB, Series, draw_xy, new_figure
 
@@ -24,13 +24,12 @@ CHART_HEIGHT = 16
 COLOURS: tuple[RGB, ...] = ((88, 166, 255), (78, 191, 113), (210, 153, 34), (244, 112, 103), (137, 87, 229))
 
 
-def check_plot_path(args: argparse.Namespace) -> None:
+def check_plot_path(options: BenchOptions) -> None:
     """Refuse a ``--plot`` that cannot be written, in one line, before any benchmark work."""
-    path = getattr(args, "plot", None)
+    path = options.plot
     if not path:
         return
-    if getattr(args, "random_weights", None) or getattr(args, "data_engine", None) is not None or \
-            getattr(args, "train_speed", False):
+    if options.random_weights or options.data_engine is not None or options.train_speed:
         raise UsageError("--plot draws the method table or --cost-curve; drop it for this benchmark")
     if Path(path).suffix.lower() != ".svg":
         raise UsageError(f"--plot {path}: the image is SVG; name a .svg file (e.g. --plot bench.svg)")

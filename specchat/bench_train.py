@@ -14,7 +14,6 @@ they replace, so both sides run here, in one process, on the same machine, one a
 
 from __future__ import annotations
 
-import argparse
 import json
 import random
 import tempfile
@@ -23,25 +22,26 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from specchat.command_options import BenchOptions
 from specchat.options import UsageError
 
 TRAIN_BENCH_TOKENS = 12_000  # answer tokens generated for the training benchmark's batches
 
 
-def run_data_bench(args: argparse.Namespace) -> int:
+def run_data_bench(options: BenchOptions) -> int:
     import torch
 
     from engine.train.data import DataCache, GenSettings, answer_tokens, generate_data
     from engine.train.data_engine import generate_data_rows
     from specchat.bench_report import machine_info
 
-    budget = int(args.data_engine)
+    budget = int(options.data_engine)
     if budget <= 0:
         raise UsageError("--data-engine takes a positive number of answer tokens per path")
-    target, model, prompts, capture = _rows_target(args)
-    paths: list[tuple[str, str, int]] = [("one row", "exact", 1), ("rows", "exact", args.rows)]
+    target, model, prompts, capture = _rows_target(options)
+    paths: list[tuple[str, str, int]] = [("one row", "exact", 1), ("rows", "exact", options.rows)]
     if model.fast_available:
-        paths.append(("rows", "fast", args.rows))
+        paths.append(("rows", "fast", options.rows))
     results = []
     for name, precision, rows in paths:
         model.precision = precision
@@ -64,12 +64,12 @@ def run_data_bench(args: argparse.Namespace) -> int:
               f"{answer / seconds:.1f} tok/s", flush=True)
     model.precision = "exact"
     _speedups(results, "one row", lambda r: f"{r['path']} {r['precision']}")
-    _write(args, {"machine": machine_info(model), "benchmark": "data engine", "threads": torch.get_num_threads(),
+    _write(options, {"machine": machine_info(model), "benchmark": "data engine", "threads": torch.get_num_threads(),
                   "results": results})
     return 0
 
 
-def run_train_bench(args: argparse.Namespace) -> int:
+def run_train_bench(options: BenchOptions) -> int:
     import torch
 
     from engine.train.data import DataCache, GenSettings, iter_batches
@@ -78,11 +78,11 @@ def run_train_bench(args: argparse.Namespace) -> int:
     from engine.train.trainer import TrainSettings, batch_loss, build_head
     from specchat.bench_report import machine_info
 
-    target, model, prompts, capture = _rows_target(args)
+    target, model, prompts, capture = _rows_target(options)
     cache = DataCache(Path(tempfile.mkdtemp(prefix="specchat-train-bench-")), model.vocab_size)
     samples = generate_data_rows(model, target.tokenizer, cache, token_budget=TRAIN_BENCH_TOKENS,
                                  settings=GenSettings(seed=7), capture_layers=capture, prompt_list=prompts,
-                                 rows=args.rows)
+                                 rows=options.rows)
     settings = TrainSettings(batch_tokens=1024)
     head = build_head(target.hf, samples, settings, sorted(target.tokenizer.stop_token_ids))
     opt = torch.optim.AdamW(head.parameters(), lr=1e-5)
@@ -106,20 +106,20 @@ def run_train_bench(args: argparse.Namespace) -> int:
                         "answer_tokens_per_s": round(tokens / seconds, 2)})
         print(f"{name:32s}: {tokens / seconds:.1f} answer tok/s", flush=True)
     _speedups(results, "the target run per batch", lambda r: r["path"])
-    _write(args, {"machine": machine_info(model), "benchmark": "training", "ttt_steps": settings.ttt_steps,
+    _write(options, {"machine": machine_info(model), "benchmark": "training", "ttt_steps": settings.ttt_steps,
                   "batch_tokens": settings.batch_tokens, "threads": torch.get_num_threads(), "results": results})
     return 0
 
 
-def _rows_target(args: argparse.Namespace) -> tuple[Any, Any, list, list[int]]:
+def _rows_target(options: BenchOptions) -> tuple[Any, Any, list, list[int]]:
     """The target (threads set), our engine's model (refused without the rows engine), the prompt
     list and the EAGLE-3 capture layers: what both benchmarks generate data with."""
     from engine.loader import configure_threads
     from engine.train.eagle3_head import default_aux_layer_ids
     from engine.train.pipeline import load_target, prompt_list_and_digest
 
-    configure_threads(args.threads)
-    target = load_target(args.model)
+    configure_threads(options.target.threads)
+    target = load_target(options.target.model)
     model = target.engine
     if model is None or not model.runs_rows:
         raise UsageError("the data engine runs on our native CPU decoder; this model or machine has none")
@@ -135,6 +135,6 @@ def _speedups(results: list[dict[str, Any]], base_name: str, label: Callable[[di
     print(f"speed-up against {base_name}: " + ", ".join(f"{label(r)} {r['speedup']:.2f}x" for r in results[1:]))
 
 
-def _write(args: argparse.Namespace, report: dict[str, Any]) -> None:
-    if args.json_out:
-        Path(args.json_out).write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
+def _write(options: BenchOptions, report: dict[str, Any]) -> None:
+    if options.json_out:
+        Path(options.json_out).write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")

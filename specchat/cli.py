@@ -10,6 +10,7 @@ import argparse
 import importlib
 import sys
 from collections.abc import Callable, Sequence
+from typing import Any
 
 from engine.errors import UserError
 from specchat.options import MAX_THREADS, Parser, UsageError, add_knob_flags, bounded
@@ -17,7 +18,8 @@ from specchat.options import MAX_THREADS, Parser, UsageError, add_knob_flags, bo
 EMBEDDED_MODEL = "smollm2-135m"
 MAX_PROMPTS = 1_000_000  # --limit: more than any prompt file holds, and refuses a negative or 0
 
-# command -> (module, function): imported only when that command runs, to keep start-up light
+# command -> (module, function taking the command's options, specchat.command_options.OPTIONS):
+# imported only when that command runs, to keep start-up light
 COMMANDS: dict[str, tuple[str, str]] = {
     "generate": ("specchat.generate", "run_generate"),
     "bench": ("specchat.bench", "run_bench"),
@@ -97,7 +99,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_run_args(run)
 
     serve = sub.add_parser("serve", help="the chat TUI in a browser (textual-serve), one engine per browser tab")
-    add_run_args(serve)  # a served session takes every flag of `run`: specchat.serve reads them back from `run`
+    add_run_args(serve)  # a served session takes every flag of `run`: specchat.serve writes them back with `run`'s
     serve.set_defaults(run_parser=run)
     serve.add_argument("--host", default="127.0.0.1",
                        help="address to listen on (default 127.0.0.1: this machine only; anything else lets "
@@ -190,12 +192,14 @@ def main(argv: Sequence[str] | None = None) -> int:
 def _dispatch(args: argparse.Namespace) -> int:
     if args.command not in COMMANDS:
         raise UsageError(f"unknown command {args.command}")
+    from specchat.command_options import options_for
     from specchat.preflight import check_files
 
-    check_files(args)  # what needs only files is refused now, before any model is read
+    options = options_for(args)  # the Namespace goes no further: each command reads its typed options
+    check_files(options)  # what needs only files is refused now, before any model is read
     module, function = COMMANDS[args.command]
-    run: Callable[[argparse.Namespace], int] = getattr(importlib.import_module(module), function)
-    return run(args)
+    run: Callable[[Any], int] = getattr(importlib.import_module(module), function)
+    return run(options)
 
 
 def _version() -> str:

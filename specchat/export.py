@@ -15,7 +15,6 @@ match-window flags: its own test asserts they are gone) and vLLM's ``Speculative
 
 from __future__ import annotations
 
-import argparse
 import json
 import shlex
 import sys
@@ -26,6 +25,7 @@ from specchat.options import UsageError, make_config
 
 if TYPE_CHECKING:
     from engine.config import SpecConfig
+    from specchat.command_options import ExportOptions
 
 SERVERS = ("sglang", "vllm")
 # the embedded model's own checkpoint on the hub: what a server loads in place of our GGUF
@@ -145,13 +145,14 @@ def launch_line(server: str, config: SpecConfig, model: str | None, draft: str |
     raise UsageError(f"unknown server {server!r}; choose sglang or vllm")
 
 
-def run_export(args: argparse.Namespace) -> int:
+def run_export(options: ExportOptions) -> int:
     """``specchat export sglang|vllm``: the line on stdout (ready to paste), what does not carry
     over on stderr."""
-    config = make_config(args, method="ngram")  # run's default method
-    if getattr(args, "draft", None) and getattr(args, "method", None) is None and config.method == "none":
+    spec = options.spec
+    config = make_config(spec, method="ngram")  # run's default method
+    if spec.draft and spec.knob("method") is None and config.method == "none":
         raise UsageError("export reads no draft to infer the method: add --method eagle, eagle3, standalone or medusa")
-    line = launch_line(args.server, config, getattr(args, "model", None), getattr(args, "draft", None))
+    line = launch_line(options.server, config, options.target.model, spec.draft)
     print(line.command)
     for note in line.notes:
         print(f"note: {note}", file=sys.stderr)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 from pathlib import Path
@@ -13,23 +12,24 @@ from specchat.options import UsageError, draft_options, make_config
 
 if TYPE_CHECKING:
     from engine.config import SpecConfig
+    from specchat.command_options import GenerateOptions, ModelOptions
 
 # Accepted draft tokens vs tokens the target produced itself (bonus / correction).
 DRAFT_STYLE = "bold green"
 TARGET_STYLE = "bright_white"
 
 
-def generate_config(args: argparse.Namespace) -> SpecConfig:
+def generate_config(options: GenerateOptions) -> SpecConfig:
     """``generate``'s config: the shared mapping (specchat.options) over its defaults (n-gram, 256 tokens)."""
-    return make_config(args, method="ngram", max_new_tokens=256)
+    return make_config(options.spec, method="ngram", max_new_tokens=256)
 
 
-def read_prompt(args: argparse.Namespace) -> str:
+def read_prompt(options: GenerateOptions) -> str:
     """The user message from --prompt or --prompt-file; a missing, unreadable or empty one is refused."""
-    if args.prompt is not None:
-        text = args.prompt
+    if options.prompt is not None:
+        text = options.prompt
     else:
-        path = Path(args.prompt_file)
+        path = Path(str(options.prompt_file))
         if path.is_dir():
             raise UsageError(f"--prompt-file {path} is a folder; name a text file")
         if not path.exists():
@@ -45,21 +45,21 @@ def read_prompt(args: argparse.Namespace) -> str:
     return text
 
 
-def _one_weights(args: argparse.Namespace) -> str:
-    weights = getattr(args, "weights", None) or "stored"
+def _one_weights(target: ModelOptions) -> str:
+    weights = target.weights or "stored"
     if weights not in ("stored", "fp32"):
         raise UsageError(f"--weights must be stored or fp32, not {weights!r}")
     return weights
 
 
-def _one_precision(args: argparse.Namespace) -> str:
-    precision = getattr(args, "precision", None) or "auto"
+def _one_precision(target: ModelOptions) -> str:
+    precision = target.precision or "auto"
     if precision not in ("auto", "exact", "fast"):
         raise UsageError(f"--precision must be auto, exact or fast, not {precision!r}")
     return precision
 
 
-def run_generate(args: argparse.Namespace) -> int:
+def run_generate(options: GenerateOptions) -> int:
     from rich.console import Console
     from rich.text import Text
 
@@ -67,17 +67,16 @@ def run_generate(args: argparse.Namespace) -> int:
     from engine.loader import load_session
     from engine.models.progress import rich_progress
 
-    config = generate_config(args)
-    prompt = read_prompt(args)
+    config = generate_config(options)
+    prompt = read_prompt(options)
     out = Console(highlight=False, soft_wrap=True)
     err = Console(stderr=True, highlight=False)
     with rich_progress() as progress:
-        session = load_session(args.model, config, dtype=args.dtype, device=args.device,
-                               backend=args.backend, allow_pickle=args.allow_pickle, progress=progress,
-                               threads=args.threads, revision=args.revision,
-                               weights=_one_weights(args), precision=_one_precision(args), **draft_options(args))
+        target = options.target
+        session = load_session(target.model, config, progress=progress, **draft_options(options),
+                               **target.load_args(weights=_one_weights(target), precision=_one_precision(target)))
     config = session.config
-    if args.raw:
+    if options.raw:
         events = session.generate_ids(_raw_ids(session.tokenizer, prompt))
     else:
         events = session.generate([{"role": "user", "content": prompt}])
@@ -90,7 +89,7 @@ def run_generate(args: argparse.Namespace) -> int:
             started = event
         elif isinstance(event, Step):
             tokens.extend(c.id for c in event.committed)
-            if not args.json:
+            if not options.json:
                 piece = Text()
                 for c in event.committed:
                     piece.append(c.text, style=DRAFT_STYLE if c.origin == "draft" else TARGET_STYLE)
@@ -101,7 +100,7 @@ def run_generate(args: argparse.Namespace) -> int:
         why = finished.error if finished is not None and finished.error else "the answer did not start"
         raise UsageError(f"{why}; shorten the prompt (or pick a model with a longer context)")
     stats = finished.stats
-    if args.json:
+    if options.json:
         print(json.dumps({
             "text": finished.text, "tokens": tokens, "steps": stats.steps, "tau": round(stats.tau, 4),
             "tokens_per_s": round(stats.tokens_per_s, 3), "finish_reason": finished.reason,

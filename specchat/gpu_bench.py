@@ -19,7 +19,6 @@ Runs on a CPU too (that is how the tests check it), where the numbers describe t
 
 from __future__ import annotations
 
-import argparse
 import json
 import tempfile
 import time
@@ -32,6 +31,7 @@ import torch
 
 from engine.calibrate import sync
 from specchat.bench_cost import measure_cost_curve
+from specchat.command_options import BenchOptions
 
 # Public EAGLE-3 heads for large-vocabulary targets (Llama-3.1-8B: 128256) draft over 32000 ids;
 # a random head takes the same size (or the whole vocabulary of a smaller target).
@@ -112,7 +112,7 @@ class RandomPlan:
         return self.method is not None or self.draft is not None
 
 
-def plan_random_bench(args: argparse.Namespace, target_config: dict[str, Any]) -> RandomPlan:
+def plan_random_bench(options: BenchOptions, target_config: dict[str, Any]) -> RandomPlan:
     """Check the flags that --random-weights cannot honour and say which drafter to time.
 
     Raises UsageError (one line) for: flags that need a real checkpoint (--prompts, --peers,
@@ -125,19 +125,18 @@ def plan_random_bench(args: argparse.Namespace, target_config: dict[str, Any]) -
     from specchat.options import ALGORITHMS, UsageError
 
     needs_checkpoint = [flag for flag, given in (
-        ("--prompts", getattr(args, "prompts", None)), ("--peers", (getattr(args, "peers", "") or "").strip()),
-        ("--data-engine", getattr(args, "data_engine", None) is not None),
-        ("--train-speed", getattr(args, "train_speed", False))) if given]
+        ("--prompts", options.prompts), ("--peers", options.peers.strip()),
+        ("--data-engine", options.data_engine is not None), ("--train-speed", options.train_speed)) if given]
     if needs_checkpoint:
         verb = "needs" if len(needs_checkpoint) == 1 else "need"
         raise UsageError(f"--random-weights runs synthetic measurements only; {', '.join(needs_checkpoint)} {verb} "
                          "a real checkpoint (drop --random-weights)")
-    if (getattr(args, "temperature", None) or 0) > 0:
+    spec = options.spec
+    if (spec.knob("temperature") or 0) > 0:
         raise UsageError("--random-weights decodes greedily; drop --temperature")
-    methods = getattr(args, "methods", None) or ""
-    listed = [m.strip() for m in methods.split(",") if m.strip()]
-    if getattr(args, "method", None):
-        listed.append(args.method)
+    listed = [m.strip() for m in (options.methods or "").split(",") if m.strip()]
+    if spec.knob("method"):
+        listed.append(spec.knob("method"))
     names = []
     for m in listed:
         if m.lower() not in ALGORITHMS:
@@ -156,11 +155,11 @@ def plan_random_bench(args: argparse.Namespace, target_config: dict[str, Any]) -
     if len(asked) > 1:
         raise UsageError(f"--random-weights times one EAGLE head per run, not {' and '.join(asked)}")
     method = asked[0] if asked else None
-    draft = getattr(args, "draft", None)
+    draft = spec.draft
     if draft is None:
         if method == "eagle":
             raise UsageError("--random-weights builds EAGLE-3 heads only; give an EAGLE-1/2 head with --draft PATH")
-        if getattr(args, "token_map", None):
+        if spec.token_map:
             raise UsageError("--speculative-token-map restricts an EAGLE-1/2 head; give one with --draft PATH")
         layers = int(target_config.get("num_hidden_layers") or 0)
         if method == "eagle3" and layers < 5:
@@ -189,15 +188,15 @@ def write_random_eagle3_head(target_config: dict[str, Any], folder: str | Path, 
     return export_head(head, folder, dtype=out_dtype, card={"random": True, "seed": seed})
 
 
-def load_random_bench_draft(plan: RandomPlan, model, target_config: dict[str, Any], args: argparse.Namespace):
+def load_random_bench_draft(plan: RandomPlan, model, target_config: dict[str, Any], options: BenchOptions):
     """The DraftBundle to time: the --draft head, else a random EAGLE-3 head (built in a temporary
     folder, loaded, and the folder removed: the loaded head holds its own copy of the weights)."""
     from engine.drafters.draft_loader import load_draft
 
     if plan.draft is not None:
         return load_draft(plan.draft, model, None, method=plan.method,
-                          allow_pickle=getattr(args, "allow_pickle", False),
-                          revision=getattr(args, "draft_revision", None), token_map=getattr(args, "token_map", None))
+                          allow_pickle=options.target.allow_pickle,
+                          revision=options.spec.draft_revision, token_map=options.spec.token_map)
     with tempfile.TemporaryDirectory(prefix="specchat-random-head-") as tmp:
         folder = write_random_eagle3_head(target_config, Path(tmp) / "eagle3-random", dtype=model.dtype)
         bundle = load_draft(str(folder), model, None, method="eagle3")
@@ -255,7 +254,7 @@ def drafting_report(model, bundle, tree_config, *, context: int, baseline_ms: fl
     return out
 
 
-def run_random_bench(args: argparse.Namespace) -> int:
+def run_random_bench(options: BenchOptions) -> int:
     from rich.console import Console
     from rich.table import Table
 
@@ -265,25 +264,26 @@ def run_random_bench(args: argparse.Namespace) -> int:
     from specchat.bench_report import linear_words, machine_info
     from specchat.options import make_config, prepare_json_out
 
-    _, target_config = random_config(args.random_weights)
-    plan = plan_random_bench(args, target_config)
-    tree_config = make_config(args, method="none") if plan.drafting else None
-    prepare_json_out(args.json_out)
-    configure_threads(args.threads)
-    device = pick_device(args.device)
-    dtype = pick_dtype(args.dtype, device)
-    name, model = random_model(args.random_weights, dtype=dtype, device=device)
-    bundle = load_random_bench_draft(plan, model, target_config, args) if plan.drafting else None
+    shape, target = str(options.random_weights), options.target
+    _, target_config = random_config(shape)
+    plan = plan_random_bench(options, target_config)
+    tree_config = make_config(options.spec, method="none") if plan.drafting else None
+    prepare_json_out(options.json_out)
+    configure_threads(target.threads)
+    device = pick_device(target.device)
+    dtype = pick_dtype(target.dtype, device)
+    name, model = random_model(shape, dtype=dtype, device=device)
+    bundle = load_random_bench_draft(plan, model, target_config, options) if plan.drafting else None
     machine = machine_info(model)
-    peak = args.peak_bandwidth or (peak_bandwidth_gbps(machine["gpu"]) if device.type == "cuda" else None)
-    new_tokens = args.max_new_tokens or 128
-    report = synthetic_report(model, context=args.context, new_tokens=new_tokens, peak_gbps=peak)
+    peak = options.peak_bandwidth or (peak_bandwidth_gbps(machine["gpu"]) if device.type == "cuda" else None)
+    new_tokens = options.spec.knob("max_new_tokens") or 128
+    report = synthetic_report(model, context=options.context, new_tokens=new_tokens, peak_gbps=peak)
     report = {"machine": machine, "model": f"{name} (random weights)", "dtype": str(dtype).replace("torch.", ""),
-              "device": str(device), "context": args.context,
+              "device": str(device), "context": options.context,
               "methods": ["none"] + ([bundle.method] if bundle is not None else []), **report}
     if bundle is not None:
         report["drafting"] = drafting_report(model, bundle, tree_config.replace(method=bundle.method),
-                                             context=args.context, baseline_ms=report["baseline"]["ms_per_token"])
+                                             context=options.context, baseline_ms=report["baseline"]["ms_per_token"])
 
     console = Console()
     where = machine.get("gpu") or machine["cpu"]
@@ -315,14 +315,14 @@ def run_random_bench(args: argparse.Namespace) -> int:
             table.add_row(f"{drafting['method']} draft level, {shape} (topk {d['topk']})",
                           f"{d['ms_per_level']:.3f} ms = {d['level_vs_token']:.3f} x token")
     console.print(table)
-    costs = Table(title=f"one verify forward over n tree tokens, {args.context} cached")
+    costs = Table(title=f"one verify forward over n tree tokens, {options.context} cached")
     for col in ("n", "ms", "x n=1"):
         costs.add_column(col, justify="right")
     for row in curve:
         costs.add_row(str(row["n"]), f"{row['ms']:.2f}", f"{row['relative']:.2f}")
     console.print(costs)
     if drafting is not None:
-        draft_table = Table(title=f"drafting cost: {drafting['head']}, {args.context} cached "
+        draft_table = Table(title=f"drafting cost: {drafting['head']}, {options.context} cached "
                                   "(random heads accept nothing: this is the cost side)")
         for col in ("tree", "topk", "levels", "ms per step", "ms per level", "level / baseline token"):
             draft_table.add_column(col, justify="left" if col == "tree" else "right")
@@ -331,6 +331,6 @@ def run_random_bench(args: argparse.Namespace) -> int:
             draft_table.add_row(shape, str(d["topk"]), str(d["num_steps"]), f"{d['ms_per_step']:.3f}",
                                 f"{d['ms_per_level']:.3f}", f"{d['level_vs_token']:.3f}")
         console.print(draft_table)
-    if args.json_out:
-        Path(args.json_out).write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
+    if options.json_out:
+        Path(options.json_out).write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
     return 0

@@ -1,4 +1,4 @@
-"""From parsed command-line flags to what the engine takes: one mapping for every command.
+"""From the command-line flags to what the engine takes: one mapping for every command.
 
 Why one module: ``generate``, ``bench``, ``run`` (the TUI), the GPU bench and train-draft all read
 the same speculative flags, and when each built its own SpecConfig they drifted (the TUI skipped
@@ -22,6 +22,7 @@ from engine.knobs import KNOBS, Knob
 
 if TYPE_CHECKING:
     from engine.config import SpecConfig
+    from specchat.command_options import CommandOptions, SpecOptions
 
 # --method names (any case) -> SpecConfig.method; "eagle2" is SGLang's name for EAGLE-1/2 heads
 ALGORITHMS: dict[str, str] = {**{m: m for m in KNOBS["method"].choices}, **dict(KNOBS["method"].value_aliases)}
@@ -90,27 +91,23 @@ def bounded(kind: type, low: float | None = None, high: float | None = None, *, 
     return knob_type(Knob("value", kind, None, "", None, low=low, high=high, low_open=low_open))
 
 
-def spec_overrides(args: argparse.Namespace) -> dict[str, Any]:
+def spec_overrides(spec: SpecOptions) -> dict[str, Any]:
     """The SpecConfig fields the user set on the command line (flags left unset are absent).
 
     The parser already checked each value (:func:`knob_type`); a choice is canonicalised again
-    here for Namespaces built by other means (serve forwards the flags of ``run``)."""
+    here for options built by other means (a test, or ``dataclasses.replace``)."""
     out: dict[str, Any] = {}
-    for knob in KNOBS.values():
-        value = getattr(args, knob.name, None) if knob.flag else None
+    for name, given in spec.knobs.items():
+        knob = KNOBS[name]
+        value = knob.canonical(str(given)) if knob.choices else given
         if value is None:
-            continue
-        if knob.choices:
-            value = knob.canonical(str(value))
-            if value is None:
-                raise UsageError(f"unknown {knob.name} {getattr(args, knob.name)!r}; choose "
-                                 f"{', '.join(knob.choices)}")
-        out[knob.name] = value
+            raise UsageError(f"unknown {name} {given!r}; choose {', '.join(knob.choices)}")
+        out[name] = value
     return out
 
 
-def make_config(args: argparse.Namespace, **defaults: Any) -> SpecConfig:
-    """The SpecConfig for ``args``: the flags given, over the command's ``defaults``.
+def make_config(spec: SpecOptions, **defaults: Any) -> SpecConfig:
+    """The SpecConfig for the flags in ``spec``: the flags given, over the command's ``defaults``.
 
     ``--settings FILE`` (a JSON of SpecConfig fields, as ``specchat tune --save-settings`` writes)
     sits between the two: the flags win over it, it wins over the defaults. Two rules beyond
@@ -125,10 +122,9 @@ def make_config(args: argparse.Namespace, **defaults: Any) -> SpecConfig:
     """
     from engine.config import SpecConfig
 
-    overrides = spec_overrides(args)
-    saved = settings_from(args)
-    if "method" not in overrides and "method" not in saved and getattr(args, "draft", None) \
-            and defaults.get("method") != "none":
+    overrides = spec_overrides(spec)
+    saved = settings_from(spec)
+    if "method" not in overrides and "method" not in saved and spec.draft and defaults.get("method") != "none":
         defaults = {**defaults, "method": "none"}  # until load_session infers the method from the draft
     defaults = {**defaults, **saved}  # --settings FILE: over the command's defaults, under the flags
     if overrides.get("method") in TREE_METHODS and overrides.get("eagle_topk") == 1 \
@@ -137,38 +133,26 @@ def make_config(args: argparse.Namespace, **defaults: Any) -> SpecConfig:
     return SpecConfig(**{**defaults, **overrides})
 
 
-def draft_options(args: argparse.Namespace) -> dict[str, Any]:
-    """load_session's draft arguments from the command line.
+def draft_options(options: CommandOptions) -> dict[str, Any]:
+    """load_session's draft arguments for a command's options.
 
     ``bench`` and ``tune`` time the methods they list, so there the draft never picks the method;
     nor where a settings file names it."""
-    explicit = getattr(args, "method", None) is not None or "method" in settings_from(args)
-    draft = getattr(args, "draft", None)
+    spec = options.spec
+    explicit = spec.knob("method") is not None or "method" in settings_from(spec)
     return {
-        "also": also_runs(args),
-        "draft": draft,
-        "draft_revision": getattr(args, "draft_revision", None),
-        "token_map": getattr(args, "token_map", None),
-        "ngram_corpus": getattr(args, "ngram_corpus", None) or "auto",
-        "method_from_draft": bool(draft) and not explicit and getattr(args, "command", None) not in ("bench", "tune"),
+        "also": options.also_runs(),
+        "draft": spec.draft,
+        "draft_revision": spec.draft_revision,
+        "token_map": spec.token_map,
+        "ngram_corpus": spec.ngram_corpus or "auto",
+        "method_from_draft": bool(spec.draft) and not explicit and not options.times_methods,
     }
 
 
-def also_runs(args: argparse.Namespace) -> tuple[str, ...]:
-    """Methods a command runs besides the one in force (``--compare A,B``; bench's ``--methods``):
-    the loader installs the heads shipped for them beside the draft."""
-    import re
-
-    text = getattr(args, "compare", None)
-    if not isinstance(text, str):
-        text = getattr(args, "methods", None) if getattr(args, "command", None) == "bench" else None
-    return tuple(m for m in re.split(r"[\s,]+", text.lower()) if m) if isinstance(text, str) else ()
-
-
-def settings_from(args: argparse.Namespace) -> dict[str, Any]:
+def settings_from(spec: SpecOptions) -> dict[str, Any]:
     """The fields of ``--settings FILE`` ({} without one), checked: see :func:`load_settings`."""
-    path = getattr(args, "settings", None)
-    return load_settings(path) if path else {}
+    return load_settings(spec.settings) if spec.settings else {}
 
 
 def load_settings(path: str | Path) -> dict[str, Any]:

@@ -1,4 +1,4 @@
-"""From parsed flags to :func:`engine.preflight.check_files`: every command that loads a model
+"""From a command's options to :func:`engine.preflight.check_files`: every command that loads a model
 checks its files right after parsing, before the target is read.
 
 Why here, called once by the command line's dispatch: ``run`` (and each of ``serve``'s browser
@@ -10,41 +10,43 @@ one line within a second, instead of after the loading screen.
 
 from __future__ import annotations
 
-import argparse
-
+from specchat.command_options import CommandOptions, Options, TrainDraftOptions
 from specchat.options import draft_options, make_config
 
-# the commands whose target loads from the flags read here (export and replay load none)
-LOADING = ("run", "serve", "generate", "bench", "tune", "train-draft")
 
-
-def check_files(args: argparse.Namespace) -> None:
-    """Refuse, in one line (a UserError), what is wrong with the files ``args`` names."""
-    command = getattr(args, "command", None)
-    if command not in LOADING or getattr(args, "fake", False) or getattr(args, "random_weights", None):
-        return
-    if getattr(args, "device", None):
-        from engine.loader import pick_device
-
-        pick_device(args.device)  # --device nope or cuda without a GPU, before any file is read
-    if command == "train-draft":
+def check_files(options: Options) -> None:
+    """Refuse, in one line (a UserError), what is wrong with the files ``options`` name."""
+    if isinstance(options, TrainDraftOptions):
+        _check_device(options.device)
         return  # its own flags are checked first (train_draft.check_args calls check_train_target)
+    if not isinstance(options, CommandOptions) or not options.loads_target():
+        return
+    _check_device(options.target.device)
     from engine.preflight import check_files as check
 
-    config = make_config(args)  # --settings FILE parses (and its values fit) or is refused here
-    options = draft_options(args)
-    check(args.model, backend=getattr(args, "backend", None) or "auto", method=config.method,
-          draft=options["draft"], draft_revision=options["draft_revision"], token_map=options["token_map"],
-          ngram_corpus=options["ngram_corpus"], allow_pickle=bool(getattr(args, "allow_pickle", False)),
-          method_from_draft=options["method_from_draft"])
+    config = make_config(options.spec)  # --settings FILE parses (and its values fit) or is refused here
+    drafts = draft_options(options)
+    target = options.target
+    check(target.model, backend=target.backend or "auto", method=config.method,
+          draft=drafts["draft"], draft_revision=drafts["draft_revision"], token_map=drafts["token_map"],
+          ngram_corpus=drafts["ngram_corpus"], allow_pickle=target.allow_pickle,
+          method_from_draft=drafts["method_from_draft"])
 
 
-def check_train_target(args: argparse.Namespace) -> None:
+def _check_device(device: str | None) -> None:
+    """--device nope, or cuda without a GPU, before any file is read."""
+    if device:
+        from engine.loader import pick_device
+
+        pick_device(device)
+
+
+def check_train_target(options: TrainDraftOptions) -> None:
     """train-draft: the target's config, and enough layers for an EAGLE-3 head."""
     from engine.preflight import target_config
 
-    config = target_config(args.model)
-    if config is not None and getattr(args, "method", "eagle3") == "eagle3":
+    config = target_config(options.model)
+    if config is not None and options.method == "eagle3":
         from engine.train.eagle3_head import default_aux_layer_ids
 
         default_aux_layer_ids(config.num_layers)

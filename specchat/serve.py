@@ -1,7 +1,7 @@
 """``specchat serve``: the chat app in a browser, through textual-serve.
 
 textual-serve runs one shell command per browser connection and relays its terminal to xterm.js
-in the page. That command is ``specchat run`` with the flags given to ``serve`` (read back from
+in the page. That command is ``specchat run`` with the flags given to ``serve`` (written back with
 ``run``'s own parser, so a flag added to ``run`` is served too), wrapped in
 :mod:`specchat.serve_session`, which takes one of ``--max-sessions`` slots before it loads a
 model. Every tab is a whole app with its own engine process, so the number of tabs is bounded by
@@ -31,6 +31,7 @@ from aiohttp import web
 from textual_serve.server import Server
 
 from engine.errors import UserError
+from specchat.command_options import RunOptions, ServeOptions, flatten
 from specchat.serve_guard import WILDCARD_HOSTS, Guard
 
 # what one session costs beside its weights, measured on the embedded model (SmolLM2-135M, a
@@ -85,17 +86,20 @@ def _size(n: float) -> str:
     return f"{n / 2**30:.1f} GB" if n >= 2**30 else f"{n / 2**20:.0f} MB"
 
 
-def run_argv(args: argparse.Namespace) -> list[str]:
-    """The ``specchat run`` arguments equal to ``args``: each flag of ``run`` that differs from its default.
+def run_argv(options: RunOptions, parser: argparse.ArgumentParser) -> list[str]:
+    """The ``specchat run`` arguments equal to ``options``: each flag of ``run`` that differs from its default.
 
-    Why from ``run``'s parser (``args.run_parser``, set by the CLI) and not a list here: the served
-    app must take exactly the flags ``run`` takes, today's and tomorrow's. The model goes last, after ``--``.
+    Why from ``run``'s parser (``ServeOptions.run_parser``, set by the CLI) and not a list here: the
+    served app must take exactly the flags ``run`` takes, today's and tomorrow's. The model goes last,
+    after ``--``.
     """
-    parser: argparse.ArgumentParser = args.run_parser
+    values = flatten(options)  # every dest of `run` (test_serve checks that none is missing)
     flags: list[str] = []
     positional: list[str] = []
     for action in parser._actions:
-        value = getattr(args, action.dest, None)
+        if action.default == argparse.SUPPRESS:  # --help: no value to forward
+            continue
+        value = values[action.dest]
         if value is None or value == action.default:
             continue
         if not action.option_strings:
@@ -182,19 +186,20 @@ def available_memory() -> int | None:
         return None
 
 
-def weight_bytes(args: argparse.Namespace) -> int:
+def weight_bytes(options: RunOptions) -> int:
     """Bytes of the model's weights as a session will hold them (0 for the scripted ``--fake`` model).
 
     Resolving here also refuses a missing model in one line, and does a first run's conversion
     or download once, before the tabs start, rather than in every tab at the same time.
     """
-    if getattr(args, "fake", False):
+    if options.fake:
         return 0
     from engine.models.resolve import resolve_model
 
-    resolved = resolve_model(args.model, revision=args.revision, allow_pickle=bool(args.allow_pickle),
-                             weights="fp32" if args.weights == "fp32" else "stored",
-                             backend=args.backend or "auto", progress=_progress_printer())
+    target = options.target
+    resolved = resolve_model(target.model, revision=target.revision, allow_pickle=target.allow_pickle,
+                             weights="fp32" if target.weights == "fp32" else "stored",
+                             backend=target.backend or "auto", progress=_progress_printer())
     if resolved.gguf is not None:
         return Path(resolved.gguf).stat().st_size
     folder = Path(resolved.path)
@@ -213,15 +218,16 @@ def _progress_printer():
     return show
 
 
-def session_budget(args: argparse.Namespace) -> SessionBudget:
-    """The budget for ``args``' model on the device its engines will use (a GPU's memory bounds GPU engines)."""
-    weights = int(WEIGHT_FACTOR * weight_bytes(args))
+def session_budget(options: RunOptions) -> SessionBudget:
+    """The budget for the model of ``options`` on the device its engines will use (a GPU's memory bounds GPU
+    engines)."""
+    weights = int(WEIGHT_FACTOR * weight_bytes(options))
     host = SessionBudget(APP_BYTES + ENGINE_BYTES + weights, available_memory(), os.cpu_count())
-    if getattr(args, "fake", False):
+    if options.fake:
         return host
     from engine.loader import pick_device
 
-    device = pick_device(args.device or "auto")
+    device = pick_device(options.target.device or "auto")
     if device.type != "cuda":
         return host
     import torch
@@ -231,30 +237,29 @@ def session_budget(args: argparse.Namespace) -> SessionBudget:
     return gpu if gpu.fits <= host.fits else host
 
 
-def run_serve(args: argparse.Namespace) -> int:
+def run_serve(options: ServeOptions) -> int:
     from specchat.tui.launch import preflight
 
-    if args.max_sessions is not None and args.max_sessions < 1:
-        raise ServeError(f"--max-sessions {args.max_sessions}: allow at least 1 session")
-    check_address(args.host, args.port)
-    _, precision = preflight(args)  # the flags `run` would refuse, refused once here
-    if not getattr(args, "fake", False):
-        args.precision = precision  # resolved once; every tab runs the same
-    budget = session_budget(args)
-    limit = args.max_sessions or budget.fits
-    if args.max_sessions and args.max_sessions > budget.fits:
+    check_address(options.host, options.port)
+    _, precision = preflight(options)  # the flags `run` would refuse, refused once here
+    run = options.run_options()
+    if not run.fake:  # resolved once; every tab runs the same
+        run = dataclasses.replace(run, target=dataclasses.replace(run.target, precision=precision))
+    budget = session_budget(run)
+    limit = options.max_sessions or budget.fits
+    if options.max_sessions and options.max_sessions > budget.fits:
         print(f"specchat serve: warning: --max-sessions {limit} is more than this machine holds ({budget.fits}: "
               f"{budget.describe()}); the last tabs may run out of memory", file=sys.stderr)
-    if not is_local(args.host):
-        print(f"specchat serve: warning: listening on {args.host}: anyone who can reach port {args.port} and "
+    if not is_local(options.host):
+        print(f"specchat serve: warning: listening on {options.host}: anyone who can reach port {options.port} and "
               "has the address printed below (its token) can use the model and this machine's CPU, over plain "
               "HTTP (keep 127.0.0.1 and use an SSH tunnel, or put a proxy with TLS in front)", file=sys.stderr)
-    url = public_url(args.host, args.port, args.public_url)
-    guard = Guard.for_address(args.host, args.public_url)
+    url = public_url(options.host, options.port, options.public_url)
+    guard = Guard.for_address(options.host, options.public_url)
     note = budget.describe()
     with tempfile.TemporaryDirectory(prefix="specchat-serve-") as slots:
-        command = session_command(run_argv(args), Path(slots), limit, note)
-        server = SpecchatServer(command, host=args.host, port=args.port, title="specchat", public_url=url)
+        command = session_command(run_argv(run, options.run_parser), Path(slots), limit, note)
+        server = SpecchatServer(command, host=options.host, port=options.port, title="specchat", public_url=url)
         server.guard = guard
         server.banner = (f"specchat serve: open {guard.url(url)} in a browser (one engine per tab, at most "
                          f"{limit} at once: {note}); Ctrl+C stops")

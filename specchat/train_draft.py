@@ -15,6 +15,7 @@ from typing import Any
 
 from engine.errors import MissingFileError
 from specchat.bench_report import cpu_name_and_flags
+from specchat.command_options import TrainDraftOptions
 from specchat.options import MAX_THREADS, UsageError, bounded
 
 
@@ -87,30 +88,30 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--revision", default=None, help="hub model: branch, tag or commit")
 
 
-def run_train_draft(args: argparse.Namespace) -> int:
+def run_train_draft(options: TrainDraftOptions) -> int:
     import torch
 
     from engine.loader import configure_threads, pick_device
     from engine.train.data import GenSettings, answer_tokens
     from engine.train.pipeline import load_target, prepare_data
 
-    out = check_args(args)  # every refusal before any data is generated or trained
-    threads = configure_threads(args.threads)
-    device = pick_device(args.device)
-    deadline = time.time() + args.hours * 3600 if args.hours else None
+    out = check_args(options)  # every refusal before any data is generated or trained
+    threads = configure_threads(options.threads)
+    device = pick_device(options.device)
+    deadline = time.time() + options.hours * 3600 if options.hours else None
     if device.type == "cuda":
         # TF32 products: the data and the target's features differ from fp32 ones only where two
         # tokens are nearly tied, which a draft head cannot tell apart anyway
         torch.set_float32_matmul_precision("high")
-    gen_batch = args.gen_batch or (256 if device.type == "cuda" else 32)
-    target = load_target(args.model, device=str(device), revision=args.revision)
+    gen_batch = options.gen_batch or (256 if device.type == "cuda" else 32)
+    target = load_target(options.model, device=str(device), revision=options.revision)
     print(f"target: {target.name}  device: {device}  threads: {threads}")
-    settings = GenSettings(seed=args.seed, batch_size=gen_batch, magpie_fraction=args.magpie_share)
-    samples, cache = prepare_data(target, settings, args.tokens, args.prompts,
-                                  use_builtin_prompts=not args.no_builtin_prompts, rows=args.rows,
-                                  precision=args.data_precision, import_from=args.import_data or (),
-                                  hidden_only=args.method == "medusa")
-    if args.data_only:
+    settings = GenSettings(seed=options.seed, batch_size=gen_batch, magpie_fraction=options.magpie_share)
+    samples, cache = prepare_data(target, settings, options.tokens, options.prompts,
+                                  use_builtin_prompts=not options.no_builtin_prompts, rows=options.rows,
+                                  precision=options.data_precision, import_from=options.import_data or (),
+                                  hidden_only=options.method == "medusa")
+    if options.data_only:
         print(f"data: {len(samples)} conversations, {answer_tokens(samples)} answer tokens in {cache.folder}")
         return 0
     held = [s for s in samples if s.held_out]
@@ -119,68 +120,66 @@ def run_train_draft(args: argparse.Namespace) -> int:
           f"out; cache {cache.folder}")
     if not trains:
         raise UsageError("no training data was generated; raise --tokens")
-    if args.method == "medusa":
+    if options.method == "medusa":
         from specchat.train_medusa import train_medusa_heads
 
-        return train_medusa_heads(args, out, target, cache, trains, held, _run_card(args, target, cache, trains, held,
-                                                                                     device, threads), deadline)
-    return _train(args, out, target, cache, trains, held, device, threads, deadline)
+        card = _run_card(options, target, cache, trains, held, device, threads)
+        return train_medusa_heads(options, out, target, cache, trains, held, card, deadline)
+    return _train(options, out, target, cache, trains, held, device, threads, deadline)
 
 
-def check_args(args: argparse.Namespace) -> Path:
+def check_args(options: TrainDraftOptions) -> Path:
     """Refuse, in one line, whatever would fail after the data is generated or the head trained:
     bad numbers, a missing --import-data, --init-from or --prompts, a --resume without a
     checkpoint (or a checkpoint without --resume), an output folder that cannot be written or that
     holds files this command did not write (a model's folder). Returns the output folder, marked as ours."""
-    if args.tokens <= 0 or args.draft_vocab_size <= 1 or args.ttt_steps < 1 or args.batch_tokens < 16 \
-            or args.rows < 1 or (args.gen_batch is not None and args.gen_batch < 1):
-        raise UsageError("--tokens, --draft-vocab-size, --ttt-steps, --rows, --gen-batch and --batch-tokens "
-                         "must be positive (batch-tokens at least 16)")
-    if not 0.0 <= args.magpie_share <= 1.0:
-        raise UsageError(f"--magpie-share {args.magpie_share}: give a share between 0 and 1")
-    if args.magpie_share < 1.0 and args.no_builtin_prompts and args.prompts is None:
+    # the parser bounds every number from below (1, or 0 for --magpie-share); two need more
+    if options.draft_vocab_size <= 1 or options.batch_tokens < 16:
+        raise UsageError("--draft-vocab-size must be positive and above 1, and --batch-tokens at least 16 "
+                         f"(got {options.draft_vocab_size} and {options.batch_tokens})")
+    if options.magpie_share < 1.0 and options.no_builtin_prompts and options.prompts is None:
         raise UsageError("--magpie-share below 1 needs prompts: drop --no-builtin-prompts or give --prompts FILE")
-    if args.method != "medusa" and (args.export_layout or args.medusa_train_lm_head):
+    if options.method != "medusa" and (options.export_layout or options.medusa_train_lm_head):
         raise UsageError("--export-layout and --medusa-train-lm-head go with --method medusa")
-    if args.method == "medusa" and (args.medusa_heads < 1 or args.init_from is not None):
-        raise UsageError("--method medusa needs --medusa-heads of at least 1 and takes no --init-from (use --resume)")
-    if args.refit_vocab and (args.init_from is None or args.method != "eagle3"):
+    if options.method == "medusa" and options.init_from is not None:
+        raise UsageError("--method medusa takes no --init-from (use --resume)")
+    if options.refit_vocab and (options.init_from is None or options.method != "eagle3"):
         raise UsageError("--refit-vocab goes with --init-from HEAD (a new EAGLE-3 head picks its vocabulary from "
                          "the data anyway)")
-    for folder in args.import_data or ():
+    for folder in options.import_data or ():
         if not Path(folder).is_dir():
             raise MissingFileError(f"--import-data {folder}: no such folder")
-    if args.prompts is not None:
+    if options.prompts is not None:
         from engine.train.data import load_prompt_list
 
-        load_prompt_list(args.prompts)  # a missing file or a bad line, named before any work
-    if args.out is None and not args.data_only:
+        load_prompt_list(options.prompts)  # a missing file or a bad line, named before any work
+    if options.out is None and not options.data_only:
         raise UsageError("--out is required (the folder the trained head is written to), unless --data-only")
-    out = Path(args.out or ".")
+    out = Path(options.out or ".")
     from specchat.preflight import check_train_target
 
-    if args.data_only:
-        check_train_target(args)
+    if options.data_only:
+        check_train_target(options)
         return out
-    if args.init_from is not None:
-        init = Path(args.init_from)
+    if options.init_from is not None:
+        init = Path(options.init_from)
         if not ((init / "config.json").is_file() and (init / "model.safetensors").is_file()):
             raise MissingFileError(f"--init-from {init}: not an exported head (config.json + model.safetensors)")
     has_checkpoint = (out / "checkpoint" / "progress.json").is_file()
-    if args.resume and not has_checkpoint:
+    if options.resume and not has_checkpoint:
         raise UsageError(f"--resume: {out} has no checkpoint; run without --resume to start")
-    if not args.resume and has_checkpoint:
+    if not options.resume and has_checkpoint:
         raise UsageError(f"{out} already holds a training run; pass --resume to continue it or pick a new --out")
     from engine.train.outdir import check_out_folder, claim  # here: engine.train imports torch
 
     check_out_folder(out)  # a model's folder (config.json, model.safetensors) is never written over
     _check_writable(out)
-    check_train_target(args)  # the flags and --out first, then the target's files, before any data is made
-    claim(out, args.method)
+    check_train_target(options)  # the flags and --out first, then the target's files, before any data is made
+    claim(out, options.method)
     return out
 
 
-def _train(args: argparse.Namespace, out: Path, target: Any, cache: Any, trains: list, held: list, device: Any,
+def _train(options: TrainDraftOptions, out: Path, target: Any, cache: Any, trains: list, held: list, device: Any,
            threads: int, deadline: float | None) -> int:
     """Train on the generated data and export the head to ``out``; print where it is."""
 
@@ -188,29 +187,29 @@ def _train(args: argparse.Namespace, out: Path, target: Any, cache: Any, trains:
     from engine.train.trainer import TrainSettings, train
 
     settings = TrainSettings(
-        draft_vocab_size=min(args.draft_vocab_size, int(target.hf.config.vocab_size)), ttt_steps=args.ttt_steps,
-        intermediate_size=args.intermediate_size, batch_tokens=args.batch_tokens, epochs=args.epochs,
-        max_steps=args.max_steps, checkpoint_every=args.checkpoint_every, eval_every=args.eval_every,
-        seed=args.seed, export_dtype=args.export_dtype, bf16=args.bf16, refit_vocab=args.refit_vocab,
-        **({"lr": args.lr} if args.lr else {}),
+        draft_vocab_size=min(options.draft_vocab_size, int(target.hf.config.vocab_size)), ttt_steps=options.ttt_steps,
+        intermediate_size=options.intermediate_size, batch_tokens=options.batch_tokens, epochs=options.epochs,
+        max_steps=options.max_steps, checkpoint_every=options.checkpoint_every, eval_every=options.eval_every,
+        seed=options.seed, export_dtype=options.export_dtype, bf16=options.bf16, refit_vocab=options.refit_vocab,
+        **({"lr": options.lr} if options.lr else {}),
     )
-    card = {**_run_card(args, target, cache, trains, held, device, threads), "settings": dict(vars(settings))}
+    card = {**_run_card(options, target, cache, trains, held, device, threads), "settings": dict(vars(settings))}
     json.dumps(card)  # the card must stay serialisable
     source = StoredTarget(cache, target.hf) if cache.has_features(trains + held) else None
     print("training reads the stored target features" if source else "training runs the target on every batch")
-    if args.refit_vocab:  # said in the log, since a device run is read from it afterwards
+    if options.refit_vocab:  # said in the log, since a device run is read from it afterwards
         print(f"draft vocabulary: re-picked from this run's data ({settings.draft_vocab_size} most frequent answer "
               "tokens; a resumed run keeps its checkpoint's)")
     result = train(target.hf, trains, held, out, settings, stop_ids=sorted(target.tokenizer.stop_token_ids),
-                   resume=args.resume, card=card, deadline=deadline, init_from=args.init_from, source=source)
+                   resume=options.resume, card=card, deadline=deadline, init_from=options.init_from, source=source)
     tau = result.eval.get("tau") if result.eval else None
-    print(f"done: {result.steps} steps; held-out tau {tau:.3f} (greedy chain of {args.ttt_steps})" if tau is not None
+    print(f"done: {result.steps} steps; held-out tau {tau:.3f} (greedy chain of {options.ttt_steps})" if tau is not None
           else f"done: {result.steps} steps")
     print(f"head: {out}/config.json + model.safetensors; use it with --method eagle3 --draft {out}")
     return 0
 
 
-def _run_card(args: argparse.Namespace, target: Any, cache: Any, trains: list, held: list, device: Any,
+def _run_card(options: TrainDraftOptions, target: Any, cache: Any, trains: list, held: list, device: Any,
               threads: int) -> dict[str, Any]:
     """What the exported head's config records about its run: command, data, machine."""
     import torch

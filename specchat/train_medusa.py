@@ -7,12 +7,12 @@ stores the target's last hidden states); this module turns the flags into
 
 from __future__ import annotations
 
-import argparse
 import json
 from pathlib import Path
 from typing import Any
 
 from engine.train.data import Sample, answer_tokens
+from specchat.command_options import TrainDraftOptions
 
 
 def budget(samples: list[Sample], tokens: int) -> list[Sample]:
@@ -27,24 +27,24 @@ def budget(samples: list[Sample], tokens: int) -> list[Sample]:
     return out
 
 
-def train_medusa_heads(args: argparse.Namespace, out: Path, target: Any, cache: Any, trains: list[Sample],
+def train_medusa_heads(options: TrainDraftOptions, out: Path, target: Any, cache: Any, trains: list[Sample],
                        held: list[Sample], card: dict[str, Any], deadline: float | None) -> int:
     from engine.train.medusa_train import MedusaSettings, settings_dict, train_medusa
 
     settings = MedusaSettings(
-        num_heads=args.medusa_heads, head_vocab_size=min(args.draft_vocab_size, int(target.hf.config.vocab_size)),
-        train_lm_head=args.medusa_train_lm_head, batch_positions=args.batch_tokens, lr=args.lr or 1e-3,
-        epochs=args.epochs, max_steps=args.max_steps, checkpoint_every=args.checkpoint_every,
-        eval_every=args.eval_every, seed=args.seed, export_layout=args.export_layout or "vllm",
-        export_dtype=args.export_dtype, bf16=args.bf16)
-    trains = budget(trains, args.tokens)
+        num_heads=options.medusa_heads, head_vocab_size=min(options.draft_vocab_size, int(target.hf.config.vocab_size)),
+        train_lm_head=options.medusa_train_lm_head, batch_positions=options.batch_tokens, lr=options.lr or 1e-3,
+        epochs=options.epochs, max_steps=options.max_steps, checkpoint_every=options.checkpoint_every,
+        eval_every=options.eval_every, seed=options.seed, export_layout=options.export_layout or "vllm",
+        export_dtype=options.export_dtype, bf16=options.bf16)
+    trains = budget(trains, options.tokens)
     card = {**card, "method": "medusa", "settings": settings_dict(settings),
             "data": {**card["data"], "conversations": len(trains), "answer_tokens": answer_tokens(trains)}}
     json.dumps(card)  # the card must stay serialisable
     print(f"training {settings.num_heads} Medusa heads on {answer_tokens(trains)} answer tokens "
           f"({len(trains)} conversations)")
     result = train_medusa(target.hf, trains, held, out, settings, cache=cache,
-                          stop_ids=sorted(target.tokenizer.stop_token_ids), resume=args.resume, card=card,
+                          stop_ids=sorted(target.tokenizer.stop_token_ids), resume=options.resume, card=card,
                           deadline=deadline)
     res = result.eval or {}
     if res:

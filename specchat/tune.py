@@ -14,7 +14,6 @@ bottom in :func:`run_tune`: check the flags, load, warm up, search, report.
 
 from __future__ import annotations
 
-import argparse
 import itertools
 import json
 import time
@@ -34,6 +33,7 @@ from specchat.options import ALGORITHMS, TREE_METHODS, UsageError, make_config, 
 
 if TYPE_CHECKING:
     from engine.config import SpecConfig
+    from specchat.command_options import TuneOptions
 
 # SGLang's ranges (its serving guide: num-steps 3-6, eagle-topk 4-8, num-draft-tokens 32-64), and
 # topk 1, a chain; n-gram: its tree size and breadth. --grid replaces a knob's values, a flag fixes it.
@@ -226,44 +226,43 @@ class Sweep:
     mismatches: list[str] = field(default_factory=list)
 
 
-def run_tune(args: argparse.Namespace) -> int:
+def run_tune(options: TuneOptions) -> int:
     """Check the flags, load, warm up, search within the budget, report."""
     start = CLOCK()
-    base = make_config(args, method="none", max_new_tokens=256)
+    base = make_config(options.spec, method="none", max_new_tokens=256)
     if not base.greedy:
         raise UsageError("tune measures greedy answers (each checked identical to the baseline's); "
                          "drop --temperature")
-    methods = tune_methods(args.methods)
-    grid = parse_grid(args.grid)
-    fixed = set(spec_overrides(args))  # a knob given as a flag is not swept (a settings file only sets the base)
+    methods = tune_methods(options.methods)
+    grid = parse_grid(options.grid)
+    fixed = set(spec_overrides(options.spec))  # a knob given as a flag is not swept (a settings file sets the base)
     unused = [k for k in grid if not any(k in METHOD_KNOBS.get(m, ()) for m in methods)]
     if unused:
         raise UsageError(f"--grid: {', '.join(unused)} acts on none of {', '.join(methods)}")
     searches = [Search.build(m, method_axes(m, grid, fixed), base) for m in methods]
-    if args.minutes is not None and args.minutes <= 0:
-        raise UsageError(f"--minutes must be > 0, not {args.minutes}")
-    prompts = load_prompts(args.prompts, args.limit)
-    modes = weights_modes(args)
+    prompts = load_prompts(options.prompts, options.limit)
+    modes = weights_modes(options.target)
     if len(modes) > 1:
         raise UsageError("tune measures one weights mode: give one --weights and one --precision")
-    prepare_json_out(args.json_out)
-    if args.save_settings:
-        prepare_json_out(args.save_settings, flag="--save-settings")
-    session = load_sessions(args, base, modes)[modes[0]]
+    prepare_json_out(options.json_out)
+    if options.save_settings:
+        prepare_json_out(options.save_settings, flag="--save-settings")
+    session = load_sessions(options, base, modes)[modes[0]]
     baseline = base.replace(method="none")
     sweep = Sweep(modes[0], Row("none", modes[0]))
     for search in searches:
         sweep.skipped += [{**r, "reason": f"refused by the config: {r['reason']}"} for r in search.refused]
-    budget = Budget(None if args.minutes is None else start + 60 * args.minutes)
+    budget = Budget(None if options.minutes is None else start + 60 * options.minutes)  # > 0: the parser
     searches = _warm_up(session, prompts, baseline, searches, sweep, budget)
     _search(session, prompts, baseline, searches, sweep, budget)
-    report = _report(args, base, session, searches, sweep, budget, CLOCK() - start)
+    report = _report(options, base, session, searches, sweep, budget, CLOCK() - start)
     print_report(report)
-    if args.json_out:
-        Path(args.json_out).write_text(json.dumps(report, indent=2, default=str) + "\n", encoding="utf-8")
-    if args.save_settings and report["best"] is not None:
-        Path(args.save_settings).write_text(json.dumps(report["best"]["settings"], indent=2) + "\n", encoding="utf-8")
-        print(f"settings saved: specchat run{_model_arg(args)} --settings {args.save_settings}")
+    if options.json_out:
+        Path(options.json_out).write_text(json.dumps(report, indent=2, default=str) + "\n", encoding="utf-8")
+    if options.save_settings and report["best"] is not None:
+        Path(options.save_settings).write_text(json.dumps(report["best"]["settings"], indent=2) + "\n",
+                                               encoding="utf-8")
+        print(f"settings saved: specchat run{_model_arg(options)} --settings {options.save_settings}")
     return 1 if sweep.mismatches else 0
 
 
@@ -389,20 +388,20 @@ def _say_mismatch(setting: Setting, result: dict[str, Any], sweep: Sweep) -> Non
 
 
 # reporting ------------------------------------------------------------------------------------
-def _report(args: argparse.Namespace, base: SpecConfig, session: Any, searches: list[Search], sweep: Sweep,
+def _report(options: TuneOptions, base: SpecConfig, session: Any, searches: list[Search], sweep: Sweep,
             budget: Budget, elapsed: float) -> dict[str, Any]:
     """Everything, for --json: the machine, the results by tok/s, the winners and their launch lines."""
     results = sorted(sweep.results, key=lambda r: r["tokens_per_s"], reverse=True)
     winners: dict[str, Any] = {}
     for r in results:
         if r["identical_to_baseline"] and r["method"] not in winners:
-            winners[r["method"]] = _winner(args, base, r)
+            winners[r["method"]] = _winner(options, base, r)
     best = max(winners.values(), key=lambda w: w["tokens_per_s"], default=None)
     planned = sum(s.planned for s in searches)
     return {
-        "machine": machine_info(session.model), "model": session.model_name, "prompts_file": str(args.prompts),
+        "machine": machine_info(session.model), "model": session.model_name, "prompts_file": str(options.prompts),
         "mode": sweep.mode, "max_new_tokens": base.max_new_tokens, "adaptive_draft": False,
-        "budget_minutes": args.minutes, "elapsed_s": round(elapsed, 1), "stopped_by_budget": budget.stopped,
+        "budget_minutes": options.minutes, "elapsed_s": round(elapsed, 1), "stopped_by_budget": budget.stopped,
         "planned": planned, "measured": len(results),
         "baseline": sweep.baseline.result(sweep.baseline, sweep.mode), "results": results,
         "skipped": sweep.skipped, "mismatches": sweep.mismatches,
@@ -410,30 +409,31 @@ def _report(args: argparse.Namespace, base: SpecConfig, session: Any, searches: 
     }
 
 
-def _winner(args: argparse.Namespace, base: SpecConfig, result: dict[str, Any]) -> dict[str, Any]:
+def _winner(options: TuneOptions, base: SpecConfig, result: dict[str, Any]) -> dict[str, Any]:
     """A method's best setting: its settings file (the method and its knobs) and both launch lines."""
     config = base.replace(method=result["method"], adaptive_draft=False, **result["knobs"])
     settings = {"method": config.method, **{k: getattr(config, k) for k in knobs_for(config.method)}}
-    model, draft = getattr(args, "model", None), getattr(args, "draft", None) or _shipped_head(args, config.method)
+    model = options.target.model
+    draft = options.spec.draft or _shipped_head(model, config.method)
     return {"method": result["method"], "setting": result["setting"], "knobs": result["knobs"],
             "tokens_per_s": result["tokens_per_s"], "speedup": result["speedup"], "settings": settings,
             "sglang": launch_line("sglang", config, model, draft).to_dict(),
             "vllm": launch_line("vllm", config, model, draft).to_dict()}
 
 
-def _shipped_head(args: argparse.Namespace, method: str) -> str | None:
+def _shipped_head(model: str | None, method: str) -> str | None:
     """The EAGLE-3 head shipped for the embedded model, which ran without --draft (its folder)."""
     from engine.drafters.draft_loader import shipped_head
     from engine.models.resolve import EMBEDDED_NAME
 
-    if method != "eagle3" or serving_model(getattr(args, "model", None)) != EMBEDDED_HUB_ID:
+    if method != "eagle3" or serving_model(model) != EMBEDDED_HUB_ID:
         return None
     head = shipped_head(EMBEDDED_NAME)
     return str(head) if head is not None else None
 
 
-def _model_arg(args: argparse.Namespace) -> str:
-    model, draft = getattr(args, "model", None), getattr(args, "draft", None)
+def _model_arg(options: TuneOptions) -> str:
+    model, draft = options.target.model, options.spec.draft
     return (f" {model}" if model else "") + (f" --draft {draft}" if draft else "")
 
 

@@ -182,17 +182,17 @@ def test_the_chat_loads_every_shipped_head_so_any_method_can_be_switched_to(monk
     other way round (before, a session offered only the head it started with)."""
     import engine.loader as loader
     from engine.drafters import draft_loader
-    from specchat.cli import build_parser
     from specchat.tui.launch import _real_factory, config_from_args
+    from tests.parsed import parsed
 
     fake = loader.LoadedModel(target(), TinyTokenizer(), "tiny", "", "specchat", "embedded", "tiny-key")
     monkeypatch.setattr(loader, "load_model", lambda *a, **k: fake)
     monkeypatch.setattr(draft_loader, "SHIPPED_HEADS", {"tiny-key": eagle_dir("eagle3", "specforge", 40)})
     monkeypatch.setattr(draft_loader, "SHIPPED_MEDUSA", {"tiny-key": medusa_dir("vllm", None)})
     for method in ("eagle3", "medusa", "none"):
-        args = build_parser().parse_args(["run", "--method", method])
-        config = config_from_args(args).replace(max_new_tokens=12, adaptive_draft=False)
-        session = _real_factory(args, config)(progress=None)
+        options = parsed("run", "--method", method)
+        config = config_from_args(options).replace(max_new_tokens=12, adaptive_draft=False)
+        session = _real_factory(options, config)(progress=None)
         assert set(session.methods) == {"none", "ngram", "eagle3", "medusa"}, method
         assert session.config.method == method
         want = answer(session, [1, 5, 6, 7], "none", 12)

@@ -16,11 +16,12 @@ from pathlib import Path
 import pytest
 
 from engine.config import SpecConfig
-from specchat.cli import build_parser, main
+from specchat.cli import main
 from specchat.export import EMBEDDED_HUB_ID, launch_line, serving_model
 from specchat.options import UsageError, draft_options, load_settings, make_config
 from specchat.tui.headless import SIZE, make_app, make_session, wait_loaded, wait_until
 from specchat.tui.launch import config_from_args
+from tests.parsed import parsed
 from tests.tui.helpers import palette
 
 # vllm/config/speculative.py, SpeculativeConfig: the fields our JSON may use
@@ -125,17 +126,16 @@ def test_a_settings_file_is_read_back_under_the_flags(tmp_path: Path) -> None:
     path = tmp_path / "best.json"
     path.write_text(json.dumps({k: getattr(config, k) for k in ("method", "num_steps", "eagle_topk",
                                                                  "num_draft_tokens", "adaptive_draft")}))
-    parser = build_parser()
-    assert config_from_args(parser.parse_args(["run", "--settings", str(path)])) == config
-    flags = parser.parse_args(["run", "--settings", str(path), "--speculative-num-steps", "5"])
+    assert config_from_args(parsed("run", "--settings", str(path))) == config
+    flags = parsed("run", "--settings", str(path), "--speculative-num-steps", "5")
     assert config_from_args(flags) == config.replace(num_steps=5)  # the flag wins
     # the settings name the method: a draft alongside does not replace it
-    drafted = parser.parse_args(["run", "--settings", str(path), "--draft", "my/head"])
+    drafted = parsed("run", "--settings", str(path), "--draft", "my/head")
     assert config_from_args(drafted).method == "eagle3" and draft_options(drafted)["method_from_draft"] is False
-    tuning = parser.parse_args(["tune", "--draft", "my/head", "--prompts", "p.jsonl"])
+    tuning = parsed("tune", "--draft", "my/head", "--prompts", "p.jsonl")
     assert draft_options(tuning)["method_from_draft"] is False  # tune times the methods it lists, as bench does
-    gen = parser.parse_args(["generate", "--prompt", "hi", "--settings", str(path)])
-    assert make_config(gen, method="ngram") == config
+    gen = parsed("generate", "--prompt", "hi", "--settings", str(path))
+    assert make_config(gen.spec, method="ngram") == config
 
 
 @pytest.mark.parametrize(("content", "says"), [

@@ -9,6 +9,7 @@ user's mistake is recognised by its class (``UserError``), a missing file they n
 from __future__ import annotations
 
 import ast
+import dataclasses
 import json
 from pathlib import Path
 
@@ -19,6 +20,7 @@ from specchat.cli import build_parser, main
 from specchat.generate import generate_config
 from specchat.options import UsageError, draft_options, make_config
 from specchat.tui.launch import config_from_args
+from tests.parsed import parsed
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -35,37 +37,34 @@ FLAG_SETS = [
 
 @pytest.mark.parametrize("flags", FLAG_SETS, ids=lambda f: " ".join(f) or "defaults")
 def test_the_tui_and_generate_build_the_same_config(flags: list[str]) -> None:
-    parser = build_parser()
-    run = parser.parse_args(["run", *flags, "--max-new-tokens", "64"])
-    gen = parser.parse_args(["generate", "--prompt", "hi", *flags, "--max-new-tokens", "64"])
+    run = parsed("run", *flags, "--max-new-tokens", "64")
+    gen = parsed("generate", "--prompt", "hi", *flags, "--max-new-tokens", "64")
     assert config_from_args(run) == generate_config(gen)
     assert draft_options(run) == draft_options(gen)
 
 
 def test_sglang_rules_apply_to_the_tui() -> None:
-    parser = build_parser()
-    chain = config_from_args(parser.parse_args(["run", "--method", "eagle3", "--speculative-eagle-topk", "1",
-                                                "--speculative-num-steps", "4"]))
+    chain = config_from_args(parsed("run", "--method", "eagle3", "--speculative-eagle-topk", "1",
+                                    "--speculative-num-steps", "4"))
     assert (chain.eagle_topk, chain.num_steps, chain.num_draft_tokens) == (1, 4, 5)
-    drafted = parser.parse_args(["run", "--speculative-draft-model-path", "some/head"])
+    drafted = parsed("run", "--speculative-draft-model-path", "some/head")
     assert config_from_args(drafted).method == "none"  # until load_session reads the draft
     assert draft_options(drafted)["method_from_draft"] is True
-    assert config_from_args(parser.parse_args(["run"])).method == "ngram"
+    assert config_from_args(parsed("run")).method == "ngram"
 
 
 def test_bench_never_lets_the_draft_pick_the_method() -> None:
-    args = build_parser().parse_args(["bench", "--draft", "some/head", "--prompts", "p.jsonl"])
-    assert draft_options(args)["method_from_draft"] is False
-    assert make_config(args, method="none").method == "none"
+    options = parsed("bench", "--draft", "some/head", "--prompts", "p.jsonl")
+    assert draft_options(options)["method_from_draft"] is False
+    assert make_config(options.spec, method="none").method == "none"
 
 
 def test_unknown_method_is_a_usage_error() -> None:
     with pytest.raises(UsageError, match="unknown method 'lookahead'; choose none, ngram"):  # as it is parsed
         build_parser().parse_args(["generate", "--prompt", "hi", "--method", "lookahead"])
-    args = build_parser().parse_args(["generate", "--prompt", "hi"])
-    args.method = "lookahead"  # a Namespace built by other means (serve forwards run's flags)
-    with pytest.raises(UsageError, match="unknown method"):
-        make_config(args, method="ngram")
+    spec = dataclasses.replace(parsed("generate", "--prompt", "hi").spec, knobs={"method": "lookahead"})
+    with pytest.raises(UsageError, match="unknown method"):  # options built by other means
+        make_config(spec, method="ngram")
     assert issubclass(UsageError, UserError)
 
 

@@ -23,6 +23,7 @@ from specchat.cli import add_run_args, build_parser, main
 from specchat.serve import ServeError, SessionBudget, check_address, run_argv, session_command
 from specchat.serve_guard import Guard
 from specchat.serve_session import RefusalApp, acquire_slot, record_for_slot, refusal_text, wait_for_slot
+from tests.parsed import parsed
 
 
 def _run_dests() -> list[str]:
@@ -35,10 +36,15 @@ def _as_run(argv: list[str]) -> argparse.Namespace:
     return build_parser().parse_args(["run", *argv])
 
 
+def _forwarded(argv: list[str]) -> list[str]:
+    """The run arguments ``serve ARGV`` hands each tab."""
+    served = parsed("serve", *argv)
+    return run_argv(served.run_options(), served.run_parser)
+
+
 def _round_trip(argv: list[str]) -> None:
     """``serve ARGV`` hands each tab the run arguments that ``run ARGV`` would have parsed."""
-    served = build_parser().parse_args(["serve", *argv])
-    forwarded = run_argv(served)  # `run` itself parses it: a serve-only flag left in would be refused
+    forwarded = _forwarded(argv)  # `run` itself parses it: a serve-only flag left in would be refused
     again, direct = vars(_as_run(forwarded)), vars(_as_run(argv))
     assert {k: again[k] for k in _run_dests()} == {k: direct[k] for k in _run_dests()}
 
@@ -105,7 +111,7 @@ def test_every_run_flag_is_forwarded():
         else:
             argv += [action.option_strings[0], _other_value(action)]
     argv += ["--", "a-model"]
-    forwarded = run_argv(build_parser().parse_args(["serve", *argv]))
+    forwarded = _forwarded(argv)
     changed = {a.dest for a in parser._actions}
     again, direct = vars(_as_run(forwarded)), vars(_as_run(argv))
     assert all(again[d] == direct[d] != parser.get_default(d) for d in changed), forwarded
@@ -220,11 +226,11 @@ def test_session_budget(per, free, cores, fits):
 def test_the_budget_counts_the_model_weights(monkeypatch, tmp_path):
     (tmp_path / "model.safetensors").write_bytes(b"\0" * 4096)
     monkeypatch.setattr(serve, "available_memory", lambda: 64 * GB)
-    fake = build_parser().parse_args(["serve", "--fake"])
+    fake = parsed("serve", "--fake")
     assert serve.session_budget(fake).per_session == serve.APP_BYTES + serve.ENGINE_BYTES
     monkeypatch.setattr("engine.models.resolve.resolve_model",
                         lambda *a, **k: argparse.Namespace(path=str(tmp_path), gguf=None))
-    real = build_parser().parse_args(["serve", str(tmp_path), "--device", "cpu"])
+    real = parsed("serve", str(tmp_path), "--device", "cpu")
     assert serve.weight_bytes(real) == 4096
 
 
@@ -241,7 +247,7 @@ def test_on_a_gpu_the_smaller_memory_bounds_the_sessions_not_the_cores(monkeypat
     monkeypatch.setattr(serve, "ENGINE_BYTES", GB // 2)
     monkeypatch.setattr(serve, "APP_BYTES", GB)
     monkeypatch.setattr(serve, "available_memory", lambda: host_free)
-    budget = serve.session_budget(build_parser().parse_args(["serve", "a-model", "--device", "cuda"]))
+    budget = serve.session_budget(parsed("serve", "a-model", "--device", "cuda"))
     assert (budget.fits, budget.available, budget.cores) == (fits, bound, None)
 
 

@@ -244,13 +244,16 @@ def test_llamacpp_peer_missing_package_is_one_clear_line(monkeypatch) -> None:
 
 
 def test_bench_weights_modes() -> None:
-    import argparse
+    import dataclasses
 
     from specchat.bench import weights_modes
     from specchat.options import UsageError
+    from tests.parsed import parsed
+
+    target = parsed("bench").target
 
     def modes(**kw):
-        return weights_modes(argparse.Namespace(**{"weights": None, "precision": "exact", **kw}))
+        return weights_modes(dataclasses.replace(target, **{"weights": None, "precision": "exact", **kw}))
 
     assert modes(weights="stored,fp32") == ["stored", "fp32"]
     assert modes() == ["stored"]

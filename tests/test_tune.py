@@ -19,6 +19,7 @@ import specchat.tune as tune
 from engine.config import SpecConfig
 from engine.errors import UserError
 from specchat.cli import build_parser, main
+from specchat.command_options import options_for
 from specchat.tui.launch import config_from_args
 from specchat.tune import Search, parse_grid
 
@@ -119,7 +120,7 @@ def test_the_sweep_measures_every_setting_checks_identity_and_saves_settings(tin
     # the settings file: what `specchat run --settings` reads back, the same config as the winner's
     best = report["best"]
     assert json.loads(saved.read_text()) == best["settings"]
-    loaded = config_from_args(build_parser().parse_args(["run", "--settings", str(saved)]))
+    loaded = config_from_args(options_for(build_parser().parse_args(["run", "--settings", str(saved)])))
     assert loaded == SpecConfig().replace(**best["settings"])
     assert loaded.method == best["method"] and loaded.adaptive_draft is False
     assert {k: getattr(loaded, k) for k in best["knobs"]} == best["knobs"]
@@ -208,10 +209,9 @@ def test_the_budget_counts_the_slowest_answer_and_cuts_late_batches(monkeypatch)
 
 
 def test_the_embedded_models_shipped_head_names_the_eagle3_draft() -> None:
-    import argparse
 
-    head = tune._shipped_head(argparse.Namespace(model=None), "eagle3")
+    head = tune._shipped_head(None, "eagle3")
     assert head is not None and Path(head, "config.json").is_file()
-    assert tune._shipped_head(argparse.Namespace(model="smollm2-135m"), "eagle3") == head
-    assert tune._shipped_head(argparse.Namespace(model=None), "ngram") is None
-    assert tune._shipped_head(argparse.Namespace(model="org/other"), "eagle3") is None
+    assert tune._shipped_head("smollm2-135m", "eagle3") == head
+    assert tune._shipped_head(None, "ngram") is None
+    assert tune._shipped_head("org/other", "eagle3") is None

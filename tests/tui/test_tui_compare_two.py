@@ -234,16 +234,14 @@ async def test_medusa_in_the_tree_panel_stats_teaching_settings_and_replay(tmp_p
 
 
 def test_the_compare_flag_opens_the_view_and_is_checked_before_anything_loads():
-    from specchat.cli import build_parser
-    from specchat.options import also_runs
     from specchat.tui.launch import preflight
+    from tests.parsed import parsed
 
-    parser = build_parser()
-    assert parser.parse_args(["run", "--compare"]).compare == ""  # the baseline vs the method in force
-    args = parser.parse_args(["run", "--fake", "--compare", "medusa,eagle3"])
-    preflight(args)
-    assert also_runs(args) == ("medusa", "eagle3")  # the loader installs the heads shipped for them
-    assert also_runs(parser.parse_args(["bench", "--methods", "none,ngram,medusa,eagle3"])) == (
+    assert parsed("run", "--compare").compare == ""  # the baseline vs the method in force
+    options = parsed("run", "--fake", "--compare", "medusa,eagle3")
+    preflight(options)
+    assert options.also_runs() == ("medusa", "eagle3")  # the loader installs the heads shipped for them
+    assert parsed("bench", "--methods", "none,ngram,medusa,eagle3").also_runs() == (
         "none", "ngram", "medusa", "eagle3")
     with pytest.raises(ConfigError, match="two different methods"):
-        preflight(parser.parse_args(["run", "--fake", "--compare", "medusa,medusa"]))
+        preflight(parsed("run", "--fake", "--compare", "medusa,medusa"))

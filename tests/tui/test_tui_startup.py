@@ -108,25 +108,33 @@ async def test_command_palette_sets_a_value_by_name():
 
 
 def test_launch_helpers_stay_light_and_read_cli_args():
-    import argparse
+    import dataclasses
     import subprocess
     import sys
 
-    code = ("import sys, argparse; from specchat.tui.launch import config_from_args; "
-            "c = config_from_args(argparse.Namespace(method='EAGLE2', num_steps=3, model=None)); "
+    from tests.parsed import parsed
+
+    code = ("import sys; from specchat.cli import build_parser; from specchat.command_options import options_for; "
+            "from specchat.tui.launch import config_from_args; "
+            "c = config_from_args(options_for(build_parser().parse_args(['run', '--method', 'EAGLE2', "
+            "'--speculative-num-steps', '3']))); "
             "print(c.method, c.num_steps, 'textual' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.split() == ["eagle", "3", "False"], "no Textual import before the UI starts"
 
     from specchat.tui.launch import config_from_args
 
-    assert config_from_args(argparse.Namespace()).method == "ngram"
+    options = parsed("run")
+    assert config_from_args(options).method == "ngram"
     import pytest
 
+    def given(**knobs):
+        return dataclasses.replace(options, spec=dataclasses.replace(options.spec, knobs=knobs))
+
     with pytest.raises(ConfigError, match="num_draft_tokens"):
-        config_from_args(argparse.Namespace(num_draft_tokens=1))
+        config_from_args(given(num_draft_tokens=1))
     with pytest.raises(ConfigError, match="unknown method"):
-        config_from_args(argparse.Namespace(method="lookahead"))
+        config_from_args(given(method="lookahead"))
 
 
 async def test_help_opened_while_loading_does_not_break_the_switch_to_chat():

@@ -35,9 +35,9 @@ class AcceptanceModel:
     A first child whose parent has other children in the proposal ("contested": an n-gram trie that
     saw several continuations) has its own estimates, by depth and run: on rewrite prompts such a
     child landed 16% of the time at depth 1, an only child 54% (82% within a run), while both were
-    one "first child" estimate of ~35% that priced each wrongly (docs/BENCHMARKS.md, session 27).
-    Until a contested depth is seen it borrows the first-child estimate, so nothing is shut out
-    before it is measured; drafters with their own probabilities are judged by those instead.
+    one "first child" estimate of ~35% that priced each wrongly (docs/history/benchmarks-sessions.md,
+    "Session 27"). Until a contested depth is seen it borrows the first-child estimate, so nothing is
+    shut out before it is measured; drafters with their own probabilities are judged by those instead.
     Estimates start from, and fade back to, an optimistic prior for a first child (50%), a lower
     one for the others (15%): a retry is still planned, but not at a price that makes a wide tree
     look worth verifying."""

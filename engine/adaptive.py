@@ -448,10 +448,10 @@ class DraftBudget:
         Why not the model's price alone: it is fitted mostly to drafted steps, and on a machine
         where the weights live in a shared cache a verify right after drafting runs slower (the
         Xeon VM: 3.80 against 3.08 ms for one token after EAGLE-3's 0.45 ms of drafting,
-        docs/BENCHMARKS.md), so drafting was judged against a plain step slowed by drafting
-        itself. With that reference and a 90% margin, Medusa ran at 0.79-0.80x the baseline on
-        MT-bench without being paused; with this one and no margin, 0.92-0.94x (EAGLE-3 the same,
-        0.95-0.98x; at temperature 1.0, 0.93x -> 0.97x). The lower of the two: undrafted steps
+        docs/history/benchmarks-sessions.md, "Session 29"), so drafting was judged against a plain step
+        slowed by drafting itself. With that reference and a 90% margin, Medusa ran at 0.79-0.80x the
+        baseline on MT-bench without being paused; with this one and no margin, 0.92-0.94x (EAGLE-3 the
+        same, 0.95-0.98x; at temperature 1.0, 0.93x -> 0.97x). The lower of the two: undrafted steps
         come in pauses, maybe minutes old, and a stale slow stretch must not excuse drafting."""
         est = self.cost.estimate(1)
         if len(self.plain) >= _PLAIN_MIN and est is not None:

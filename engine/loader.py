@@ -241,7 +241,7 @@ def load_session(
     ``also``: other methods the caller will run (``--compare A,B``, bench's ``--methods``): the heads
     shipped for them are installed beside the draft, so two heads can be compared in one session.
     """
-    from engine.drafters.loading import DRAFT_METHODS, load_draft, shipped_heads
+    from engine.drafters.draft_loader import DRAFT_METHODS, load_draft, shipped_heads
     from engine.session import Session, default_drafters
 
     loaded = load_model(model, dtype=dtype, device=device, backend=backend, allow_pickle=allow_pickle,
@@ -301,7 +301,7 @@ def draft_source(method: str, draft: str | None, shipped: Mapping[str, Path]) ->
     head = method if method in shipped else "eagle3" if method in ("none", "ngram") else ""
     if head in shipped:
         return str(shipped[head])
-    from engine.drafters.loading import DRAFT_METHODS
+    from engine.drafters.draft_loader import DRAFT_METHODS
 
     if method in DRAFT_METHODS:
         raise LoadError(f"--method {method} needs --draft (an EAGLE or Medusa head folder or hub id, or a "

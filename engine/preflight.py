@@ -72,7 +72,7 @@ def check_files(model: str | None, *, backend: str = "auto", method: str = "none
     Returns the target's config (None where it is not known before loading: see
     :func:`target_config`). Raises the loader's own UserErrors, each one line."""
     from engine.drafters.corpus_files import shard_files
-    from engine.drafters.loading import DRAFT_METHODS, check_draft, shipped_heads
+    from engine.drafters.draft_loader import DRAFT_METHODS, check_draft, shipped_heads
     from engine.loader import corpus_folders, draft_source
     from engine.models.resolve import EMBEDDED_NAME, is_embedded, is_hub_id
 

@@ -121,7 +121,8 @@ def coupled_sample(logits: torch.Tensor, temperature: float, top_p: float, top_k
     one constant (so ``perturbed_scores``'s). Without top-k or top-p it runs in our kernel where it can
     (one pass over the vocabulary, ~130 us less a row than torch's three); with them, the argmax is
     taken over the tokens they keep only (renormalising shifts every kept score alike), not over a
-    vocabulary of log(0) + g: 0.9 ms a step less with top-p 0.9 (docs/BENCHMARKS.md)."""
+    vocabulary of log(0) + g: 0.9 ms a step less with top-p 0.9 (docs/history/benchmarks-sessions.md,
+    "Session 29")."""
     vocab = logits.shape[-1]
     if _plain(vocab, top_p, top_k):
         fast = perturbed_argmax(logits, 1.0 / temperature, noise)

@@ -98,7 +98,7 @@ class Session:
                 self._apply(config)
 
     def set_draft(self, method: str, factory: DrafterFactory, features: FeatureSpec | None) -> None:
-        """Install a draft loaded with engine.drafters.loading.load_draft (which validates it first,
+        """Install a draft loaded with engine.drafters.draft_loader.load_draft (which validates it first,
         so a bad head never gets here and the old drafter stays). Not while an answer streams."""
         with self._lock:
             if self._busy:

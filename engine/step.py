@@ -34,6 +34,7 @@ from typing import Any
 import torch
 
 from engine.adaptive import DraftBudget
+from engine.answer_stats import RunningTally
 from engine.budgets import Budgets
 from engine.config import SpecConfig
 from engine.conversation import Conversation
@@ -52,7 +53,6 @@ from engine.events import (
     Step,
     StepTiming,
 )
-from engine.stats import RunningTally
 from engine.target import TargetModel
 from engine.threads import ThreadGovernor
 from engine.tree import DraftTree, Verdict

@@ -70,10 +70,10 @@ def draw(probs: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor
 
     Why not ``torch.multinomial``: on a 49k vocabulary it took 0.5 ms a call on the 2-core VM,
     a sixth of a plain step, and a rejection-sampled EAGLE-3 step calls it twice (the draft's
-    sample and the bonus): 20% of its time (docs/BENCHMARKS.md, session 37); a cumulative sum and
-    a binary search take ~0.05 ms. The uniforms come from ``generator`` on its own device (the
-    session's and drafters' seeded generators live on the host), so a seed gives the same answer
-    on any device; only the rows travel."""
+    sample and the bonus): 20% of its time (docs/history/benchmarks-sessions.md, "Session 37"); a
+    cumulative sum and a binary search take ~0.05 ms. The uniforms come from ``generator`` on its own
+    device (the session's and drafters' seeded generators live on the host), so a seed gives the same
+    answer on any device; only the rows travel."""
     rows = probs.reshape(-1, probs.shape[-1])
     host = generator.device if generator is not None else rows.device
     cdf = rows.to(host, torch.float64).cumsum(-1)

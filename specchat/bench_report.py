@@ -94,10 +94,10 @@ class StepSplit:
     corpus_steps: int = 0  # steps whose tree came from the n-gram drafter's corpus of past answers
     corpus_accepted: int = 0  # drafts accepted on those steps
     accepted: int = 0  # drafts accepted on all steps
-    depths: Any = None  # engine.stats.RunningTally: attempts and accepts per depth
+    depths: Any = None  # engine.answer_stats.RunningTally: attempts and accepts per depth
 
     def add(self, step: Any) -> None:
-        from engine.stats import RunningTally
+        from engine.answer_stats import RunningTally
 
         self.steps += 1
         self.draft_ms += step.timing.draft_ms

@@ -115,7 +115,7 @@ def _rows_target(options: BenchOptions) -> tuple[Any, Any, list, list[int]]:
     """The target (threads set), our engine's model (refused without the rows engine), the prompt
     list and the EAGLE-3 capture layers: what both benchmarks generate data with."""
     from engine.loader import configure_threads
-    from engine.train.head import default_aux_layer_ids
+    from engine.train.eagle3_head import default_aux_layer_ids
     from engine.train.pipeline import load_target, prompt_list_and_digest
 
     configure_threads(options.target.threads)

@@ -177,7 +177,7 @@ def write_random_eagle3_head(target_config: dict[str, Any], folder: str | Path, 
 
     Written and read back rather than used in memory so the timed drafter is exactly what a
     downloaded head becomes (the same loader, validation and kernels)."""
-    from engine.train.head import Eagle3Head, HeadConfig, export_head
+    from engine.train.eagle3_head import Eagle3Head, HeadConfig, export_head
 
     vocab = int(target_config["vocab_size"])
     cfg = HeadConfig.for_target(SimpleNamespace(**target_config), draft_vocab_size=min(DRAFT_VOCAB, vocab))
@@ -191,7 +191,7 @@ def write_random_eagle3_head(target_config: dict[str, Any], folder: str | Path, 
 def load_random_bench_draft(plan: RandomPlan, model, target_config: dict[str, Any], options: BenchOptions):
     """The DraftBundle to time: the --draft head, else a random EAGLE-3 head (built in a temporary
     folder, loaded, and the folder removed: the loaded head holds its own copy of the weights)."""
-    from engine.drafters.loading import load_draft
+    from engine.drafters.draft_loader import load_draft
 
     if plan.draft is not None:
         return load_draft(plan.draft, model, None, method=plan.method,

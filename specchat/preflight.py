@@ -47,6 +47,6 @@ def check_train_target(options: TrainDraftOptions) -> None:
 
     config = target_config(options.model)
     if config is not None and options.method == "eagle3":
-        from engine.train.head import default_aux_layer_ids
+        from engine.train.eagle3_head import default_aux_layer_ids
 
         default_aux_layer_ids(config.num_layers)

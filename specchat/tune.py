@@ -423,7 +423,7 @@ def _winner(options: TuneOptions, base: SpecConfig, result: dict[str, Any]) -> d
 
 def _shipped_head(model: str | None, method: str) -> str | None:
     """The EAGLE-3 head shipped for the embedded model, which ran without --draft (its folder)."""
-    from engine.drafters.loading import shipped_head
+    from engine.drafters.draft_loader import shipped_head
     from engine.models.resolve import EMBEDDED_NAME
 
     if method != "eagle3" or serving_model(model) != EMBEDDED_HUB_ID:

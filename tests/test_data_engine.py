@@ -21,7 +21,7 @@ from engine.models.kv_cache import KVCache
 from engine.models.llama import LlamaConfig, LlamaModel
 from engine.train.data import HIDDEN_FILES, DataCache, GenSettings, _generate_native, answer_tokens, draw, iter_batches
 from engine.train.data_engine import generate_data_rows
-from engine.train.head import default_aux_layer_ids
+from engine.train.eagle3_head import default_aux_layer_ids
 from engine.train.rows import Request, RowEngine
 from engine.train.targets import LiveTarget, StoredTarget
 from engine.train.trainer import TrainSettings, batch_loss, build_head

@@ -16,10 +16,10 @@ from tiny import TinyTokenizer, family_config, hf_model
 
 from engine.config import ConfigError, SpecConfig
 from engine.drafters.base import NoDrafter
+from engine.drafters.draft_loader import load_draft
 from engine.drafters.eagle import EagleDrafter
 from engine.drafters.eagle_checkpoint import DraftLoadError, HeadSpec, load_token_map, read_head
 from engine.drafters.eagle_head import EagleHead
-from engine.drafters.loading import load_draft
 from engine.events import Finished, Step
 from engine.features import FeatureSpec
 from engine.models.llama import LlamaConfig, LlamaModel

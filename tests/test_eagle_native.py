@@ -1,4 +1,4 @@
-"""An EAGLE head's forward in one native call (engine/kernels/head.c) against the per-op path.
+"""An EAGLE head's forward in one native call (engine/kernels/eagle_native.c) against the per-op path.
 
 The promise: the one-call forward is the per-op forward with the same kernels (rms_norm, the
 stored products in the head's precision, the rotation, attention over listed keys, silu_mul),
@@ -19,7 +19,7 @@ from engine.drafters.eagle_checkpoint import read_head
 from engine.drafters.eagle_head import EagleHead
 from engine.drafters.tree_search import Coupled, Level, Picks, coupled_scores, grow_tree
 from engine.kernels import native
-from engine.kernels.head import Keys
+from engine.kernels.eagle_native import Keys
 from engine.kernels.stored import StoredLinear
 from engine.models.llama import LlamaConfig, LlamaModel
 from engine.models.rope import apply_rotary_interleaved
@@ -63,7 +63,7 @@ def _per_op(head: EagleHead, tokens, stream, positions, cache, start: int, keys:
     qk = apply_rotary_interleaved(qkv[:, :(nh + nkv) * hd].reshape(T, nh + nkv, hd), head.rotary.lookup(positions))
     cache.k[0, :, start:start + T] = qk[:, nh:].transpose(0, 1)
     cache.v[0, :, start:start + T] = qkv[:, (nh + nkv) * hd:].reshape(T, nkv, hd).transpose(0, 1)
-    first, last, extra, width, count = keys.arrays()  # what head.c reads, as the kernel's tensors
+    first, last, extra, width, count = keys.arrays()  # what eagle_native.c reads, as the kernel's tensors
     att = ops.keyed_attention(qk[:, :nh].contiguous(), cache.k[0], cache.v[0], torch.tensor(list(first)),
                               torch.tensor(list(last)), torch.tensor(list(extra), dtype=torch.int32).view(T, width),
                               torch.tensor(list(count), dtype=torch.int32), head.scale)
@@ -152,7 +152,7 @@ def test_keys_mask_matches_the_key_lists() -> None:
     assert mask.tolist() == [[True, True, False, False, False, True, False],
                              [True, True, True, False, True, False, True]]
     assert Keys.causal(2, 3).mask(5).tolist() == [[True, True, True, False, False], [True] * 4 + [False], [True] * 5]
-    for k in (keys, Keys.causal(2, 3), Keys.build([4], [[]])):  # the C arrays head.c reads say the same
+    for k in (keys, Keys.causal(2, 3), Keys.build([4], [[]])):  # the C arrays eagle_native.c reads say the same
         first, last, extra, width, count = k.arrays()
         m = k.mask(7).tolist()
         for t in range(len(k.prefix)):

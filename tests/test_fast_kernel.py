@@ -247,7 +247,7 @@ def test_speculation_in_fast_precision_equals_the_fast_baseline(fast_model: Llam
 
     from engine.config import SpecConfig
     from engine.drafters.base import NoDrafter
-    from engine.drafters.loading import load_draft
+    from engine.drafters.draft_loader import load_draft
     from engine.drafters.ngram import NgramDrafter
     from engine.events import Step
     from engine.session import Session

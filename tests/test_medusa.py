@@ -18,8 +18,8 @@ from tiny import TinyTokenizer, hf_model
 
 from engine.config import ConfigError, SpecConfig
 from engine.drafters.base import NoDrafter
+from engine.drafters.draft_loader import DRAFT_METHODS, load_draft
 from engine.drafters.eagle_checkpoint import DraftLoadError
-from engine.drafters.loading import DRAFT_METHODS, load_draft
 from engine.drafters.medusa import MC_SIM_7B_63, MedusaDrafter, MedusaHeads, cartesian_paths, static_paths
 from engine.drafters.medusa_checkpoint import read_medusa
 from engine.drafters.ngram import NgramDrafter

@@ -21,7 +21,7 @@ from tiny import TinyTokenizer, hf_model
 
 from engine.config import SpecConfig
 from engine.drafters.base import NoDrafter
-from engine.drafters.loading import load_draft
+from engine.drafters.draft_loader import load_draft
 from engine.drafters.medusa_checkpoint import read_medusa, read_medusa_state
 from engine.kernels import native
 from engine.models.llama import LlamaConfig, LlamaModel

@@ -9,11 +9,11 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from engine.answer_stats import RunningTally
 from engine.config import ConfigError, SpecConfig
 from engine.drafters.base import NoDrafter
 from engine.events import ConfigApplied, Finished, Started, Step, StepTiming
 from engine.session import Session
-from engine.stats import RunningTally
 from engine.tree import DraftTree
 from tests.drafters import RandomTreeDrafter
 from tests.tiny import TinyTokenizer, our_model
@@ -92,7 +92,7 @@ def test_oracle_drafts_are_accepted_and_tau_counts_the_bonus() -> None:
 
 
 def test_running_tally_counts_a_final_stop_in_tau_and_can_replay_recorded_time() -> None:
-    """The one definition the session and the app's scripted session share (engine/stats.py)."""
+    """The one definition the session and the app's scripted session share (engine/answer_stats.py)."""
     tally = RunningTally(wall_clock=False)
     tally.add_step(DraftTree.root_only(5), (), 1, 1, StepTiming(verify_ms=20.0))
     tally.add_step(DraftTree.chain(5, [6, 7]), (1,), 1, 2, StepTiming(draft_ms=2.0, verify_ms=18.0))  # bonus = stop

@@ -14,8 +14,8 @@ from tiny import TinyTokenizer, our_model
 
 from engine.config import ConfigError, SpecConfig
 from engine.drafters.base import NoDrafter
+from engine.drafters.draft_loader import load_draft
 from engine.drafters.eagle_checkpoint import DraftLoadError
-from engine.drafters.loading import load_draft
 from engine.drafters.standalone import StandaloneDrafter
 from engine.events import Step
 from engine.session import Session

@@ -20,7 +20,7 @@ from engine.errors import UserError
 from engine.models.llama import LlamaConfig, LlamaModel
 from engine.train import load_exported, train_head
 from engine.train.data import DataCache, GenSettings, Sample, generate_batch, generate_data
-from engine.train.head import (
+from engine.train.eagle3_head import (
     EXPORT_KEYS,
     Eagle3Head,
     HeadConfig,
@@ -127,7 +127,7 @@ def _check_inference_tau(hf, head_dir: Path, data) -> None:
 
     from engine.config import SpecConfig
     from engine.drafters.base import NoDrafter
-    from engine.drafters.loading import load_draft
+    from engine.drafters.draft_loader import load_draft
     from engine.models.llama import LlamaConfig, LlamaModel
     from engine.session import Session
 
@@ -446,7 +446,7 @@ def _naive_chain_logits(head, embeds, feats, steps):
 
 
 def test_ttt_forward_is_the_inference_contract() -> None:
-    from engine.train.head import Eagle3Head, HeadConfig
+    from engine.train.eagle3_head import Eagle3Head, HeadConfig
 
     cfg = HeadConfig(hidden_size=16, intermediate_size=24, num_attention_heads=4, num_key_value_heads=2, head_dim=4,
                      vocab_size=30, draft_vocab_size=12, aux_layer_ids=[1, 3, 4])

@@ -34,7 +34,7 @@ from engine.drafters.tree_search import (
     grow_tree,
     levels_on_device,
 )
-from engine.kernels.head import Keys
+from engine.kernels.eagle_native import Keys
 from engine.prefix import common_prefix
 from engine.sampling import GumbelNoise
 from engine.tree import DraftTree

@@ -28,7 +28,7 @@ from engine.drafters.base import heads_take_fast_products
 from engine.drafters.eagle_checkpoint import HeadSpec
 from engine.drafters.tree_search import Level, Picks
 from engine.gpu.rms_norm import rms_norm
-from engine.kernels.head import Keys, NativeHead
+from engine.kernels.eagle_native import Keys, NativeHead
 from engine.kernels.linear import Linear
 from engine.kernels.stored import StoredLinear
 from engine.kernels.weights import QuantRows
@@ -122,7 +122,7 @@ class EagleHead:
             self.native.fast = heads_take_fast_products(ops)
 
     def _bind_native(self, ops: NativeKernel | None) -> NativeHead | None:
-        """The head on our native kernel (head.c), where the target runs them and the head suits them."""
+        """The head on our native kernel (eagle_native.c), where the target runs them and the head suits them."""
         if ops is None or self.dtype != torch.float32 or self.device.type != "cpu" or self.fc_norms:
             return None
         lm_head = self.lm_head if self.lm_head is not None else self.target.lm_head

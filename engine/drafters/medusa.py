@@ -108,7 +108,8 @@ class MedusaHeads:
         self.kernel = ops if ops is not None and dev.type == "cpu" else None
         if q8 and heads_take_fast_products(ops):
             # as for EAGLE heads (the four shipped heads on the Xeon VM: the 4-row lm_head 0.27 ->
-            # 0.14-0.15 ms, a propose 0.65 -> 0.46-0.51 ms; docs/BENCHMARKS.md, session 30)
+            # 0.14-0.15 ms, a propose 0.65 -> 0.46-0.51 ms;
+            # docs/history/benchmarks-sessions.md, "Session 30")
             for layer in [self.first_blocks, *self.lm_layers]:
                 if isinstance(layer, StoredLinear):
                     layer.fast = True

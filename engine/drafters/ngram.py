@@ -47,7 +47,8 @@ __all__ = ["ChainIndex", "NgramDrafter", "NgramTrie"]
 
 # a conversation match shorter than this many tokens (the root alone) may defer to the corpus
 # (session 30's replay of MT-bench answers, chains of 2: 1.38 tokens a step from the conversation
-# alone, 1.64 with the corpus drafting where it matched one token or none; docs/BENCHMARKS.md);
+# alone, 1.64 with the corpus drafting where it matched one token or none;
+# docs/history/benchmarks-sessions.md, "Session 30");
 # at a one-token match the conversation's own record decides (engine/drafters/ngram_source.py)
 _CORPUS_BELOW = 2
 

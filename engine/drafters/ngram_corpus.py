@@ -5,12 +5,13 @@ code edits) and poorly in free chat, where most steps find no earlier occurrence
 root token. A model's answers, though, repeat its own phrasing across conversations ("Here are
 some", "In conclusion,", list scaffolding). Replayed on the target's greedy MT-bench answers (80
 first turns, chains verified at the measured fast-precision verify costs; a throwaway script,
-docs/BENCHMARKS.md, session 30), n-grams of ~8M tokens of its own self-distilled answers (the EAGLE
-training data, never MT-bench) raised tokens per step from 1.37 to 1.64 when consulted wherever
-the conversation had no match of two tokens or more (the corpus alone: 1.25); end to end, n-gram
-on MT-bench went from 1.08-1.09x to 1.18-1.25x. This is the datastore idea of REST (He et al., 2023)
-and of SuffixDecoding's global tree, kept small: for every n-gram (n <= ``max_n``) followed at
-least ``min_count`` times by one token, its few most frequent continuations and their counts.
+docs/history/benchmarks-sessions.md, "Session 30"), n-grams of ~8M tokens of its own self-distilled
+answers (the EAGLE training data, never MT-bench) raised tokens per step from 1.37 to 1.64 when
+consulted wherever the conversation had no match of two tokens or more (the corpus alone: 1.25); end
+to end, n-gram on MT-bench went from 1.08-1.09x to 1.18-1.25x. This is the datastore idea of REST
+(He et al., 2023) and of SuffixDecoding's global tree, kept small: for every n-gram (n <= ``max_n``)
+followed at least ``min_count`` times by one token, its few most frequent continuations and their
+counts.
 
 The index is a frozen table: sorted 64-bit n-gram hashes (the order is part of the hash), the top
 continuations as token ids, their counts and the n-gram's total count, and an open-addressing

@@ -332,7 +332,7 @@ INLINE AVX2 void shared_item(const float *q, long q_stride, const void *k, const
  * itself. Same keys in the same order (slots L..L+t0-1 come right after the cached ones either
  * way), so the same bits; but a prefill from an empty cache had every key in its rows' own lists,
  * one key and one row at a time: a fifth of a 115-token prefill's samples (now 0.94x the time; 512
- * tokens 0.72x, 1,024 tokens 0.61x; docs/BENCHMARKS.md, "Session 35").
+ * tokens 0.72x, 1,024 tokens 0.61x; docs/history/benchmarks-sessions.md, "Session 35").
  *
  * Schedules: trees and chains of up to SHARED_TOKENS go KV head by KV head, statically, as before,
  * so a thread's second run of a head finds that head's K/V in its own cache (handing their runs out

@@ -29,7 +29,7 @@ _HERE = Path(__file__).parent
 # later object's code, and a one-token step measured 5% slower (old and new builds alternated, the same
 # C; code alignment), where at the end a new file leaves the other objects laid out as they were.
 SOURCES = tuple(_HERE / n for n in ("skinny.c", "ops.c", "attention.c", "stored.c", "fast.c", "fast_avx2.c",
-                                    "fast_amx.c", "decoder.c", "head.c", "corpus.c", "attention_shared.c",
+                                    "fast_amx.c", "decoder.c", "eagle_native.c", "corpus.c", "attention_shared.c",
                                     "fast_bf16.c"))
 HEADERS = tuple(_HERE / n for n in ("layers.h", "tile.h", "fast.h", "vec.h", "attention.h"))
 # -ffp-contract=off: a*b + c stays two roundings wherever the source says so (the rotary product

@@ -15,7 +15,8 @@
 #define VNNI_TARGETS "avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi,avx2,fma"
 #define VNNI __attribute__((target(VNNI_TARGETS)))
 /* Calls (and row chunks) of fewer rows stay on the VNNI tile even where AMX runs (measured: the
- * tile's fixed cost a group outweighs the products it saves below this; docs/BENCHMARKS.md). */
+ * tile's fixed cost a group outweighs the products it saves below this;
+ * docs/history/benchmarks-sessions.md, "Session 26"). */
 #define AMX_MIN_ROWS 12
 
 /* The byte shuffle that turns four k of a q8 panel (16 bytes per k) into four k per column lane:
@@ -77,7 +78,8 @@ g32_prefetch(const int q4, const void *codes, const void *sc, const void *of, lo
  * (accumulate) or that alone: per element the same two roundings in either loop. Why a full panel
  * goes 8 lanes at a time: as a scalar loop testing bias and accumulate per element, inlined in the
  * panel loop, it made that loop's own code 3.4% of a 16-node verify's samples (perf, fast, 300
- * cached; 2.1% for this function after), and a 16-node verify took 4% longer (docs/BENCHMARKS.md).
+ * cached; 2.1% for this function after), and a 16-node verify took 4% longer
+ * (docs/history/benchmarks-sessions.md, "Session 38").
  * Out of line, as it was when it lived in fast.c: inlined into the panel loops, one-token steps
  * measured slower (old and new builds alternated, four rounds). */
 static __attribute__((target("avx2,fma"), noinline, unused)) void

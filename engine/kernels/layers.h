@@ -1,5 +1,5 @@
 /*
- * What the native decoder (decoder.c) and the native EAGLE head (head.c) share: the C view of a
+ * What the native decoder (decoder.c) and the native EAGLE head (eagle_native.c) share: the C view of a
  * linear layer (fp32 panels or up to three stored-format parts), the product over it in either
  * precision, and the rotary rotation.
  */

@@ -1,5 +1,5 @@
 """The Python bindings of our native CPU kernels (``skinny.c``, ``ops.c``, ``attention.c``,
-``attention_shared.c``, ``stored.c``, ``fast.c``, ``fast_bf16.c``, ``decoder.c``, ``head.c``): one
+``attention_shared.c``, ``stored.c``, ``fast.c``, ``fast_bf16.c``, ``decoder.c``, ``eagle_native.c``): one
 loaded library, its C signatures, and thin typed wrappers.
 
 ``build.py`` compiles and caches the library; here it is loaded once per process. Where it
@@ -80,7 +80,7 @@ class NativeKernel:
         self.decoder_layers.restype = _i
         self.decoder_rows = lib.decoder_rows
         self.decoder_rows.restype = _i
-        self.eagle_head_forward = lib.eagle_head_forward  # driven by engine/kernels/head.py
+        self.eagle_head_forward = lib.eagle_head_forward  # driven by engine/kernels/eagle_native.py
         self.eagle_head_forward.restype = _i
         self._lib.dequantize_rows.restype = _i
         self._lib.corpus_tree.restype = _l

@@ -12,7 +12,7 @@ from typing import Any
 import torch
 
 from engine.train.data import Sample
-from engine.train.head import (
+from engine.train.eagle3_head import (
     Eagle3Head,
     HeadConfig,
     default_aux_layer_ids,

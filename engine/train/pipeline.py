@@ -100,7 +100,7 @@ def prepare_data(target: Target, settings: GenSettings, token_budget: int, promp
     from tqdm.auto import tqdm
 
     from engine.train.data_engine import fill_features, generate_data_rows
-    from engine.train.head import default_aux_layer_ids
+    from engine.train.eagle3_head import default_aux_layer_ids
 
     prompt_rows, digest = prompt_list_and_digest(prompts, use_builtin_prompts)
     settings.prompt_digest = digest

@@ -22,7 +22,7 @@ import torch
 import torch.nn.functional as F
 
 from engine.train.data import DataCache, Sample
-from engine.train.head import Eagle3Head
+from engine.train.eagle3_head import Eagle3Head
 
 Batch = tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]
 

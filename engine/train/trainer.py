@@ -30,7 +30,7 @@ from safetensors import SafetensorError
 
 from engine.errors import UserError
 from engine.train.data import Sample, answer_token_counts, iter_batches
-from engine.train.head import Eagle3Head, HeadConfig, draft_vocab, export_head, load_exported, refit_vocabulary
+from engine.train.eagle3_head import Eagle3Head, HeadConfig, draft_vocab, export_head, load_exported, refit_vocabulary
 from engine.train.targets import LiveTarget, TargetSource, decoder_of
 
 

@@ -5,8 +5,8 @@ streams, and the event loop (reniced, so that it takes only the cycles the engin
 about a tenth of one. A frame's layout and compositing cost 20-30 ms of CPU, so each took 0.2-0.3 s
 of wall time, steps piled up meanwhile, and the next frame, with more to show, took longer still:
 the chat drew nothing for 1-2 s at a time and Esc took 1.7-2.7 s to stop an answer (measured on
-the 2-core dev VM, docs/BENCHMARKS.md, "Session 41"). Now the UI acknowledges each drain; when
-what was sent has waited more than ``LAG_S`` for one, the engine pauses between steps (up to
+the 2-core dev VM, docs/history/benchmarks-sessions.md, "Session 41"). Now the UI acknowledges each
+drain; when what was sent has waited more than ``LAG_S`` for one, the engine pauses between steps (up to
 ``MAX_WAIT_S``) so the UI has the cores to catch up, then goes on. A cancel ends the pause at once.
 
 Measured in the chat (tmux 120x40, Esc 1.2 s into a 2,048-token EAGLE-3 answer, time until

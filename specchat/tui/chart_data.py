@@ -4,7 +4,7 @@ Why from the events: a trace replay, a reopened conversation and a live answer a
 as the same :class:`~engine.events.Step` records, so the charts need no extra channel from the
 engine and draw the same pictures for all three.
 
-* Acceptance by depth is counted exactly as :class:`engine.stats.RunningTally` counts it for the
+* Acceptance by depth is counted exactly as :class:`engine.answer_stats.RunningTally` counts it for the
   stats panel (a depth was "attempted" when the accepted path reached the level above it and the
   tree had children there), once for the current answer and once for the whole session.
 * The verify-cost curve is the adaptive budget's own :class:`engine.costs.CostModel`, given the
@@ -22,9 +22,9 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from engine.answer_stats import RunningTally
 from engine.costs import CostModel
 from engine.events import ConfigApplied, Finished, Started, Step
-from engine.stats import RunningTally
 
 CUTS_KEPT = 8  # budget cuts remembered (the last steps')
 

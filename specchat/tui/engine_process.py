@@ -270,7 +270,7 @@ class _Forwarder:
     job ended, the engine paused for teaching, the model loaded) sends the batch at once. Measured
     (session 41, 2-core Zen 5, the focus prompt with n-gram, alternated): the engine process
     without a UI 491.7 / 513.9 -> 519.2 / 541.2 tok/s (means of 8 answers), the chat at 120x40
-    482 / 428 / 387 -> 491 / 452 / 417 (docs/BENCHMARKS.md, "Session 41")."""
+    482 / 428 / 387 -> 491 / 452 / 417 (docs/history/benchmarks-sessions.md, "Session 41")."""
 
     conn: Any
     host: EngineHost | None = None

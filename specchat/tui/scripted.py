@@ -23,6 +23,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from engine.answer_stats import RunningTally
 from engine.config import ConfigError, SpecConfig
 from engine.events import (
     CommittedToken,
@@ -35,7 +36,6 @@ from engine.events import (
     Step,
     StepTiming,
 )
-from engine.stats import RunningTally
 from engine.tree import DraftTree
 from specchat.tui.pending import PendingChange
 

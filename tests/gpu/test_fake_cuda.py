@@ -297,7 +297,7 @@ def _head_dir(kind: str) -> Path:
 def test_eagle_drafting_on_the_device(gpu, kind: str, temperature: float, sampling: str) -> None:
     """EAGLE heads on the device: target features captured in the verify forward, head cache and
     tree search on the device, d2t mapping (EAGLE-3), num_steps 3 and topk 2."""
-    from engine.drafters.loading import load_draft
+    from engine.drafters.draft_loader import load_draft
 
     config = SpecConfig(method=kind, num_steps=3, eagle_topk=2, num_draft_tokens=6, temperature=temperature,
                         sampling=sampling, seed=3, max_new_tokens=12, adaptive_draft=False)
@@ -327,8 +327,8 @@ def test_eagle_drafting_waits_on_the_device_a_few_times_a_level(gpu, monkeypatch
     on the H200 of session 25). Greedy, a tree of 3 levels and top-k 2: one wait a tree (reading the
     chosen tree; 21 a propose before the host data went over asynchronously, one a level before the
     search ran on the device), plus now and then one for a growing rotary table or cache."""
+    from engine.drafters.draft_loader import load_draft
     from engine.drafters.eagle import EagleDrafter
-    from engine.drafters.loading import load_draft
 
     state = gpu
     counts: list[int] = []  # waits per propose

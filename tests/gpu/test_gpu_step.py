@@ -86,7 +86,7 @@ def session(method: str, device: str, adaptive: bool = False) -> Session:
         draft = llama(device)
         drafters["standalone"] = lambda: StandaloneDrafter(draft, 97)
     elif method in ("eagle", "eagle3", "medusa"):
-        from engine.drafters.loading import load_draft
+        from engine.drafters.draft_loader import load_draft
 
         bundle = load_draft(str(_head_dir(method)), target, TinyTokenizer(), method=method)
         drafters[method], features = bundle.factory, bundle.features

@@ -7,7 +7,7 @@ from textual.app import App, ComposeResult
 
 from engine.events import Started, Step
 from engine.tree import DraftTree
-from specchat.tui.widgets.stats import StatsView
+from specchat.tui.widgets.stats_panel import StatsView
 
 
 class _Panel(App):

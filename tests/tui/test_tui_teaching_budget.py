@@ -36,7 +36,7 @@ async def test_stats_and_tree_panels_show_paused_drafting() -> None:
     from textual.widgets import Static
 
     from specchat.tui.widgets.draft_tree import DraftTreePanel, HistoryEntry
-    from specchat.tui.widgets.stats import StatsView
+    from specchat.tui.widgets.stats_panel import StatsView
 
     class Panels(App):
         def compose(self) -> ComposeResult:
@@ -61,7 +61,7 @@ def _stats_app():
     """An app holding the stats panel alone."""
     from textual.app import App, ComposeResult
 
-    from specchat.tui.widgets.stats import StatsView
+    from specchat.tui.widgets.stats_panel import StatsView
 
     class Panel(App):
         def compose(self) -> ComposeResult:
@@ -72,7 +72,7 @@ def _stats_app():
 
 async def test_stats_panel_shows_when_the_budget_drafts_fewer_levels_than_set() -> None:
     from engine.events import Started
-    from specchat.tui.widgets.stats import StatsView
+    from specchat.tui.widgets.stats_panel import StatsView
 
     app = _stats_app()
     async with app.run_test(size=(80, 20)) as pilot:
@@ -100,7 +100,7 @@ async def test_stats_panel_shows_when_the_budget_drafts_fewer_levels_than_set() 
 
 
 async def test_stats_panel_says_how_much_the_corpus_drafted() -> None:
-    from specchat.tui.widgets.stats import StatsView
+    from specchat.tui.widgets.stats_panel import StatsView
 
     app = _stats_app()
     async with app.run_test(size=(80, 20)) as pilot:

@@ -22,7 +22,7 @@ from specchat.tui.widgets.draft_tree import DraftTreePanel, HistoryEntry
 from specchat.tui.widgets.prompt import PromptInput
 from specchat.tui.widgets.repaint import repaint
 from specchat.tui.widgets.settings_panel import SettingsPanel
-from specchat.tui.widgets.stats import StatsView
+from specchat.tui.widgets.stats_panel import StatsView
 from specchat.tui.widgets.title_bar import TitleBar
 from specchat.tui.widgets.transcript import AnswerView, Transcript, UserTurnView
 

@@ -1,4 +1,4 @@
-"""An EAGLE head's forward in one native call (``head.c``): a whole draft level, or the catch-up.
+"""An EAGLE head's forward in one native call (``eagle_native.c``): a whole draft level, or the catch-up.
 
 Why: a draft level of the embedded model's head is ~9 M multiply-adds per node, a small fraction
 of a target step, but as ~20 torch operations with Python between them it cost as much as a
@@ -67,7 +67,7 @@ class Keys:
         return m | extra[:, :keys]
 
     def arrays(self) -> tuple[Any, Any, Any, int, Any]:
-        """(first, last, extra, width, count) as C arrays for head.c: entry t sees first[t]..last[t],
+        """(first, last, extra, width, count) as C arrays for eagle_native.c: entry t sees first[t]..last[t],
         then extra[t * width..][:count[t]]."""
         T = len(self.prefix)
         width = max(1, max((len(e) for e in self.extra), default=0))
@@ -104,7 +104,7 @@ class NativeHead(FastSwitch):
     @classmethod
     def bind(cls, kernel: NativeKernel, shape: DecoderShape, linears: Sequence[Linear | StoredLinear],
              norms: Sequence[torch.Tensor | None], *, eagle3: bool) -> NativeHead | None:
-        """A head's layers in head.c's order: ``linears`` fc, qkv, o, gate_up, down, lm_head (the
+        """A head's layers in eagle_native.c's order: ``linears`` fc, qkv, o, gate_up, down, lm_head (the
         target's for EAGLE-1/2); ``norms`` ln_in, ln_hidden, ln_post, norm (EAGLE-3's; None where the
         kind has none). None when some layer or width does not suit the kernel."""
         _fc, _qkv, _o, gate_up, _down, lm_head = linears

@@ -298,7 +298,7 @@ def _check_complete(config: LlamaConfig, sd: MutableMapping[str, Any]) -> None:
     if absent is not None:
         raise ModelConfigError(f"the weights have no model.layers.{absent}.self_attn.q_proj.weight, but config.json's "
                                f"num_hidden_layers is {config.num_layers}; fix num_hidden_layers or the weights")
-    rows = tuple(sd["model.embed_tokens.weight"].shape)[0]
+    rows = sd["model.embed_tokens.weight"].shape[0]
     if rows != config.vocab_size:
         raise ModelConfigError(f"config.json's vocab_size is {config.vocab_size} but the embedding has {rows} rows; "
                                "fix vocab_size or the weights")

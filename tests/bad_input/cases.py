@@ -150,10 +150,8 @@ RUN = [
     case("run-record-a-folder", f"run {M} --record {TMP}", r"record"),
     case("run-missing-draft", f"run {M} --draft {TMP}/nohead", r"nohead"),
     case("run-device-garbage", f"run {M} --device nope", r"device"),
-    case("run-weights-garbage", f"run {M} --weights int8", r"weights",
-         xfail=NEW + "run --weights int8 opens the chat; refused only by the loader inside it"),
-    case("run-theme-unknown", f"run {M} --theme nope", r"theme",
-         xfail=NEW + "run --theme nope opens the chat (a warning inside it), never refused at the command line"),
+    case("run-weights-garbage", f"run {M} --weights int8", r"argument --weights: invalid choice: 'int8'"),
+    case("run-theme-unknown", f"run {M} --theme nope", r"argument --theme: unknown theme 'nope'; choose dark, light"),
     case("run-missing-model", "run /no/such/model", r"no such file or folder",
          xfail=NEW + "run /no/such/model opens the chat before saying the model does not exist"),
 ]
@@ -172,7 +170,8 @@ GENERATE = [
     case("generate-unknown-method", f"generate {M} --prompt hi --method magic", r"unknown method 'magic'"),
     case("generate-bad-dtype", f"generate {M} --prompt hi --dtype int3", r"unknown dtype 'int3'"),
     case("generate-no-gpu", f"generate {M} --prompt hi --device cuda:0", r"no CUDA GPU is visible", cpu_only=True),
-    case("generate-bad-weights", f"generate {M} --prompt hi --weights int8", r"--weights must be stored or fp32"),
+    case("generate-bad-weights", f"generate {M} --prompt hi --weights int8",
+         r"argument --weights: invalid choice: 'int8' \(choose from"),
     case("generate-bad-precision", f"generate {M} --prompt hi --precision turbo", r"--precision must be auto, exact"),
     case("generate-fast-with-fp32", f"generate {M} --prompt hi --precision fast --weights fp32",
          r"--precision fast needs"),
@@ -447,8 +446,8 @@ REPLAY = [
     case("replay-string-for-a-number", f"replay {TMP}/t.jsonl", r"t\.jsonl",
          files=(b.trace("t.jsonl", {"kind": "started", "prompt_tokens": "lots"}),)),
     case("replay-a-fifo", f"replay {TMP}/p", r"p: not a regular file", files=(b.fifo("p"),), timeout=2),
-    case("replay-theme-unknown", f"replay {TMP}/t.jsonl --theme nope", r"theme", files=(TRACE,),
-         xfail=NEW + "replay --theme nope opens the replay (a warning inside it)"),
+    case("replay-theme-unknown", f"replay {TMP}/t.jsonl --theme nope", r"argument --theme: unknown theme 'nope'",
+         files=(TRACE,)),
 ]
 
 SERVE = [
@@ -473,8 +472,7 @@ SERVE = [
          files=(b.text("s.json", "[]"),)),
     # wrong once (issue 50): strict xfails until fixed, then plain cases
     case("serve-device-garbage", f"serve {M} --device nope --port {PORT}", r"device"),
-    case("serve-weights-garbage", f"serve {M} --weights int8 --port {PORT}", r"weights",
-         xfail=NEW + "serve --weights int8 starts the server; each tab then fails to load"),
+    case("serve-weights-garbage", f"serve {M} --weights int8 --port {PORT}", r"argument --weights: invalid choice"),
     case("serve-num-steps-huge", f"serve {M} --speculative-num-steps 99999 --port {PORT}", r"num_steps", xfail=BOUNDS),
     case("serve-threads-zero", f"serve {M} --threads 0 --port {PORT}", r"threads"),
     case("serve-record-unwritable", f"serve {M} --record /proc/nope/t.jsonl --port {PORT}", r"record"),

@@ -152,8 +152,9 @@ RUN = [
     case("run-device-garbage", f"run {M} --device nope", r"device"),
     case("run-weights-garbage", f"run {M} --weights int8", r"argument --weights: invalid choice: 'int8'"),
     case("run-theme-unknown", f"run {M} --theme nope", r"argument --theme: unknown theme 'nope'; choose dark, light"),
-    case("run-missing-model", "run /no/such/model", r"no such file or folder",
-         xfail=NEW + "run /no/such/model opens the chat before saying the model does not exist"),
+    case("run-missing-model", "run /no/such/model", r"no such file or folder: /no/such/model"),
+    case("run-model-no-weights", f"run {TMP}/m", r"has no weights",
+         files=(b.model_copy("m", drop=("model.safetensors",)),)),
 ]
 
 GENERATE = [

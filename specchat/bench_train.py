@@ -115,9 +115,13 @@ def _rows_target(args: argparse.Namespace) -> tuple[Any, Any, list, list[int]]:
     """The target (threads set), our engine's model (refused without the rows engine), the prompt
     list and the EAGLE-3 capture layers: what both benchmarks generate data with."""
     from engine.loader import configure_threads
+    from engine.preflight import target_config
     from engine.train.head import default_aux_layer_ids
     from engine.train.pipeline import load_target, prompt_list_and_digest
 
+    config = target_config(args.model)  # from its files: a target too shallow to capture from, refused before the load
+    if config is not None:
+        default_aux_layer_ids(config.num_layers)
     configure_threads(args.threads)
     target = load_target(args.model)
     model = target.engine

@@ -54,6 +54,7 @@ M = MODEL
 # the behaviour wanted where issue 50 found it wrong, and where this suite found more
 LATE = "issue 50: refused clearly, but only after the target model loaded"
 BOUNDS = "issue 50: knob bounds"
+STEPS_BOUND = r"argument --speculative-num-steps: must be an integer from 1 to 32"  # 99999 levels a step: a hang
 NEW = "new in the bad-input suite: "
 GGUF_BAD = r"(is not a (readable )?GGUF file|cannot be read)"  # a damaged GGUF, named by our reader or gguf-py
 
@@ -93,8 +94,7 @@ RUN = [
          r"argument --speculative-num-draft-tokens: must be an integer from 2 to "),
     case("run-draft-tokens-huge", f"run {M} --speculative-num-draft-tokens 99999",
          r"argument --speculative-num-draft-tokens: must be an integer from 2 to "),
-    case("run-num-steps-zero", f"run {M} --speculative-num-steps 0",
-         r"argument --speculative-num-steps: must be an integer from 1 to 32"),
+    case("run-num-steps-zero", f"run {M} --speculative-num-steps 0", STEPS_BOUND),
     case("run-max-new-tokens-zero", f"run {M} --max-new-tokens 0",
          r"argument --max-new-tokens: must be an integer from 1 to 1_048_576"),
     case("run-max-new-tokens-negative", f"run {M} --max-new-tokens -5",
@@ -139,8 +139,9 @@ RUN = [
     case("run-settings-a-folder", f"run {M} --settings {TMP}/d", r"--settings .*d: cannot read it",
          files=(b.folder("d"),)),
     # wrong once (issue 50): strict xfails until fixed, then plain cases
-    case("run-num-steps-huge", f"run {M} --speculative-num-steps 99999", r"num_steps", xfail=BOUNDS),
-    case("run-topk-huge", f"run {M} --speculative-eagle-topk 99999", r"eagle_topk", xfail=BOUNDS),
+    case("run-num-steps-huge", f"run {M} --speculative-num-steps 99999", STEPS_BOUND),
+    case("run-topk-huge", f"run {M} --speculative-eagle-topk 99999",
+         r"argument --speculative-eagle-topk: must be an integer from 1 to 64"),
     case("run-settings-num-steps-huge", f"run {M} --settings {TMP}/s.json", r"num_steps",
          files=(b.json_file("s.json", {"num_steps": 99999}),)),
     case("run-threads-zero", f"run {M} --threads 0", r"threads"),
@@ -233,7 +234,7 @@ GENERATE = [
          r"max.new.tokens", loads_model=True),
     case("generate-threads-zero", f"generate {M} --prompt hi --threads 0", r"threads"),
     case("generate-num-steps-huge", f"generate {M} --prompt hi --method eagle3 --speculative-num-steps 99999",
-         r"num_steps", xfail="issue 50: --speculative-num-steps 99999 drafts 99,999 levels a step (a hang)"),
+         STEPS_BOUND),
     case("generate-settings-num-steps-huge", f"generate {M} --prompt hi --settings {TMP}/s.json", r"num_steps",
          files=(b.json_file("s.json", {"num_steps": 99999}),)),
     case("generate-missing-draft", f"generate {M} --prompt hi --draft {TMP}/nohead", r"nohead"),
@@ -393,7 +394,7 @@ TUNE = [
     case("tune-save-settings-a-folder", f"tune {M} --prompts {TMP}/p.jsonl --save-settings {TMP}",
          r"--save-settings .*folder", files=(PROMPTS,)),
     case("tune-grid-num-steps-huge", f"tune {M} --prompts {TMP}/p.jsonl --methods eagle3 --grid num_steps=99999",
-         r"num_steps", files=(PROMPTS,), xfail=BOUNDS + " (tune's --grid)"),
+         r"--grid: num_steps must be an integer from 1 to 32.*got 99999", files=(PROMPTS,)),
     case("tune-threads-zero", f"tune {M} --prompts {TMP}/p.jsonl --threads 0", r"threads", files=(PROMPTS,)),
 ]
 
@@ -402,8 +403,7 @@ EXPORT = [
     case("export-unknown-server", "export nginx", r"argument server: invalid choice: 'nginx'"),
     case("export-unknown-method", "export sglang --method magic", r"unknown method 'magic'"),
     case("export-draft-without-method", "export sglang --draft foo", r"add --method eagle, eagle3"),
-    case("export-num-steps-zero", "export sglang --method eagle3 --speculative-num-steps 0",
-         r"argument --speculative-num-steps: must be an integer from 1 to 32"),
+    case("export-num-steps-zero", "export sglang --method eagle3 --speculative-num-steps 0", STEPS_BOUND),
     case("export-topk-over-tree", "export vllm --method eagle3 --speculative-eagle-topk 99999",
          r"argument --speculative-eagle-topk: must be an integer from 1 to 64"),
     case("export-draft-tokens-huge", "export vllm --method eagle3 --speculative-num-draft-tokens 99999",
@@ -417,8 +417,7 @@ EXPORT = [
     case("export-settings-unknown-field", f"export sglang --settings {TMP}/s.json", r"unknown setting 'bogus'",
          files=(b.json_file("s.json", {"bogus": 1}),)),
     # wrong once (issue 50): strict xfails until fixed, then plain cases
-    case("export-num-steps-huge", "export sglang --method eagle3 --speculative-num-steps 99999", r"num_steps",
-         xfail="issue 50: export sglang --speculative-num-steps 99999 prints that launch line"),
+    case("export-num-steps-huge", "export sglang --method eagle3 --speculative-num-steps 99999", STEPS_BOUND),
     case("export-settings-num-steps-huge", f"export sglang --settings {TMP}/s.json", r"num_steps",
          files=(b.json_file("s.json", {"method": "eagle3", "num_steps": 99999}),)),
 ]
@@ -475,7 +474,7 @@ SERVE = [
     # wrong once (issue 50): strict xfails until fixed, then plain cases
     case("serve-device-garbage", f"serve {M} --device nope --port {PORT}", r"device"),
     case("serve-weights-garbage", f"serve {M} --weights int8 --port {PORT}", r"argument --weights: invalid choice"),
-    case("serve-num-steps-huge", f"serve {M} --speculative-num-steps 99999 --port {PORT}", r"num_steps", xfail=BOUNDS),
+    case("serve-num-steps-huge", f"serve {M} --speculative-num-steps 99999 --port {PORT}", STEPS_BOUND),
     case("serve-threads-zero", f"serve {M} --threads 0 --port {PORT}", r"threads"),
     case("serve-record-unwritable", f"serve {M} --record /proc/nope/t.jsonl --port {PORT}", r"record"),
 ]

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import argparse
 
-from specchat.options import draft_options, make_config
+from specchat.options import ALGORITHMS, draft_options, make_config
 
 # the commands whose target loads from the flags read here (export and replay load none)
 LOADING = ("run", "serve", "generate", "bench", "tune", "train-draft")
@@ -33,10 +33,20 @@ def check_files(args: argparse.Namespace) -> None:
 
     config = make_config(args)  # --settings FILE parses (and its values fit) or is refused here
     options = draft_options(args)
-    check(args.model, backend=getattr(args, "backend", None) or "auto", method=config.method,
-          draft=options["draft"], draft_revision=options["draft_revision"], token_map=options["token_map"],
-          ngram_corpus=options["ngram_corpus"], allow_pickle=bool(getattr(args, "allow_pickle", False)),
-          method_from_draft=options["method_from_draft"])
+    for method in _methods(args, config.method):
+        check(args.model, backend=getattr(args, "backend", None) or "auto", method=method,
+              draft=options["draft"], draft_revision=options["draft_revision"], token_map=options["token_map"],
+              ngram_corpus=options["ngram_corpus"], allow_pickle=bool(getattr(args, "allow_pickle", False)),
+              method_from_draft=options["method_from_draft"])
+
+
+def _methods(args: argparse.Namespace, method: str) -> list[str]:
+    """The methods the command runs: the one in force, and bench's ``--methods`` list (a name that
+    is no method is left to bench's own words; tune skips a method it cannot run, with the reason)."""
+    if args.command != "bench":
+        return [method]
+    listed = [n.strip().lower() for n in (getattr(args, "methods", None) or "").split(",")]
+    return list(dict.fromkeys([method, *(ALGORITHMS[n] for n in listed if n in ALGORITHMS)]))
 
 
 def check_train_target(args: argparse.Namespace) -> None:

@@ -37,6 +37,8 @@ def read_jsonl(path: str | Path, *, tolerant: bool = False) -> JsonLines:
     (a record cut by a crash, a stray byte) are skipped and counted in ``dropped``.
     """
     p = Path(path)
+    if p.exists() and not p.is_dir() and not p.is_file():  # a FIFO or a device: reading it blocks or never ends
+        raise JsonLinesError(f"{p}: not a regular file (a pipe or a device); name a JSON-lines file")
     try:
         text = p.read_text(encoding="utf-8", errors="strict" if not tolerant else "replace")
     except FileNotFoundError:

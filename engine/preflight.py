@@ -25,20 +25,23 @@ def target_config(model: str | None, *, backend: str = "auto") -> LlamaConfig | 
     model (``--backend hf``, a family only transformers runs): the loader then speaks."""
     from engine.models.checkpoint import read_config
     from engine.models.families import model_for_config
-    from engine.models.resolve import embedded_gguf, is_embedded
+    from engine.models.resolve import embedded_gguf, is_embedded, is_hub_id, resolve_model
 
+    path = None if is_embedded(model) else Path(str(model).strip()).expanduser()
+    local_gguf = path is not None and path.is_file() and path.suffix.lower() == ".gguf"
+    if path is not None and not local_gguf and (path.exists() or not is_hub_id(str(model).strip())):
+        # no such path, a folder without config.json or weights: the resolver's own line, no work done
+        path = resolve_model(model, backend=backend).path
     if backend == "hf":
         return None
-    if is_embedded(model):
+    if path is None:
         raw = _gguf_config(embedded_gguf()[0])
+    elif local_gguf:
+        raw = _gguf_config(path)
+    elif path.is_dir() and (path / "config.json").is_file():
+        raw = read_config(path)
     else:
-        path = Path(str(model).strip()).expanduser()
-        if path.is_file() and path.suffix.lower() == ".gguf":
-            raw = _gguf_config(path)
-        elif path.is_dir() and (path / "config.json").is_file():
-            raw = read_config(path)
-        else:
-            return None  # a hub id, or a name the resolver refuses in its own words
+        return None  # a hub id: known once downloaded
     if raw is None:
         return None
     try:

@@ -72,6 +72,8 @@ def parse_prompt(row: dict[str, Any], where: str, default_id: str) -> Prompt:
             raise PromptFileError(f"{where}: 'turns' must be a non-empty list of strings")
         return Prompt(pid, messages=[{"role": "user", "content": turns[0]}])
     if isinstance(row.get("prompt"), str):
+        if not row["prompt"].strip():  # no tokens to continue: refused here, not after the model loads
+            raise PromptFileError(f"{where}: 'prompt' is empty")
         return Prompt(pid, text=row["prompt"])
     raise PromptFileError(f"{where}: no 'messages', 'turns' or 'prompt' field")
 

@@ -32,14 +32,17 @@ COMMANDS: dict[str, tuple[str, str]] = {
 }
 
 
-def _add_model_args(p: argparse.ArgumentParser) -> None:
+def _add_model_args(p: argparse.ArgumentParser, *, weights_list: bool = False) -> None:
+    """The target's flags. ``weights_list``: --weights takes a comma list (bench and tune measure
+    each mode, checked by specchat.bench.weights_modes); elsewhere one of its two choices, refused
+    as it is parsed rather than by the loader inside the chat or each served tab."""
     p.add_argument("model", nargs="?", default=None,
                    help=f"model: '{EMBEDDED_MODEL}' (embedded, default), a local folder or a hub id")
     p.add_argument("--revision", default=None, help="hub model: branch, tag or commit (default: main)")
     p.add_argument("--dtype", default="auto",
                    help="auto (bfloat16 on a GPU, float32 on a CPU), float32 (the exact reference) or bfloat16")
     p.add_argument("--device", default="auto", help="auto, cpu or cuda[:N]")
-    p.add_argument("--weights", default="stored",
+    p.add_argument("--weights", default="stored", choices=None if weights_list else ["stored", "fp32"],
                    help="stored (default: GGUF blocks / bf16 / f16 kept as stored, decoded in the CPU kernels; "
                         "same answers) or fp32 (upcast once; GGUFs via the cached fp32 conversion)")
     p.add_argument("--precision", default="auto",
@@ -74,13 +77,24 @@ def add_run_args(p: argparse.ArgumentParser) -> None:
     """The flags of ``specchat run`` (``serve`` takes the same ones and hands them to each session)."""
     _add_model_args(p)
     _add_spec_args(p)
-    p.add_argument("--theme", default=None, help="dark, light or colourblind (specchat-* names work too)")
+    p.add_argument("--theme", type=_theme, default=None, help="dark, light or colourblind (specchat-* names work too)")
     p.add_argument("--fake", action="store_true", help=argparse.SUPPRESS)  # scripted demo session, no model
     p.add_argument("--compare", nargs="?", const="", default=None, metavar="A,B",
                    help="open in the compare view: the baseline | the method in force, or method A | method B "
                         "(e.g. --compare medusa,eagle3; each also timed against the baseline)")
     p.add_argument("--teach", action="store_true", help="open in step-through teaching mode")
     p.add_argument("--record", default=None, help="write every step to this JSON-lines trace")
+
+
+def _theme(name: str) -> str:
+    """argparse's type for --theme: a theme the app has, else refused with the list (textual is
+    imported only when the flag is given)."""
+    from specchat.themes import unknown_theme
+
+    problem = unknown_theme(name)
+    if problem:
+        raise argparse.ArgumentTypeError(problem)
+    return name
 
 
 def add_playback_args(p: argparse.ArgumentParser) -> None:
@@ -121,7 +135,7 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--json", action="store_true", help="print one JSON object instead of text")
 
     bench = sub.add_parser("bench", help="measure methods against the baseline, same run, same process")
-    _add_model_args(bench)
+    _add_model_args(bench, weights_list=True)
     _add_spec_args(bench)
     bench.add_argument("--prompts", help="JSON-lines prompt file (messages | turns | prompt)")
     bench.add_argument("--methods", default=None,
@@ -149,7 +163,7 @@ def build_parser() -> argparse.ArgumentParser:
                        help="peak memory bandwidth for the bandwidth fraction (default: looked up by GPU name)")
 
     tune = sub.add_parser("tune", help="sweep the tree knobs on your prompts; print SGLang and vLLM launch lines")
-    _add_model_args(tune)
+    _add_model_args(tune, weights_list=True)
     _add_spec_args(tune)
     tune.add_argument("--prompts", required=True, help="JSON-lines prompt file (messages | turns | prompt)")
     tune.add_argument("--methods", default="ngram", help="comma list of methods to tune (default: ngram)")
@@ -170,7 +184,7 @@ def build_parser() -> argparse.ArgumentParser:
     rep = sub.add_parser("replay", help="play a recorded trace in the TUI, no model needed")
     rep.add_argument("trace", help="a trace written by specchat run --record")
     add_playback_args(rep)
-    rep.add_argument("--theme", default=None, help="dark, light or colourblind")
+    rep.add_argument("--theme", type=_theme, default=None, help="dark, light or colourblind")
 
     from specchat.train_draft import add_parser as add_train_draft
 

@@ -10,8 +10,8 @@ one line within a second, instead of after the loading screen.
 
 from __future__ import annotations
 
-from specchat.command_options import CommandOptions, Options, TrainDraftOptions
-from specchat.options import draft_options, make_config
+from specchat.command_options import BenchOptions, CommandOptions, Options, TrainDraftOptions
+from specchat.options import ALGORITHMS, draft_options, make_config
 
 
 def check_files(options: Options) -> None:
@@ -27,10 +27,20 @@ def check_files(options: Options) -> None:
     config = make_config(options.spec)  # --settings FILE parses (and its values fit) or is refused here
     drafts = draft_options(options)
     target = options.target
-    check(target.model, backend=target.backend or "auto", method=config.method,
-          draft=drafts["draft"], draft_revision=drafts["draft_revision"], token_map=drafts["token_map"],
-          ngram_corpus=drafts["ngram_corpus"], allow_pickle=target.allow_pickle,
-          method_from_draft=drafts["method_from_draft"])
+    for method in _methods(options, config.method):
+        check(target.model, backend=target.backend or "auto", method=method,
+              draft=drafts["draft"], draft_revision=drafts["draft_revision"], token_map=drafts["token_map"],
+              ngram_corpus=drafts["ngram_corpus"], allow_pickle=target.allow_pickle,
+              method_from_draft=drafts["method_from_draft"])
+
+
+def _methods(options: CommandOptions, method: str) -> list[str]:
+    """The methods the command runs: the one in force, and bench's ``--methods`` list (a name that
+    is no method is left to bench's own words; tune skips a method it cannot run, with the reason)."""
+    if not isinstance(options, BenchOptions):
+        return [method]
+    listed = [n.strip().lower() for n in (options.methods or "").split(",")]
+    return list(dict.fromkeys([method, *(ALGORITHMS[n] for n in listed if n in ALGORITHMS)]))
 
 
 def _check_device(device: str | None) -> None:

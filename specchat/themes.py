@@ -9,7 +9,8 @@ The colour-blind safe theme uses the Okabe-Ito palette (blue / orange / vermilli
 lightened to read at 4.5:1 on the panels), which stays
 distinguishable under deuteranopia, protanopia and tritanopia.
 
-This module imports Textual's ``Theme`` only; it is imported by the TUI, never by the headless CLI.
+This module imports Textual's ``Theme`` only; it is imported by the TUI, and by the command line only to
+check a ``--theme`` given (see specchat.cli._theme).
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from textual.theme import Theme
+from textual.theme import BUILTIN_THEMES, Theme
 
 
 @dataclass(frozen=True)
@@ -121,6 +122,16 @@ def pick_theme(name: str | None, available: set[str] | dict[str, Theme]) -> tupl
     if theme in available:
         return theme, ""
     return DEFAULT_THEME, f"unknown theme {name!r}; using {DEFAULT_THEME}"
+
+
+def unknown_theme(name: str) -> str:
+    """'' when ``name`` names a theme the app registers (ours, by short or full name, or one of
+    Textual's built-ins), else the line that says what to use. Why: ``--theme`` is refused at the
+    command line, before the chat opens, rather than warned about inside it."""
+    if resolve_theme_name(name) in {t.name for t in THEMES} | set(BUILTIN_THEMES):
+        return ""
+    return (f"unknown theme {name!r}; choose dark, light or colourblind, or one of Textual's: "
+            f"{', '.join(sorted(BUILTIN_THEMES))}")
 
 
 def theme_colours(theme: Theme) -> dict[str, str]:

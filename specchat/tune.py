@@ -69,9 +69,22 @@ def parse_grid(text: str | None) -> dict[str, list[Any]]:
             raise UsageError(f"--grid: {name} is given twice; list all its values once, as in '{name}=3,4'")
         default = getattr(SpecConfig, name)
         grid[name] = [_grid_value(name, v, default) for v in dict.fromkeys(listed)]
+        _check_bounds(name, grid[name])
     if text is not None and not grid:
         raise UsageError("--grid is empty; write e.g. 'num_steps=3,4;eagle_topk=1,4'")
     return grid
+
+
+def _check_bounds(name: str, values: list[Any]) -> None:
+    """A value outside its knob's own bounds is a typing mistake, refused before the model loads (a
+    point that only some combination refuses, as top-k above the tree size, is noted by Search)."""
+    from engine.knobs import KNOBS
+
+    try:
+        for value in values:
+            KNOBS[name].check(value)
+    except ConfigError as exc:
+        raise UsageError(f"--grid: {exc}") from None
 
 
 def _grid_value(name: str, value: str, default: Any) -> Any:

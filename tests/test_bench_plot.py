@@ -65,8 +65,9 @@ def test_cost_svg_has_the_curve_and_its_numbers(tmp_path: Path) -> None:
 def _refused(capsys: pytest.CaptureFixture[str], tmp_path: Path, plot: str, *needles: str) -> None:
     prompts = tmp_path / "p.jsonl"
     prompts.write_text('{"prompt": "hello"}\n', encoding="utf-8")
-    # a model that cannot exist: reaching the load would fail differently (and much later)
-    assert main(["bench", "no-such-model-anywhere", "--prompts", str(prompts), "--plot", plot]) == 2
+    # a hub id that cannot exist (the pre-flight leaves hub ids to the loader): reaching the load would
+    # fail differently (and much later)
+    assert main(["bench", "no-such-org/no-such-model-anywhere", "--prompts", str(prompts), "--plot", plot]) == 2
     err = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
     assert len(err) == 1, err
     assert "--plot" in err[0] and "no-such-model" not in err[0]

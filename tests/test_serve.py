@@ -85,7 +85,7 @@ def _other_value(action: argparse.Action) -> str:
     choices = action.choices or (KNOBS[action.dest].choices if action.dest in KNOBS else ())
     if choices:
         return next(c for c in choices if c != action.default)
-    for text in ("3", "0.5", "5000", "x"):
+    for text in ("3", "0.5", "5000", "x", "light"):  # light: a --theme
         try:
             if action.type is not None:
                 action.type(text)

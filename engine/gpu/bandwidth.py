@@ -44,7 +44,7 @@ def peak_bandwidth_gbps(device_name: str) -> float | None:
 
 def weight_bytes_per_token(model) -> int:
     """Bytes of weights one decode step reads: every layer's matrices, norms and the LM head (the
-    embedding table contributes one row, ignored)."""
+    embedding table contributes one row, ignored); stored matrices count their stored bytes."""
     total = 0
     linears = [model.lm_head]
     for layer in model.layers:
@@ -52,9 +52,10 @@ def weight_bytes_per_token(model) -> int:
         for norm in (layer.ln_attn, layer.ln_mlp, layer.q_norm, layer.k_norm):
             if norm is not None:
                 total += norm.numel() * norm.element_size()
-    element = model.embed.element_size()
+    element = model.dtype.itemsize  # a dense matrix's width (stored weights have no dense model.embed)
     for lin in linears:
-        total += lin.out_features * lin.in_features * element
+        stored = hasattr(lin, "parts")  # a StoredLinear: its blocks (GGUF, bf16) as the kernel reads them
+        total += lin.nbytes if stored else lin.out_features * lin.in_features * element
         bias = getattr(lin, "_bias", None)
         if bias is not None:
             total += bias.numel() * bias.element_size()

@@ -112,8 +112,8 @@ def read_gguf(path: Path) -> GGUFFile:
             raise GGUFFormatError(f"{path} is not a GGUF file (bad magic)")
         cur.pos = 4
         version = cur.unpack("<I")
-        if version < 2:
-            raise GGUFFormatError(f"{path} is GGUF version {version}; only versions 2 and 3 are read")
+        if version not in (2, 3):  # a newer layout would be misread field by field (issue 50)
+            raise GGUFFormatError(f"{path}: GGUF version {version} is not supported (versions 2-3 are)")
         n_tensors = cur.count("<Q", 24, "tensors")  # name length, dims, type, offset: 24 bytes or more
         n_kv = cur.count("<Q", 12, "metadata entries")  # key length, value type: 12 bytes or more
         meta: dict[str, Any] = {}

@@ -25,7 +25,7 @@ from engine.kernels.stored import StoredEmbedding, StoredLinear
 from engine.kernels.weights import QuantRows
 from engine.models.kv_cache import KVCache
 from engine.models.layer import ForwardOutput, LayerWeights, as_weight, make_linear
-from engine.models.llama_config import LlamaConfig, UnsupportedModelError
+from engine.models.llama_config import LlamaConfig, ModelConfigError, UnsupportedModelError
 from engine.models.paths import NativeDecoderPath, Span, TorchPath, native_ops, pick_path
 from engine.models.rope import RotaryTable
 
@@ -286,11 +286,22 @@ class LlamaModel:
 
 
 def _check_complete(config: LlamaConfig, sd: MutableMapping[str, Any]) -> None:
+    """Refuse, in one line, weights that do not fill the config's shape: a KeyError deep in a layer,
+    or an answer decoded with the wrong vocabulary, is what a config.json edited apart from its
+    weights gave otherwise."""
     missing = [k for k in ("model.embed_tokens.weight", "model.norm.weight") if k not in sd]
     if not config.tie_word_embeddings and "lm_head.weight" not in sd:
         missing.append("lm_head.weight")
     if missing:
         raise UnsupportedModelError(f"checkpoint is missing {', '.join(missing)}")
+    absent = next((i for i in range(config.num_layers) if f"model.layers.{i}.self_attn.q_proj.weight" not in sd), None)
+    if absent is not None:
+        raise ModelConfigError(f"the weights have no model.layers.{absent}.self_attn.q_proj.weight, but config.json's "
+                               f"num_hidden_layers is {config.num_layers}; fix num_hidden_layers or the weights")
+    rows = sd["model.embed_tokens.weight"].shape[0]
+    if rows != config.vocab_size:
+        raise ModelConfigError(f"config.json's vocab_size is {config.vocab_size} but the embedding has {rows} rows; "
+                               "fix vocab_size or the weights")
 
 
 def _strip_prefixes(sd: MutableMapping[str, Any]) -> dict[str, Any]:

@@ -36,6 +36,27 @@ _KEYS = {"vocab_size": "vocab_size", "hidden_size": "hidden_size", "intermediate
          "num_layers": "num_hidden_layers"}
 
 
+def _culprit(d: Mapping[str, Any]) -> str:
+    """" for KEY (VALUE)" naming the first shape field of ``d`` that is no number, so the message
+    says which line of config.json to fix ("" where none is: the conversion said more)."""
+    for key in (*_KEYS.values(), "rms_norm_eps"):
+        value = d.get(key)
+        if value is not None and not _is_number(value):
+            return f" for {key} ({value!r})"
+    return ""
+
+
+def _is_number(value: Any) -> bool:
+    """A number, or text int()/float() read as one ("64" is as good as 64 to the conversion)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float, str)):
+        return False
+    try:
+        float(value)
+    except ValueError:
+        return False
+    return True
+
+
 def _check_positive(obj: object, fields: tuple[str, ...]) -> None:
     """ModelConfigError naming the first of ``fields`` that is not > 0 (what a garbled or
     hand-edited config.json holds; our forward would otherwise answer garbage or crash later)."""
@@ -125,7 +146,7 @@ class LlamaConfig(DecoderShape):
         except (TypeError, ValueError) as exc:
             if isinstance(exc, UnsupportedModelError):
                 raise
-            raise ModelConfigError(f"config.json has an invalid value ({exc})") from None
+            raise ModelConfigError(f"config.json has an invalid value{_culprit(d)} ({exc})") from None
 
     @classmethod
     def _from_dict(cls, d: Mapping[str, Any]) -> LlamaConfig:

@@ -280,3 +280,27 @@ def test_the_cuda_warm_up_sizes_the_cache_and_runs_every_verify_bucket(tiny_conf
     assert seen == list(BUCKETS) and session._cache.length == 0
     steps = [e for e in session.generate_ids([1, 5, 9], SpecConfig(max_new_tokens=4)) if isinstance(e, Step)]
     assert steps  # the session answers as before
+
+
+def test_weight_bytes_of_stored_weights(tiny_config) -> None:
+    """Stored weights (bf16 here; GGUF blocks alike) have no dense embedding table to take a width
+    from: each stored matrix counts the bytes its kernel reads (``bench --peak-bandwidth N`` on a CPU
+    ended in an AttributeError on ``model.embed``)."""
+    from engine.kernels.stored import StoredLinear
+    from engine.models.llama import LlamaModel
+    from engine.models.random_init import random_state_dict
+    from specchat.bench_report import baseline_bandwidth
+
+    _, dense = random_model(str(tiny_config), dtype=torch.float32, device="cpu")
+    state = random_state_dict(dense.config, torch.bfloat16, "cpu")
+    stored = LlamaModel(dense.config, state, dtype=torch.float32, device="cpu", weights="stored")
+    assert stored.embed is None and stored.weights == "stored"
+
+    def matrices(model: LlamaModel) -> list:
+        return [model.lm_head, *(m for layer in model.layers for m in (layer.qkv, layer.o, layer.gate_up, layer.down))]
+
+    assert all(isinstance(m, StoredLinear) for m in matrices(stored))
+    dense_matrix_bytes = sum(4 * m.out_features * m.in_features for m in matrices(dense))
+    want = weight_bytes_per_token(dense) - dense_matrix_bytes + sum(m.nbytes for m in matrices(stored))
+    assert weight_bytes_per_token(stored) == want < weight_bytes_per_token(dense)
+    assert baseline_bandwidth(stored, 50.0, 31.0)["weight_bytes"] == want

@@ -55,9 +55,9 @@ def _weights(seed: int) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
     return cfg, {k: v.detach().clone() for k, v in hf.state_dict().items()}
 
 
-def llama(device: str, seed: int = 0) -> LlamaModel:
+def llama(device: str, seed: int = 0, dtype: torch.dtype = torch.float32) -> LlamaModel:
     cfg, sd = _weights(seed)
-    return LlamaModel(LlamaConfig.from_dict(cfg), dict(sd), device=device)
+    return LlamaModel(LlamaConfig.from_dict(cfg), dict(sd), device=device, dtype=dtype)
 
 
 @functools.cache
@@ -74,16 +74,17 @@ def _head_dir(kind: str) -> Path:
                       draft_vocab=40 if kind == "eagle3" else None)
 
 
-def session(method: str, device: str, adaptive: bool = False) -> Session:
+def session(method: str, device: str, adaptive: bool = False, dtype: torch.dtype = torch.float32,
+            tokens: int = TOKENS) -> Session:
     """A greedy session of ``method`` on ``device``: trees of 3 levels, top-k 2 (chains for n-gram)."""
-    config = SpecConfig(method=method, num_steps=3, eagle_topk=2, num_draft_tokens=6, max_new_tokens=TOKENS,
+    config = SpecConfig(method=method, num_steps=3, eagle_topk=2, num_draft_tokens=6, max_new_tokens=tokens,
                         adaptive_draft=adaptive)
-    target = llama(device)
+    target = llama(device, dtype=dtype)
     tokenizer = TinyTokenizer(stop_ids=frozenset())
     drafters: dict[str, Callable[[], Any]] = {"none": NoDrafter, "ngram": NgramDrafter}
     features = None
     if method == "standalone":
-        draft = llama(device)
+        draft = llama(device, dtype=dtype)
         drafters["standalone"] = lambda: StandaloneDrafter(draft, 97)
     elif method in ("eagle", "eagle3", "medusa"):
         from engine.drafters.draft_loader import load_draft
@@ -220,3 +221,42 @@ def test_eagle_with_the_adaptive_budget_drafts_on_the_device(gpu, monkeypatch: p
     got, counts = run(session("eagle", "cuda", adaptive=True), gpu, monkeypatch)
     assert got == base
     assert max(w for _, w in counts.steady()) <= 2, f"host waits per step {counts.syncs}"
+
+
+@pytest.fixture
+def gpu_kernels(monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
+    """The fake device with the Triton kernels launched (interpreted): bf16 linears and norms run
+    the batch-invariant kernels (engine/gpu/linear.py, rms_norm.py) as on a real GPU."""
+    pytest.importorskip("triton")
+    with fake_cuda(monkeypatch, kernels=True) as state:
+        yield state
+
+
+# eagle3 (the headline method: a head, features, device drafting) in the default suite; every method
+# under `-m slow` (CI runs both): about 45 s a method here, the interpreter running every tile
+BF16_METHODS = [m if m == "eagle3" else pytest.param(m, marks=pytest.mark.slow) for m in METHODS]
+
+
+@pytest.mark.parametrize("method", BF16_METHODS)
+def test_every_method_in_bf16_is_the_bf16_baseline(gpu_kernels, method: str) -> None:
+    """Issue 51: in bf16, with the batch-invariant kernels, every method's greedy answer is the bf16
+    baseline's token for token: a token's logits are the same bits whether it is decoded alone or
+    verified in a tree (cuBLAS-style products that change their reduction with the row count would
+    let a near-tie flip). Few tokens: the interpreter runs every tile in Python."""
+    import engine.gpu.linear as gpu_linear
+
+    calls: list[int] = []
+    real = gpu_linear.invariant_linear
+
+    def counted(*args, **kwargs):
+        calls.append(1)
+        return real(*args, **kwargs)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(gpu_linear, "invariant_linear", counted)
+        base = [c.id for e in session("none", "cuda", dtype=torch.bfloat16, tokens=6).generate_ids(PROMPT)
+                if isinstance(e, Step) for c in e.committed]
+        got = [c.id for e in session(method, "cuda", dtype=torch.bfloat16, tokens=6).generate_ids(PROMPT)
+               if isinstance(e, Step) for c in e.committed]
+    assert calls, "the bf16 model did not run the invariant linears"
+    assert len(base) >= 6 and got == base

@@ -156,6 +156,7 @@ def load_model(
     torch_dtype = pick_dtype(dtype, torch_device)
     if weights not in ("stored", "fp32"):
         raise LoadError(f"unknown --weights {weights!r}; choose stored or fp32")
+    asked = precision
     precision = resolve_precision(precision, weights=weights, device=torch_device, dtype=torch_dtype,
                                   backend=backend)
     stored = (weights == "stored" and torch_device.type == "cpu" and torch_dtype == torch.float32
@@ -193,7 +194,9 @@ def load_model(
                 progress("loading weights", 1, 1)
             key = "smollm2-135m" if resolved.source == "embedded" else ""
             return LoadedModel(net, tokenizer, resolved.name, str(resolved.path), "specchat", resolved.source, key)
-    if precision != "exact":
+    if asked == "auto":
+        precision = "exact"  # `auto` picks what the model can run: transformers' forward computes in fp32
+    elif precision != "exact":
         raise LoadError("the fast precision runs on specchat's own forward; this model needs --backend hf: "
                         "use --precision exact")
     from engine.models.hf import HFModel

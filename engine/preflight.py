@@ -49,7 +49,19 @@ def target_config(model: str | None, *, backend: str = "auto") -> LlamaConfig | 
     except UnsupportedModelError as exc:
         if backend == "specchat" or type(exc) is not UnsupportedModelError:
             raise  # a damaged config (ModelConfigError), or a family --backend specchat cannot run
-        return None  # a family transformers may run: the loader hands it over
+        _check_transformers_knows(raw)
+        return None  # a family transformers runs: the loader hands it over
+
+
+def _check_transformers_knows(raw: dict[str, Any]) -> None:
+    """A model_type neither we nor transformers run (a typo, a damaged config.json) is refused in one
+    line now, instead of a transformers traceback after the weights are read."""
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING_NAMES
+
+    model_type = str(raw.get("model_type", ""))
+    if model_type not in CONFIG_MAPPING_NAMES:
+        raise UnsupportedModelError(f"config.json: model_type {model_type!r} is not a model family specchat or "
+                                    "transformers runs; check the folder's config.json")
 
 
 def _gguf_config(path: Path) -> dict[str, Any] | None:

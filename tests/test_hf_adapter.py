@@ -45,3 +45,22 @@ def test_speculation_through_the_adapter_is_lossless() -> None:
                    drafters={"none": NoDrafter, "standalone": lambda: RandomTreeDrafter(0, oracle, 0.8)})
     got = [c.id for e in spec.generate_ids(prompt) if isinstance(e, Step) for c in e.committed]
     assert got == want
+
+
+def test_auto_precision_runs_a_family_only_transformers_runs_in_exact(tmp_path, monkeypatch) -> None:
+    """``--precision auto`` (the default) picks what the model can run: for a family our forward
+    does not run it is exact on transformers' forward, not "use --precision exact" (the fast
+    precision was settled before the loader knew the model needed transformers)."""
+    import engine.models.families
+    from engine.loader import load_model
+    from engine.models.llama_config import UnsupportedModelError
+    from tests.heads import write_tiny_model
+
+    folder = write_tiny_model(tmp_path / "m", layers=2)
+
+    def not_ours(raw):
+        raise UnsupportedModelError("not a family specchat runs (pretend)")
+
+    monkeypatch.setattr(engine.models.families, "model_for_config", not_ours)
+    loaded = load_model(str(folder), device="cpu", threads=1, precision="auto")
+    assert loaded.backend == "hf" and isinstance(loaded.model, HFModel)

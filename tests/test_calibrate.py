@@ -196,6 +196,8 @@ def test_a_session_whose_calibration_ran_out_of_time_answers_the_same(monkeypatc
         clock = _FakeClock()
         _slowed(model, clock, per_forward)
         monkeypatch.setattr(engine.calibrate, "now", clock)
+        # the thread probe's forwards (none at one thread) would take their share of the deadline
+        monkeypatch.setattr(engine.calibrate, "threads_for_calibration", lambda model, probes=3: 1)
         busy = Session(model, tok, SpecConfig(method="ngram", max_new_tokens=16), calibrate_costs=True)
         busy.cost_shape()
         monkeypatch.undo()
@@ -205,3 +207,25 @@ def test_a_session_whose_calibration_ran_out_of_time_answers_the_same(monkeypatc
         assert answer == reference
         assert (busy.measured_cost_shape is None) == (per_forward == 5.0)
         assert clock.now - before < 40 * per_forward  # the answer's own forwards, no second calibration
+
+
+def test_the_thread_probe_spends_the_same_deadline(monkeypatch) -> None:
+    """Start-up waits for the thread probe and the calibration together: what the probe took is
+    taken from the calibration's 4 s, so a slow probe leaves the curve to the live steps."""
+    import engine.calibrate
+
+    model = our_model("llama", 0)[0]
+    clock = _FakeClock()
+    _slowed(model, clock, 0.5)
+
+    def slow_probe(model, probes=3):
+        clock.now += engine.calibrate.CALIBRATION_DEADLINE_S - 0.2  # the probe used nearly all of it
+        return 1
+
+    monkeypatch.setattr(engine.calibrate, "now", clock)
+    monkeypatch.setattr(engine.calibrate, "threads_for_calibration", slow_probe)
+    session = Session(model, TinyTokenizer(stop_ids=frozenset()), SpecConfig(method="ngram", max_new_tokens=8),
+                      calibrate_costs=True)
+    session.cost_shape()
+    assert session.measured_cost_shape is None  # no room left for three sizes
+    assert clock.now <= engine.calibrate.CALIBRATION_DEADLINE_S + 2 * 0.5 + 1.0

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from specchat.tui.headless import send, wait_until
 
-__all__ = ["palette", "send"]
+__all__ = ["palette", "send", "spy_notes"]
 
 
 async def palette(pilot, typed: str, entry: str) -> None:
@@ -21,3 +21,16 @@ async def palette(pilot, typed: str, entry: str) -> None:
     await wait_until(pilot, lambda: entry in str(
         [str(o.prompt) for o in pilot.app.screen.query_one("CommandList").options]), what=f"palette: {entry}")
     await pilot.press("enter")
+
+
+def spy_notes(app) -> list[str]:
+    """The notifications ``app`` shows from now on, as text (each still shown)."""
+    notes: list[str] = []
+    notify = app.notify
+
+    def spy(message, *args, **kw):
+        notes.append(str(message))
+        return notify(message, *args, **kw)
+
+    app.notify = spy
+    return notes

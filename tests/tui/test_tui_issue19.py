@@ -20,19 +20,7 @@ from specchat.tui.scripted import ScriptedLoader, baseline_answer, synthetic_ans
 from specchat.tui.sessions import list_sessions
 from specchat.tui.trace import UserTurn, read_trace
 from specchat.tui.widgets.transcript import AnswerView
-from tests.tui.helpers import send
-
-
-def _spy_notes(app) -> list[str]:
-    notes: list[str] = []
-    notify = app.notify
-
-    def spy(message, *args, **kw):
-        notes.append(str(message))
-        return notify(message, *args, **kw)
-
-    app.notify = spy
-    return notes
+from tests.tui.helpers import send, spy_notes
 
 
 # --- a saved conversation whose last line was cut ---------------------------------------------------------
@@ -41,7 +29,7 @@ async def test_a_conversation_cut_by_a_crash_is_listed_reopened_and_says_what_wa
     app = make_app(session)
     async with app.run_test(size=SIZE) as pilot:
         await wait_loaded(pilot)
-        notes = _spy_notes(app)
+        notes = spy_notes(app)
         await send(pilot, "first question")
         await wait_idle(pilot)
         saved_path = Path(app.host.record_path)

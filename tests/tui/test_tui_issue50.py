@@ -19,18 +19,7 @@ from specchat.tui.headless import SIZE, make_app, make_session, send, wait_idle,
 from specchat.tui.screens.dialogs import SessionsScreen
 from specchat.tui.sessions import list_sessions, sessions_dir
 from specchat.tui.trace import TraceWriter
-
-
-def _spy_notes(app) -> list[str]:
-    notes: list[str] = []
-    notify = app.notify
-
-    def spy(message, *args, **kw):
-        notes.append(str(message))
-        return notify(message, *args, **kw)
-
-    app.notify = spy
-    return notes
+from tests.tui.helpers import spy_notes
 
 
 # --- a FIFO among the saved conversations --------------------------------------------------------------------
@@ -82,7 +71,7 @@ async def test_a_full_disk_keeps_the_conversation_in_memory_and_says_so_once(mon
     app = make_app(session)
     async with app.run_test(size=SIZE) as pilot:
         await wait_loaded(pilot)
-        notes = _spy_notes(app)
+        notes = spy_notes(app)
         await send(pilot, "first question")
         await wait_idle(pilot)
         await send(pilot, "second question")

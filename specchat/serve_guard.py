@@ -152,9 +152,11 @@ class Guard:
             if why is not None:
                 return web.Response(status=403, text=why + "\n")
             response = await handler(request)
+            # the token never leaves in a Referer (the page's links, its fetches)
+            response.headers.setdefault("Referrer-Policy", "no-referrer")
             if TOKEN_PARAM in request.query and isinstance(response, web.Response):
                 response.set_cookie(self.cookie_name(request), self.token, httponly=True, samesite="Strict",
-                                    path="/")
+                                    path="/", secure=self.public is not None and self.public[0] == "https")
             return response
 
         return guard

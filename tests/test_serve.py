@@ -409,6 +409,8 @@ async def test_the_printed_address_opens_the_page_and_its_cookie_carries_the_sec
     assert response.status == 200 and "textual.js" in await response.text()
     cookie = response.cookies[guard.cookie_name_for(port)]
     assert cookie.value == guard.token and cookie["httponly"] and cookie["samesite"] == "Strict"
+    assert not cookie["secure"]  # plain http on the loopback: a Secure cookie would never come back
+    assert response.headers["Referrer-Policy"] == "no-referrer"  # the token never leaves in a Referer
     assert (await client.get("/static/js/textual.js")).status == 200  # the client kept the cookie
     assert await _ws_status(client, {"Origin": f"http://127.0.0.1:{port}"}) == 101
 
@@ -439,3 +441,21 @@ def test_each_launch_has_its_own_secret():
     first, second = Guard.for_address("127.0.0.1", None), Guard.for_address("127.0.0.1", None)
     assert first.token != second.token and len(first.token) >= 32
     assert first.url("http://127.0.0.1:8000/") == f"http://127.0.0.1:8000/?token={first.token}"
+
+
+async def test_behind_an_https_proxy_the_cookie_is_secure():
+    """With --public-url https://..., the token's cookie is marked Secure (never sent over plain http)."""
+    from aiohttp import web
+    from aiohttp.test_utils import TestClient, TestServer
+
+    guard = Guard.for_address("127.0.0.1", "https://chat.example/")
+    app = web.Application(middlewares=[guard.middleware()])
+    app.router.add_get("/", lambda request: web.Response(text="page"))
+    client = TestClient(TestServer(app))
+    await client.start_server()
+    try:
+        response = await client.get(f"/?token={guard.token}", headers={"Host": "chat.example"})
+        assert response.status == 200
+        assert "Secure" in response.headers["Set-Cookie"]
+    finally:
+        await client.close()

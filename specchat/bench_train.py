@@ -115,14 +115,11 @@ def _rows_target(options: BenchOptions) -> tuple[Any, Any, list, list[int]]:
     """The target (threads set), our engine's model (refused without the rows engine), the prompt
     list and the EAGLE-3 capture layers: what both benchmarks generate data with."""
     from engine.loader import configure_threads
-    from engine.preflight import target_config
     from engine.train.eagle3_head import default_aux_layer_ids
     from engine.train.pipeline import load_target, prompt_list_and_digest
+    from specchat.preflight import check_capture_layers
 
-    # from its files: a target too shallow to capture from, refused before the load
-    config = target_config(options.target.model)
-    if config is not None:
-        default_aux_layer_ids(config.num_layers)
+    check_capture_layers(options.target.model)  # a target too shallow to capture from, before the load
     configure_threads(options.target.threads)
     target = load_target(options.target.model)
     model = target.engine

@@ -53,10 +53,21 @@ def _check_device(device: str | None) -> None:
 
 def check_train_target(options: TrainDraftOptions) -> None:
     """train-draft: the target's config, and enough layers for an EAGLE-3 head."""
+    if options.method == "eagle3":
+        check_capture_layers(options.model)
+    else:
+        from engine.preflight import target_config
+
+        target_config(options.model)
+
+
+def check_capture_layers(model: str | None) -> None:
+    """The target's config from its files, deep enough for an EAGLE-3 head to capture its layers
+    (train-draft, bench's data engine): refused in one line before the target loads."""
     from engine.preflight import target_config
 
-    config = target_config(options.model)
-    if config is not None and options.method == "eagle3":
+    config = target_config(model)
+    if config is not None:
         from engine.train.eagle3_head import default_aux_layer_ids
 
         default_aux_layer_ids(config.num_layers)

@@ -324,8 +324,10 @@ class EngineHost:
                 self._run_job(job)
             except Exception as exc:
                 error = _one_line(exc)
-            finally:
+            try:
                 self._precision.end()  # a switch asked for meanwhile (checked when asked for)
+            except Exception as exc:  # it failed after all: the old precision stays, the engine goes on
+                error = error or f"the precision was not switched: {_one_line(exc)}"
             self.mailbox.put(JobDone(job.id, job.kind, error))
 
     def _save(self, write: Callable[[], object]) -> None:

@@ -92,7 +92,7 @@ class PendingChange(Generic[T]):
             return done
 
     def _take(self) -> T | None:
-        pending = self._pending
+        pending, self._pending = self._pending, None  # a change that fails to apply is dropped, not retried
         if pending is not None:
             self._put(pending)
         return pending

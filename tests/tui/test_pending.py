@@ -48,3 +48,22 @@ def test_the_ui_copy_holds_what_the_host_holds_and_settles_on_the_engines_report
     shown.hold("fast")
     assert shown.settle("exact") is False and shown.pending == "fast"  # another report: still waiting
     assert shown.settle("fast") is True and (shown.value, shown.pending) == ("fast", None)
+
+
+def test_a_held_change_that_fails_when_the_job_ends_is_dropped_and_the_old_value_stays() -> None:
+    """The host applies a held switch when a job ends; if that fails the value in force stays and the
+    change is not retried after every later job."""
+    calls: list[str] = []
+
+    def apply(value: str) -> None:
+        calls.append(value)
+        raise RuntimeError("out of memory")
+
+    change = PendingChange("exact", apply)
+    change.begin()
+    change.ask("fast")  # held while the job runs
+    with pytest.raises(RuntimeError):
+        change.end()
+    assert (change.value, change.pending) == ("exact", None)
+    change.begin()
+    assert change.end() is None and calls == ["fast"]

@@ -11,17 +11,23 @@ Kernel tests take ``kernel_device``: CPU tensors under the interpreter where the
 tensors and compiled kernels where there is one, so the whole kernel matrix runs compiled on a GPU
 machine (the compiled kernels are what the engine launches). ``interpret`` stays for tests that
 need the interpreter on CPU tensors (a CPU model's forward); they skip on a GPU machine.
+
+Under the interpreter every ``tl.dot`` is tests/gpu/tensor_core.py's (a fixed, documented reduction
+order in numpy elementwise fp32) instead of the interpreter's ``numpy.matmul``: with the host's BLAS,
+whether a row's bits depend on its place in a tile was a property of the machine (issue 55).
 """
 
 from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Iterator
 
 import pytest
 import torch
 
 from engine.gpu import triton_available
+from tests.gpu.tensor_core import TensorCore, installed
 
 _INTERPRETER_READY = False
 if triton_available() and not torch.cuda.is_available() and "triton" not in sys.modules:
@@ -34,6 +40,16 @@ if triton_available() and not torch.cuda.is_available() and "triton" not in sys.
         del os.environ["TRITON_INTERPRET"]
     else:
         os.environ["TRITON_INTERPRET"] = _saved
+
+
+@pytest.fixture(scope="session", autouse=True)
+def tensor_core() -> Iterator[TensorCore | None]:
+    """The interpreter's ``tl.dot`` for the whole session (None where nothing is interpreted)."""
+    if not _INTERPRETER_READY:
+        yield None
+        return
+    with pytest.MonkeyPatch.context() as patch, installed(patch) as core:
+        yield core
 
 
 @pytest.fixture

@@ -89,10 +89,11 @@ def test_random_weights_bench_on_cpu(tiny_config, tmp_path, capsys) -> None:
     bandwidth = report["bandwidth"]
     assert bandwidth["peak_gbps"] == 31 and bandwidth["ms_per_token"] > 0
     assert bandwidth["fraction_of_limit"] == pytest.approx(bandwidth["achieved_gbps"] / 31, abs=1e-4)
-    # the report rounds ms_per_token to the microsecond: a tiny model's rate lies within that rounding
+    # the report rounds ms_per_token to the microsecond and GB/s to the MB/s: the rate lies within both
+    # roundings (a tiny model streams ~0.05 GB/s, so the second is ~1% of it, more on a faster host)
     ms, nbytes = bandwidth["ms_per_token"], bandwidth["weight_bytes"]
     low, high = nbytes / (ms + 5e-4) / 1e6, nbytes / max(ms - 5e-4, 1e-9) / 1e6
-    assert low * 0.999 <= bandwidth["achieved_gbps"] <= high * 1.001
+    assert low - 5e-4 <= bandwidth["achieved_gbps"] <= high + 5e-4
     assert "fraction of the limit" in capsys.readouterr().out
 
 

@@ -15,6 +15,7 @@ assertions run compiled on a GPU machine, where the bits come from the tensor co
 from __future__ import annotations
 
 import dataclasses
+from collections import Counter
 from collections.abc import Callable
 
 import pytest
@@ -23,8 +24,9 @@ import torch.nn.functional as F
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from engine.gpu.linear import BLOCK_M, config_for, invariant_linear
+from engine.gpu.linear import BLOCK_M, TileConfig, config_for, invariant_linear
 from engine.gpu.rms_norm import invariant_rms_norm
+from tests.gpu.tensor_core import TensorCore
 
 PREFILL = BLOCK_M + 6  # two row blocks, the second partial: a prefill of more than one tile
 ALL_COUNTS = tuple(range(1, BLOCK_M + 1))
@@ -89,18 +91,76 @@ def test_bias_fp32_output_and_ragged_edges(kernel_device) -> None:
     assert torch.equal(y.reshape(6, 45), invariant_linear(x, w, bias)[:6])
 
 
-def test_the_check_catches_a_k_order_that_follows_the_row_count(kernel_device) -> None:
-    """What cuBLAS's per-shape choices amount to (another K step for more rows), with fp32 out so
-    no bf16 rounding hides it: the invariance check must fail, or it proves nothing."""
+def _by_rows(pick: Callable[[int, TileConfig], TileConfig]) -> Callable[..., torch.Tensor]:
+    """A mutant of the kernel's launch: the tile config chosen by the call's row count."""
+
+    def linear(rows: torch.Tensor, weight: torch.Tensor, **kwargs) -> torch.Tensor:
+        config = config_for(*weight.shape)
+        return invariant_linear(rows, weight, config=pick(rows.shape[0], config), **kwargs)
+
+    return linear
+
+
+def _split_k_below_a_tile(rows: torch.Tensor, weight: torch.Tensor, **kwargs) -> torch.Tensor:
+    """A mutant: split-K for small calls (two half reductions added at the end), as cuBLAS does for
+    a few rows of a long K."""
+    if rows.shape[0] >= BLOCK_M:
+        return invariant_linear(rows, weight, **kwargs)
+    half = weight.shape[1] // 2
+    return (invariant_linear(rows[:, :half].contiguous(), weight[:, :half].contiguous(), **kwargs)
+            + invariant_linear(rows[:, half:].contiguous(), weight[:, half:].contiguous(), **kwargs))
+
+
+# what cuBLAS's per-shape choices amount to; the invariance check must fail on each, on every machine,
+# or it proves nothing (fp32 out, so no bf16 rounding can hide a difference)
+MUTANTS = {
+    "k-step-by-rows": _by_rows(lambda m, c: c if m == 1 else dataclasses.replace(c, block_k=16)),
+    "tile-rows-by-rows": _by_rows(lambda m, c: dataclasses.replace(c, block_m=16) if m <= 16 else c),
+    "split-k-by-rows": _split_k_below_a_tile,
+}
+
+
+@pytest.mark.parametrize("mutant", MUTANTS.values(), ids=MUTANTS.keys())
+def test_the_check_catches_a_kernel_that_follows_the_row_count(kernel_device, mutant) -> None:
     x, w = random_case(32, 512, PREFILL, seed=5, device=kernel_device)
-    config = config_for(32, 512)
-
-    def by_rows(rows: torch.Tensor, weight: torch.Tensor, **kwargs) -> torch.Tensor:
-        step = config if rows.shape[0] == 1 else dataclasses.replace(config, block_k=16)
-        return invariant_linear(rows, weight, config=step, **kwargs)
-
+    check_rows_invariant(x, w, (1,), out_dtype=torch.float32)  # the kernel itself passes
     with pytest.raises(AssertionError, match="differ from the prefill's"):
-        check_rows_invariant(x, w, (1,), linear=by_rows, out_dtype=torch.float32)
+        check_rows_invariant(x, w, (1,), linear=mutant, out_dtype=torch.float32)
+
+
+def check_same_tiles(core: TensorCore, x: torch.Tensor, w: torch.Tensor, counts: tuple[int, ...],
+                     linear: Callable[..., torch.Tensor] = invariant_linear) -> None:
+    """The kernel's structure, read from the dots it issues: a call of any row count runs exactly the
+    tiles of one of the prefill's row blocks (the same tile shapes, as many of each)."""
+    def dots(rows: torch.Tensor) -> Counter:
+        with core.recording() as seen:
+            linear(rows, w)
+        return Counter(seen)
+
+    full = dots(x)
+    blocks = -(-x.shape[0] // BLOCK_M)
+    one_block = Counter({shape: n // blocks for shape, n in full.items()})
+    assert sum(one_block.values()) * blocks == sum(full.values())
+    for m in counts:
+        got = dots(x[:m])
+        assert got == one_block, f"{m} rows ran other tiles than a row block of the prefill: {got} != {one_block}"
+
+
+def test_every_row_count_runs_the_same_tiles(kernel_device, tensor_core: TensorCore | None) -> None:
+    """One tile shape and one K walk for every M (the interpreter only: it sees each dot)."""
+    if tensor_core is None:
+        pytest.skip("compiled kernels: the dots are read from the compiled code (test_compile_sm90.py)")
+    n, k = 45, 200  # a ragged last K step and column tile
+    x, w = random_case(n, k, PREFILL, seed=9, device=kernel_device)
+    check_same_tiles(tensor_core, x, w, (1, 2, 17, 64))
+    cfg = config_for(n, k)
+    with tensor_core.recording() as seen:
+        invariant_linear(x[:3], w)
+    assert set(seen) == {((cfg.block_m, cfg.block_k), (cfg.block_k, cfg.block_n))}
+    assert len(seen) == -(-n // cfg.block_n) * -(-k // cfg.block_k)  # no split of K: one dot a K step
+    for name in ("k-step-by-rows", "tile-rows-by-rows"):
+        with pytest.raises(AssertionError, match="ran other tiles"):
+            check_same_tiles(tensor_core, x, w, (1,), linear=MUTANTS[name])
 
 
 def test_refuses_mixed_dtypes(kernel_device) -> None:

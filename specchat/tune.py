@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 from engine.config import METHOD_KNOBS, ConfigError, knobs_for
 from engine.errors import UserError
 from engine.prompts import Prompt, load_prompts
-from specchat.bench import load_sessions, run_ours, weights_modes
+from specchat.bench import check_prompts_fit, load_sessions, run_ours, weights_modes
 from specchat.bench_report import Row, StepSplit, machine_info
 from specchat.bench_warmup import capture_verify_graphs, size_cache_for
 from specchat.export import EMBEDDED_HUB_ID, launch_line, serving_model
@@ -261,6 +261,7 @@ def run_tune(options: TuneOptions) -> int:
     if options.save_settings:
         prepare_json_out(options.save_settings, flag="--save-settings")
     session = load_sessions(options, base, modes)[modes[0]]
+    check_prompts_fit("tune", session, prompts, [base, *(s.config for search in searches for s in search.points.values())])
     baseline = base.replace(method="none")
     sweep = Sweep(modes[0], Row("none", modes[0]))
     for search in searches:

@@ -50,6 +50,8 @@ def case(id: str, argv: str | tuple[str, ...], message: str, **kwargs) -> Case:
 
 PROMPTS = b.jsonl("p.jsonl", {"prompt": "hello"})
 TRACE = b.trace("t.jsonl")
+LONG = "hello world " * 400  # past the tiny model's context of 256 tokens
+LONG_PROMPTS = b.jsonl("long.jsonl", {"prompt": "hi"}, {"prompt": LONG})
 M = MODEL
 # the behaviour wanted where issue 50 found it wrong, and where this suite found more
 LATE = "issue 50: refused clearly, but only after the target model loaded"
@@ -349,6 +351,14 @@ BENCH = [
     case("bench-threads-zero", f"bench {M} --prompts {TMP}/p.jsonl --threads 0", r"threads", files=(PROMPTS,)),
     case("bench-max-new-tokens-huge", f"bench {M} --prompts {TMP}/p.jsonl --max-new-tokens 1000000000000",
          r"max.new.tokens", files=(PROMPTS,), loads_model=True),
+    case("bench-prompt-too-long", f"bench {M} --prompts {TMP}/long.jsonl --max-new-tokens 4 --json {TMP}/r.json",
+         r"bench: 1 of 2 prompts do not fit the model's context of 256 tokens .*long\.jsonl:2, \d+ tokens\); "
+         r"shorten or remove that row$", files=(LONG_PROMPTS,), loads_model=True),
+    case("bench-conversation-too-long", f"bench {M} --prompts {TMP}/long.jsonl --max-new-tokens 4",
+         r"long\.jsonl:1, \d+ tokens\); shorten or remove that row \(or --context-overflow drop_oldest",
+         files=(b.jsonl("long.jsonl", {"messages": [{"role": "user", "content": LONG}, {"role": "assistant",
+                                                    "content": "ok"}, {"role": "user", "content": "hi"}]}),),
+         loads_model=True),
     case("bench-eagle3-without-draft", f"bench {M} --prompts {TMP}/p.jsonl --methods eagle3",
          r"--method eagle3 needs --draft", files=(PROMPTS,)),
 ]
@@ -396,6 +406,9 @@ TUNE = [
          r"--save-settings .*folder", files=(PROMPTS,)),
     case("tune-grid-num-steps-huge", f"tune {M} --prompts {TMP}/p.jsonl --methods eagle3 --grid num_steps=99999",
          r"--grid: num_steps must be an integer from 1 to 32.*got 99999", files=(PROMPTS,)),
+    case("tune-prompt-too-long", f"tune {M} --prompts {TMP}/long.jsonl --max-new-tokens 4 --minutes 1",
+         r"tune: 1 of 2 prompts do not fit the model's context of 256 tokens", files=(LONG_PROMPTS,),
+         loads_model=True),
     case("tune-threads-zero", f"tune {M} --prompts {TMP}/p.jsonl --threads 0", r"threads", files=(PROMPTS,)),
 ]
 

@@ -87,6 +87,13 @@ RUN = [
          r"argument --temperature: must be a number from 0 to 10"),
     case("run-nan-temperature", f"run {M} --temperature nan", r"argument --temperature: must be a number from 0 to 10"),
     case("run-inf-temperature", f"run {M} --temperature inf", r"argument --temperature: must be a number from 0 to 10"),
+    case("run-temperature-near-zero", f"run {M} --temperature 1e-38",
+         r"argument --temperature: must be a number from 0 to 10 \(0 = greedy; otherwise at least 0\.001\), "
+         r"got '1e-38'; use --temperature 0 for greedy"),
+    case("generate-temperature-near-zero", f"generate {M} --prompt hi --temperature 0.0001",
+         r"use --temperature 0 for greedy"),
+    case("run-settings-temperature-near-zero", f"run {M} --settings {TMP}/s.json", r"use --temperature 0 for greedy",
+         files=(b.json_file("s.json", {"temperature": 1e-38}),)),
     case("run-top-p-above-one", f"run {M} --top-p 2", r"argument --top-p: must be a number above 0 and up to 1"),
     case("run-top-p-nan", f"run {M} --top-p nan", r"argument --top-p: must be a number above 0 and up to 1"),
     case("run-negative-top-k", f"run {M} --top-k -1", r"argument --top-k: must be an integer from 0 to 262_144"),

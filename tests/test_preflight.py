@@ -100,7 +100,7 @@ def test_every_loading_command_checks_first(tiny, no_load, capsys, tmp_path: Pat
     model, _, wide_head = tiny
     prompts = tmp_path / "p.jsonl"
     prompts.write_text(json.dumps({"prompt": "hi"}) + "\n")
-    extra = ["--prompts", str(prompts)] if command in ("bench", "tune") else []
+    extra = ["--prompts", str(prompts), "--methods", "eagle3"] if command in ("bench", "tune") else []
     _refused(capsys, [command, str(model), "--draft", str(wide_head), *extra], "hidden size 64")
 
 

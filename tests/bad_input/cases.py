@@ -58,6 +58,7 @@ LATE = "issue 50: refused clearly, but only after the target model loaded"
 BOUNDS = "issue 50: knob bounds"
 STEPS_BOUND = r"argument --speculative-num-steps: must be an integer from 1 to 32"  # 99999 levels a step: a hang
 NEW = "new in the bad-input suite: "
+NO_DRAFT = r"--draft is for eagle/eagle3/standalone/medusa; drop it or "  # a draft no method of the command runs
 GGUF_BAD = r"(is not a (readable )?GGUF file|cannot be read)"  # a damaged GGUF, named by our reader or gguf-py
 
 GLOBAL = [
@@ -251,6 +252,13 @@ GENERATE = [
     case("generate-settings-num-steps-huge", f"generate {M} --prompt hi --settings {TMP}/s.json", r"num_steps",
          files=(b.json_file("s.json", {"num_steps": 99999}),)),
     case("generate-missing-draft", f"generate {M} --prompt hi --draft {TMP}/nohead", r"nohead"),
+    case("generate-draft-with-ngram", f"generate {M} --prompt hi --method ngram --draft {TMP}/h",
+         NO_DRAFT + "pick a method that uses it$", files=(b.head("h"),)),
+    case("generate-draft-with-none", f"generate {M} --prompt hi --method none --draft {TMP}/h",
+         NO_DRAFT + "pick a method that uses it$", files=(b.head("h"),)),
+    case("generate-draft-with-ngram-in-settings",
+         f"generate {M} --prompt hi --settings {TMP}/s.json --draft {TMP}/h",
+         NO_DRAFT + "pick", files=(b.head("h"), b.json_file("s.json", {"method": "ngram"}))),
     case("generate-eagle3-without-draft", f"generate {M} --prompt hi --method eagle3", r"needs --draft"),
     case("generate-head-wrong-width", f"generate {M} --prompt hi --method eagle3 --draft {TMP}/h",
          r"hidden size 64", files=(b.head("h", hidden=64),)),
@@ -366,6 +374,8 @@ BENCH = [
          files=(b.jsonl("long.jsonl", {"messages": [{"role": "user", "content": LONG}, {"role": "assistant",
                                                     "content": "ok"}, {"role": "user", "content": "hi"}]}),),
          loads_model=True),
+    case("bench-draft-no-method-uses", f"bench {M} --prompts {TMP}/p.jsonl --draft {TMP}/h",
+         NO_DRAFT + "add one of them to --methods$", files=(PROMPTS, b.head("h"))),
     case("bench-eagle3-without-draft", f"bench {M} --prompts {TMP}/p.jsonl --methods eagle3",
          r"--method eagle3 needs --draft", files=(PROMPTS,)),
 ]
@@ -413,6 +423,8 @@ TUNE = [
          r"--save-settings .*folder", files=(PROMPTS,)),
     case("tune-grid-num-steps-huge", f"tune {M} --prompts {TMP}/p.jsonl --methods eagle3 --grid num_steps=99999",
          r"--grid: num_steps must be an integer from 1 to 32.*got 99999", files=(PROMPTS,)),
+    case("tune-draft-no-method-uses", f"tune {M} --prompts {TMP}/p.jsonl --methods ngram --draft {TMP}/h",
+         NO_DRAFT + "add one of them to --methods$", files=(PROMPTS, b.head("h"))),
     case("tune-prompt-too-long", f"tune {M} --prompts {TMP}/long.jsonl --max-new-tokens 4 --minutes 1",
          r"tune: 1 of 2 prompts do not fit the model's context of 256 tokens", files=(LONG_PROMPTS,),
          loads_model=True),

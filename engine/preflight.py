@@ -12,9 +12,12 @@ draft) is left to the loader.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from engine.models.llama_config import LlamaConfig, UnsupportedModelError
+
+if TYPE_CHECKING:
+    from engine.config import SpecConfig
 
 
 def target_config(model: str | None, *, backend: str = "auto") -> LlamaConfig | None:
@@ -80,10 +83,13 @@ def _gguf_config(path: Path) -> dict[str, Any] | None:
 
 def check_files(model: str | None, *, backend: str = "auto", method: str = "none", draft: str | None = None,
                 draft_revision: str | None = None, token_map: str | None = None, ngram_corpus: str = "auto",
-                allow_pickle: bool = False, method_from_draft: bool = False) -> LlamaConfig | None:
+                allow_pickle: bool = False, method_from_draft: bool = False,
+                answer: SpecConfig | None = None) -> LlamaConfig | None:
     """Every check :func:`engine.loader.load_session` makes that needs only files, with its
     arguments: the target's config, the n-gram corpus folders, a draft method's draft, and the
     draft itself against the target (format, pickle, kind, widths, weight shapes, token map).
+    ``answer``: settings whose ``max_new_tokens`` the user gave, refused where longer than the
+    context the config says (the session's own check, met before the weights open).
     Returns the target's config (None where it is not known before loading: see
     :func:`target_config`). Raises the loader's own UserErrors, each one line."""
     from engine.drafters.corpus_files import shard_files
@@ -92,6 +98,10 @@ def check_files(model: str | None, *, backend: str = "auto", method: str = "none
     from engine.models.resolve import EMBEDDED_NAME, is_embedded, is_hub_id
 
     config = target_config(model, backend=backend)
+    if answer is not None and config is not None:
+        from engine.conversation import check_answer_length
+
+        check_answer_length(answer, config.max_position_embeddings)  # what LlamaModel.context_limit says
     if ngram_corpus not in ("auto", "none"):
         shard_files(corpus_folders(ngram_corpus))
     shipped = shipped_heads(EMBEDDED_NAME) if is_embedded(model) and backend != "hf" else {}

@@ -11,7 +11,7 @@ one line within a second, instead of after the loading screen.
 from __future__ import annotations
 
 from specchat.command_options import BenchOptions, CommandOptions, Options, RunOptions, TrainDraftOptions, TuneOptions
-from specchat.options import ALGORITHMS, UsageError, draft_options, make_config
+from specchat.options import ALGORITHMS, UsageError, draft_options, make_config, settings_from, spec_overrides
 
 
 def check_files(options: Options) -> None:
@@ -28,11 +28,13 @@ def check_files(options: Options) -> None:
     drafts = draft_options(options)
     target = options.target
     _check_draft_used(options, config.method, drafts)
+    # a length the user gave (a command's own default is its business) against the config's context
+    given = "max_new_tokens" in spec_overrides(options.spec) or "max_new_tokens" in settings_from(options.spec)
     for method in _methods(options, config.method):
         check(target.model, backend=target.backend or "auto", method=method,
               draft=drafts["draft"], draft_revision=drafts["draft_revision"], token_map=drafts["token_map"],
               ngram_corpus=drafts["ngram_corpus"], allow_pickle=target.allow_pickle,
-              method_from_draft=drafts["method_from_draft"])
+              method_from_draft=drafts["method_from_draft"], answer=config if given else None)
 
 
 def _methods(options: CommandOptions, method: str) -> list[str]:

@@ -88,6 +88,15 @@ def gguf(name: str, *, magic: bytes = b"GGUF", version: int = 3, n_tensors: int 
     return text(name, magic + struct.pack("<IQQ", version, n_tensors, n_kv) + tail)
 
 
+def tiny_gguf(name: str) -> Make:
+    """A complete tiny llama GGUF (weights, tokenizer; a context of 256), as llama.cpp's converter writes one."""
+    def make(w: Where) -> None:
+        from test_gguf_convert import write_tiny_gguf
+
+        write_tiny_gguf(w.tmp / name)
+    return make
+
+
 def trace(name: str, *records: Any, header: dict[str, Any] | None = None) -> Make:
     """A trace: a specchat-trace header (or ``header``), then the records."""
     from specchat.tui.trace import make_header

@@ -374,6 +374,9 @@ BENCH = [
     case("bench-prompt-empty-string", f"bench {M} --prompts {TMP}/e.jsonl", r"e\.jsonl:1: 'prompt' is empty",
          files=(b.jsonl("e.jsonl", {"prompt": ""}),)),
     case("bench-cost-curve-negative-context", f"bench {M} --cost-curve --context -5", r"context"),
+    case("bench-cost-curve-context-past-the-model", f"bench {M} --cost-curve --context 1000",
+         r"--context 1000 and a tree of 64 tokens do not fit the model's context of 256 tokens; use --context 192 or "
+         r"less", loads_model=True),
     case("bench-peak-bandwidth-negative", f"bench {M} --prompts {TMP}/p.jsonl --peak-bandwidth -1",
          r"peak.bandwidth", files=(PROMPTS,)),
     case("bench-data-engine-few-layers", f"bench {M} --data-engine 4", r"at least \d+ layers \(this one has 2\)"),

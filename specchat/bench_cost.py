@@ -40,7 +40,8 @@ def run_cost_curve(sessions: dict[str, Any], options: BenchOptions) -> int:
     room = first.context_limit - max(SIZES)
     if options.context > room:  # positions past the context: a curve of a model running where it never trained
         raise UsageError(f"bench --cost-curve: --context {options.context} and a tree of {max(SIZES)} tokens do not "
-                         f"fit the model's context of {first.context_limit} tokens; use --context {max(room, 0)} or less")
+                         f"fit the model's context of {first.context_limit} tokens; "
+                         f"use --context {max(room, 0)} or less")
     curves = {f"specchat {w}": measure_cost_curve(s.model, options.context) for w, s in sessions.items()}
     if "hf" in [p.strip() for p in options.peers.split(",")]:
         from engine.models.hf import HFModel

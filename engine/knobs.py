@@ -45,6 +45,9 @@ class Knob:
     low: float | None = None  # bounds, inclusive (low exclusive where low_open)
     high: float | None = None
     low_open: bool = False
+    # values above 0 and below this are refused, 0 itself allowed (temperature: 0 is greedy, 1e-38 overflows)
+    least_nonzero: float | None = None
+    zero_means: str = ""  # what 0 does, said where a value too near it is refused ("greedy")
     choices: tuple[str, ...] = ()
     value_aliases: tuple[tuple[str, str], ...] = ()  # other names of a choice (eagle2 -> eagle)
     optional: bool = False  # None is a value too (seed: none = a fresh one each answer)
@@ -62,7 +65,8 @@ class Knob:
             raise ConfigError(f"{self.name} must be one of {', '.join(self.choices)}{self._flag_note()}, "
                               f"got {value!r}")
         if self.kind in (int, float) and not self.in_range(value):
-            raise ConfigError(f"{self.name} must be {self.describe()}{self._flag_note()}, got {value!r}")
+            raise ConfigError(f"{self.name} must be {self.describe()}{self._flag_note()}, got {value!r}"
+                              f"{self.advice(value)}")
 
     def accepts_type(self, value: Any) -> bool:
         """bool is no int; an int is a float; a float must be finite."""
@@ -77,7 +81,15 @@ class Knob:
     def in_range(self, value: float) -> bool:
         if self.low is not None and (value <= self.low if self.low_open else value < self.low):
             return False
+        if self.least_nonzero is not None and 0 < value < self.least_nonzero:
+            return False
         return self.high is None or value <= self.high
+
+    def advice(self, value: Any) -> str:
+        """What to type instead of a value just above 0 (``least_nonzero``): "" for any other."""
+        if self.least_nonzero is None or not self.accepts_type(value) or not 0 < value < self.least_nonzero:
+            return ""
+        return f"; use {self.flag or self.name} 0 for {self.zero_means or 'off'}"
 
     def describe(self) -> str:
         """What values are allowed, in words: 'an integer from 1 to 32'."""
@@ -94,6 +106,8 @@ class Knob:
         else:
             span = f"<= {_num(self.high)}" if self.high is not None else ""
         extra = " or none" if self.optional else ""
+        if self.least_nonzero is not None:
+            extra += f" (0 = {self.zero_means or 'off'}; otherwise at least {_num(self.least_nonzero)})"
         return f"{noun} {span}{extra}".strip()
 
     def canonical(self, text: str) -> str | None:
@@ -167,7 +181,9 @@ _KNOBS: tuple[Knob, ...] = (
     Knob("adaptive_draft", bool, True, "verify only the part of each draft tree expected to pay (off in "
          "teaching mode)", "--adaptive-draft", label="adaptive draft"),
     Knob("temperature", float, 0.0, "0 = greedy (identical to the baseline)", "--temperature", low=0, high=10,
-         label="temperature", why="past 10 every distribution is flat noise"),
+         least_nonzero=1e-3, zero_means="greedy", label="temperature",
+         why="past 10 every distribution is flat noise; below 0.001 it is greedy in all but name, and the "
+             "logits divided by 1e-38 overflow to inf (every token then tied): 0 says greedy"),
     Knob("top_p", float, 1.0, "nucleus sampling cut-off", "--top-p", low=0, high=1, low_open=True, label="top_p"),
     Knob("top_k", int, 0, "sample among the k likeliest (0 = off)", "--top-k", low=0, high=262_144,
          why="262,144 is the largest vocabulary of a supported family (Gemma 3)"),

@@ -11,10 +11,14 @@ draft) is left to the loader.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from engine.models.llama_config import LlamaConfig, UnsupportedModelError
+
+if TYPE_CHECKING:
+    from engine.config import SpecConfig
 
 
 def target_config(model: str | None, *, backend: str = "auto") -> LlamaConfig | None:
@@ -80,10 +84,16 @@ def _gguf_config(path: Path) -> dict[str, Any] | None:
 
 def check_files(model: str | None, *, backend: str = "auto", method: str = "none", draft: str | None = None,
                 draft_revision: str | None = None, token_map: str | None = None, ngram_corpus: str = "auto",
-                allow_pickle: bool = False, method_from_draft: bool = False) -> LlamaConfig | None:
+                allow_pickle: bool = False, method_from_draft: bool = False,
+                answer: SpecConfig | None = None, warn: Callable[[str], None] | None = None
+                ) -> LlamaConfig | None:
     """Every check :func:`engine.loader.load_session` makes that needs only files, with its
     arguments: the target's config, the n-gram corpus folders, a draft method's draft, and the
     draft itself against the target (format, pickle, kind, widths, weight shapes, token map).
+    ``answer``: settings whose ``max_new_tokens`` the user gave, refused where longer than the
+    context the config says (the session's own check, met before the weights open).
+    ``warn``: takes one line about a draft that runs but cannot pay (a standalone draft no smaller
+    than the target).
     Returns the target's config (None where it is not known before loading: see
     :func:`target_config`). Raises the loader's own UserErrors, each one line."""
     from engine.drafters.corpus_files import shard_files
@@ -92,6 +102,10 @@ def check_files(model: str | None, *, backend: str = "auto", method: str = "none
     from engine.models.resolve import EMBEDDED_NAME, is_embedded, is_hub_id
 
     config = target_config(model, backend=backend)
+    if answer is not None and config is not None:
+        from engine.conversation import check_answer_length
+
+        check_answer_length(answer, config.max_position_embeddings)  # what LlamaModel.context_limit says
     if ngram_corpus not in ("auto", "none"):
         shard_files(corpus_folders(ngram_corpus))
     shipped = shipped_heads(EMBEDDED_NAME) if is_embedded(model) and backend != "hf" else {}
@@ -101,6 +115,53 @@ def check_files(model: str | None, *, backend: str = "auto", method: str = "none
     if not Path(draft).expanduser().exists() and is_hub_id(draft):
         return config  # fetched and checked by the loader
     wanted = method if method in DRAFT_METHODS and not method_from_draft else None
-    check_draft(draft, config, method=wanted, allow_pickle=allow_pickle, revision=draft_revision,
-                token_map=token_map)
+    kind, draft_path = check_draft(draft, config, method=wanted, allow_pickle=allow_pickle, revision=draft_revision,
+                                   token_map=token_map)
+    if kind == "standalone":
+        _check_standalone(model, draft, draft_path, config, warn)
     return config
+
+
+def _check_standalone(model: str | None, draft: str, draft_path: Path, config: LlamaConfig,
+                      warn: Callable[[str], None] | None) -> None:
+    """A standalone draft, from the files of both: not the target itself, the target's tokenizer
+    (it was refused only once both models had loaded, 17-33 s in), and smaller than the target
+    (else one warning line)."""
+    from engine.drafters.draft_loader import DraftLoadError, check_standalone
+    from engine.models.resolve import is_embedded
+
+    target = None if is_embedded(model) else Path(str(model).strip()).expanduser()
+    if target is not None and target.exists() and _same_model(target, draft_path):
+        raise DraftLoadError(f"--draft {draft} is the target itself, which cannot draft faster than it answers; "
+                             "pick a smaller model of the same family, or --method ngram")
+    note = check_standalone(draft_path, draft, config, _target_tokenizer(target))
+    if note and warn is not None:
+        warn(note)
+
+
+def _same_model(target: Path, draft: Path) -> bool:
+    """The same folder, or a folder whose weights are the target's file (a link, a hard link)."""
+    if target.resolve() == draft.resolve():
+        return True
+    weights = target / "model.safetensors"
+    theirs = draft / "model.safetensors"
+    return weights.is_file() and theirs.is_file() and weights.samefile(theirs)
+
+
+def _target_tokenizer(target: Path | None) -> Any:
+    """What the target's tokenizer is, from its files: a Tokenizer (a folder), the token list of a
+    GGUF's header, or None where only the loader knows it (the embedded model, a hub id)."""
+    if target is None:
+        return None
+    if target.is_dir() and (target / "tokenizer.json").is_file():
+        from engine.tokenizer import Tokenizer
+
+        return Tokenizer.from_dir(target)
+    if target.is_file() and target.suffix.lower() == ".gguf":
+        from gguf import GGUFReader
+
+        from engine.models.gguf_convert import read_metadata
+
+        tokens = read_metadata(GGUFReader(str(target)), with_vocab=True).get("tokenizer.ggml.tokens")
+        return list(tokens) if tokens else None
+    return None

@@ -8,7 +8,7 @@ can act on (:class:`PromptFileError`, a UserError).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -35,6 +35,7 @@ class Prompt:
     id: str
     messages: Messages | None = None
     text: str | None = None
+    where: str = field(default="", compare=False)  # "file:line", for a refusal that names the row
 
     def ids(self, tokenizer: _ChatTokenizer) -> list[int]:
         """The token ids the model reads: the raw text, or the messages through the chat template."""
@@ -65,16 +66,16 @@ def parse_prompt(row: dict[str, Any], where: str, default_id: str) -> Prompt:
         if not (isinstance(msgs, list) and msgs and all(
                 isinstance(m, dict) and isinstance(m.get("content"), str) and m.get("role") for m in msgs)):
             raise PromptFileError(f"{where}: 'messages' must be a list of {{role, content}} objects")
-        return Prompt(pid, messages=[{"role": str(m["role"]), "content": m["content"]} for m in msgs])
+        return Prompt(pid, messages=[{"role": str(m["role"]), "content": m["content"]} for m in msgs], where=where)
     if "turns" in row:
         turns = row["turns"]
         if not (isinstance(turns, list) and turns and isinstance(turns[0], str)):
             raise PromptFileError(f"{where}: 'turns' must be a non-empty list of strings")
-        return Prompt(pid, messages=[{"role": "user", "content": turns[0]}])
+        return Prompt(pid, messages=[{"role": "user", "content": turns[0]}], where=where)
     if isinstance(row.get("prompt"), str):
         if not row["prompt"].strip():  # no tokens to continue: refused here, not after the model loads
             raise PromptFileError(f"{where}: 'prompt' is empty")
-        return Prompt(pid, text=row["prompt"])
+        return Prompt(pid, text=row["prompt"], where=where)
     raise PromptFileError(f"{where}: no 'messages', 'turns' or 'prompt' field")
 
 

@@ -45,8 +45,12 @@ def target_probs(logits: torch.Tensor, temperature: float, top_p: float, top_k: 
 
 
 def _softmax(logits: torch.Tensor, temperature: float, top_k: int) -> torch.Tensor:
-    """softmax(logits / T) over the top-k logits (all of them for 0), zero elsewhere."""
-    logits = logits.float() / temperature
+    """softmax(logits / T) over the top-k logits (all of them for 0), zero elsewhere.
+
+    The row's largest logit is taken off before the division (the softmax is the same): a small T
+    then sends the others towards -inf, never the largest to inf, so no inf - inf makes a NaN."""
+    logits = logits.float()
+    logits = (logits - logits.amax(dim=-1, keepdim=True)) / temperature
     if 0 < top_k < logits.shape[-1]:
         kth = logits.topk(top_k, dim=-1).values[..., -1:]
         logits = logits.masked_fill(logits < kth, float("-inf"))

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -92,6 +92,7 @@ def run_bench(options: BenchOptions) -> int:
     llama_peer = _open_llamacpp(options.target, plan)
     _say_how_sampling_compares(plan.config)
     sessions = load_sessions(options, plan.config, modes)
+    check_prompts_fit("bench", sessions[modes[0]], plan.prompts, plan.configs.values())
     hf = _open_hf(options.target, plan, sessions[modes[0]])
     runners = _runners(plan, sessions, hf, llama_peer)
     graphs = _warm_up(plan, sessions, hf, llama_peer)
@@ -207,6 +208,39 @@ def _open_hf(target: ModelOptions, plan: Plan, session: Any) -> Any:
     return HFPeer(path, session, plan.config.max_new_tokens)
 
 
+def check_prompts_fit(command: str, session: Any, prompts: list[Prompt], configs: Iterable[SpecConfig]) -> None:
+    """Refuse, in one line naming the rows, prompts that do not fit the model's context with room for
+    an answer under the most demanding of ``configs`` (the largest tree), as the session would.
+
+    Why after the load, before the warm-up (bench and tune alike): the session refuses such a prompt
+    without running it, and a timed row of 0 tokens in 0 s read as a negative decode speed
+    "identical" to the baseline's. ``--context-overflow drop_oldest`` is honoured as in a chat: a
+    conversation whose oldest turns can be left out fits, and is timed so."""
+    from engine.conversation import MIN_ANSWER_ROOM, context_refusal, fit_context
+
+    config = max(configs, key=lambda c: min(c.max_new_tokens, MIN_ANSWER_ROOM) + c.max_tree_tokens)
+    limit = session.context_limit
+    too_long: list[tuple[Prompt, int]] = []
+    for prompt in prompts:
+        if prompt.text is not None:
+            ids = session.tokenizer.encode(prompt.text)
+            refusal = context_refusal(len(ids), config, limit)
+        else:
+            ids, _, refusal = fit_context(session.tokenizer, prompt.messages or [], config, limit)
+        if refusal:
+            too_long.append((prompt, len(ids)))
+    if not too_long:
+        return
+    shown = "; ".join(f"{p.where or p.id}, {n} tokens" for p, n in too_long[:3])
+    more = f" and {len(too_long) - 3} more" if len(too_long) > 3 else ""
+    turns = any(sum(m.get("role") == "user" for m in p.messages or []) > 1 for p, _ in too_long)
+    drop = (" (or --context-overflow drop_oldest to leave out a conversation's oldest turns)"
+            if turns and config.context_overflow == "refuse" else "")
+    rows = "that row" if len(too_long) == 1 else "those rows"
+    raise UsageError(f"{command}: {len(too_long)} of {len(prompts)} prompts do not fit the model's context of "
+                     f"{limit} tokens with room for an answer ({shown}{more}); shorten or remove {rows}{drop}")
+
+
 # running --------------------------------------------------------------------------------------
 def run_ours(session: Any, prompt: Prompt, config: SpecConfig, split: StepSplit | None = None) -> Run:
     """One answer from our session, timed from the request to the last token (bench and tune alike)."""
@@ -230,6 +264,8 @@ def run_ours(session: Any, prompt: Prompt, config: SpecConfig, split: StepSplit 
             if split is not None:
                 split.add(event)
         elif isinstance(event, Finished):
+            if event.error and not tokens:  # refused unrun (check_prompts_fit says it first): never a row
+                raise UsageError(f"{prompt.where or prompt.id}: {event.error}")
             seconds = time.perf_counter() - t0
             produced = event.tokens + (event.reason == "stop")  # tau counts a final stop token
     return Run(tokens, steps, produced, seconds, prefill_s)

@@ -12,9 +12,12 @@ from pathlib import Path
 from typing import Any
 
 from specchat.command_options import BenchOptions
+from specchat.options import UsageError
+
+SIZES = (1, 2, 4, 8, 16, 32, 64)  # tree tokens per measured forward
 
 
-def measure_cost_curve(model: Any, context: int, sizes: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64)
+def measure_cost_curve(model: Any, context: int, sizes: tuple[int, ...] = SIZES
                        ) -> list[dict[str, float]]:
     """Milliseconds of one forward over n tree tokens on top of ``context`` cached tokens (the
     measurement the adaptive budget calibrates with: engine/calibrate.py)."""
@@ -34,6 +37,11 @@ def run_cost_curve(sessions: dict[str, Any], options: BenchOptions) -> int:
     from specchat.bench_report import machine_info, variant_words
 
     first = next(iter(sessions.values()))
+    room = first.context_limit - max(SIZES)
+    if options.context > room:  # positions past the context: a curve of a model running where it never trained
+        raise UsageError(f"bench --cost-curve: --context {options.context} and a tree of {max(SIZES)} tokens do not "
+                         f"fit the model's context of {first.context_limit} tokens; "
+                         f"use --context {max(room, 0)} or less")
     curves = {f"specchat {w}": measure_cost_curve(s.model, options.context) for w, s in sessions.items()}
     if "hf" in [p.strip() for p in options.peers.split(",")]:
         from engine.models.hf import HFModel

@@ -78,7 +78,7 @@ def knob_type(knob: Knob):
         except ValueError:
             value = None
         if value is None or not knob.accepts_type(value) or not knob.in_range(value):
-            raise argparse.ArgumentTypeError(f"must be {knob.describe()}, got {text!r}")
+            raise argparse.ArgumentTypeError(f"must be {knob.describe()}, got {text!r}{knob.advice(value)}")
         return value
 
     convert.__name__ = knob.name

@@ -10,8 +10,10 @@ one line within a second, instead of after the loading screen.
 
 from __future__ import annotations
 
-from specchat.command_options import BenchOptions, CommandOptions, Options, TrainDraftOptions
-from specchat.options import ALGORITHMS, draft_options, make_config
+import sys
+
+from specchat.command_options import BenchOptions, CommandOptions, Options, RunOptions, TrainDraftOptions, TuneOptions
+from specchat.options import ALGORITHMS, UsageError, draft_options, make_config, settings_from, spec_overrides
 
 
 def check_files(options: Options) -> None:
@@ -27,11 +29,18 @@ def check_files(options: Options) -> None:
     config = make_config(options.spec)  # --settings FILE parses (and its values fit) or is refused here
     drafts = draft_options(options)
     target = options.target
+    _check_draft_used(options, config.method, drafts)
+    # a length the user gave (a command's own default is its business) against the config's context
+    given = "max_new_tokens" in spec_overrides(options.spec) or "max_new_tokens" in settings_from(options.spec)
+    notes: dict[str, None] = {}  # one warning line each, however many methods read the draft
     for method in _methods(options, config.method):
         check(target.model, backend=target.backend or "auto", method=method,
               draft=drafts["draft"], draft_revision=drafts["draft_revision"], token_map=drafts["token_map"],
               ngram_corpus=drafts["ngram_corpus"], allow_pickle=target.allow_pickle,
-              method_from_draft=drafts["method_from_draft"])
+              method_from_draft=drafts["method_from_draft"], answer=config if given else None,
+              warn=lambda line: notes.setdefault(line))
+    for line in notes:
+        print(f"specchat: warning: {line}", file=sys.stderr)
 
 
 def _methods(options: CommandOptions, method: str) -> list[str]:
@@ -39,8 +48,33 @@ def _methods(options: CommandOptions, method: str) -> list[str]:
     is no method is left to bench's own words; tune skips a method it cannot run, with the reason)."""
     if not isinstance(options, BenchOptions):
         return [method]
-    listed = [n.strip().lower() for n in (options.methods or "").split(",")]
-    return list(dict.fromkeys([method, *(ALGORITHMS[n] for n in listed if n in ALGORITHMS)]))
+    return list(dict.fromkeys([method, *_listed(options)]))
+
+
+def _check_draft_used(options: CommandOptions, method: str, drafts: dict) -> None:
+    """A ``--draft`` none of the command's methods runs is refused: ``generate --method ngram`` (or a
+    bench or tune whose methods take no draft) would load it and never draft with it. ``run`` and
+    ``serve`` keep it: the chat's F2 can switch to the draft's method; a draft without a method
+    picks its own."""
+    from engine.drafters.draft_loader import DRAFT_METHODS
+
+    if not drafts["draft"] or drafts["method_from_draft"] or isinstance(options, RunOptions):
+        return
+    if isinstance(options, BenchOptions) and (options.cost_curve or options.data_engine is not None
+                                              or options.train_speed):
+        return  # bench's other modes time no method
+    methods = [method, *_listed(options)] if options.times_methods else [method]
+    if any(m in DRAFT_METHODS for m in methods):
+        return
+    fix = "add one of them to --methods" if options.times_methods else "pick a method that uses it"
+    raise UsageError(f"--draft is for {'/'.join(DRAFT_METHODS)}; drop it or {fix}")
+
+
+def _listed(options: CommandOptions) -> list[str]:
+    """bench's or tune's ``--methods`` as method names (a name that is no method is left to their own words)."""
+    default = "ngram" if isinstance(options, TuneOptions) else "none,ngram"
+    listed = [n.strip().lower() for n in (getattr(options, "methods", None) or default).split(",")]
+    return [ALGORITHMS[n] for n in listed if n in ALGORITHMS]
 
 
 def _check_device(device: str | None) -> None:

@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 from engine.config import METHOD_KNOBS, ConfigError, knobs_for
 from engine.errors import UserError
 from engine.prompts import Prompt, load_prompts
-from specchat.bench import load_sessions, run_ours, weights_modes
+from specchat.bench import check_prompts_fit, load_sessions, run_ours, weights_modes
 from specchat.bench_report import Row, StepSplit, machine_info
 from specchat.bench_warmup import capture_verify_graphs, size_cache_for
 from specchat.export import EMBEDDED_HUB_ID, launch_line, serving_model
@@ -261,6 +261,7 @@ def run_tune(options: TuneOptions) -> int:
     if options.save_settings:
         prepare_json_out(options.save_settings, flag="--save-settings")
     session = load_sessions(options, base, modes)[modes[0]]
+    check_prompts_fit("tune", session, prompts, _every_config(base, searches))
     baseline = base.replace(method="none")
     sweep = Sweep(modes[0], Row("none", modes[0]))
     for search in searches:
@@ -291,11 +292,17 @@ def tune_methods(text: str | None) -> list[str]:
     return methods
 
 
+def _every_config(baseline: SpecConfig, searches: list[Search]) -> list[SpecConfig]:
+    """The baseline's config and every setting's the search may time (what the cache and the
+    context must hold room for)."""
+    return [baseline, *(s.config for search in searches for s in search.points.values())]
+
+
 def _warm_up(session: Any, prompts: list[Prompt], baseline: SpecConfig, searches: list[Search],
              sweep: Sweep, budget: Budget) -> list[Search]:
     """One short untimed answer per method (a method the session cannot run is dropped with its
     reason, loudly); on CUDA the cache sized and every verify graph captured first."""
-    size_cache_for(session, prompts, [baseline, *(s.config for search in searches for s in search.points.values())])
+    size_cache_for(session, prompts, _every_config(baseline, searches))
     warm = run_ours(session, prompts[0], baseline.replace(max_new_tokens=8))
     prefill = warm.prefill_s or 0.0  # the first batch's pace: this prefill, then every token as fast as these
     budget.answer_s = prefill + (warm.seconds - prefill) / max(1, len(warm.tokens)) * baseline.max_new_tokens

@@ -57,3 +57,20 @@ def test_a_full_disk_under_the_cache_says_so(tmp_path: Path, monkeypatch, errno_
     with pytest.raises(ModelResolutionError, match="no space left on the disk") as info:
         resolve_model(None, weights="stored")
     assert "SPECCHAT_CACHE_DIR" in str(info.value)
+
+
+def test_bench_drops_a_conversations_oldest_turns_where_the_flag_says_so(tmp_path: Path) -> None:
+    """--context-overflow drop_oldest means in bench what it means in a chat: the conversation that
+    bench refuses with the default (tests/bad_input: bench-conversation-too-long) is timed with its
+    oldest turns left out, never as a row of 0 tokens."""
+    import json
+
+    model = write_tiny_model(tmp_path / "model")  # a context of 512 tokens
+    turns = [{"role": "user", "content": "word " * 700}, {"role": "assistant", "content": "ok"},
+             {"role": "user", "content": "hi"}]
+    (tmp_path / "p.jsonl").write_text(json.dumps({"messages": turns}) + "\n")
+    out = tmp_path / "r.json"
+    assert main(["bench", str(model), "--prompts", str(tmp_path / "p.jsonl"), "--max-new-tokens", "4", "--threads",
+                 "1", "--context-overflow", "drop_oldest", "--json", str(out)]) == 0
+    rows = json.loads(out.read_text())["results"]
+    assert all(r["tokens"] > 0 and r["decode_tokens_per_s"] > 0 for r in rows), rows

@@ -100,7 +100,7 @@ def test_every_loading_command_checks_first(tiny, no_load, capsys, tmp_path: Pat
     model, _, wide_head = tiny
     prompts = tmp_path / "p.jsonl"
     prompts.write_text(json.dumps({"prompt": "hi"}) + "\n")
-    extra = ["--prompts", str(prompts)] if command in ("bench", "tune") else []
+    extra = ["--prompts", str(prompts), "--methods", "eagle3"] if command in ("bench", "tune") else []
     _refused(capsys, [command, str(model), "--draft", str(wide_head), *extra], "hidden size 64")
 
 
@@ -185,3 +185,20 @@ def test_the_embedded_model_is_checked_from_its_gguf_header(tiny, no_load, capsy
     _, _, wide_head = tiny
     _refused(capsys, ["generate", "--prompt", "hi", "--draft", str(wide_head)], "hidden size 64",
              "the target has 576")
+
+
+def test_a_standalone_draft_no_smaller_than_the_target_is_said_in_one_warning(tiny, tmp_path: Path) -> None:
+    """Such a draft cannot pay, but the drafting machinery's tests and benchmarks run random drafts
+    of that size (tests/heads.py): one warning line from the files, not a refusal."""
+    from heads import write_random_standalone
+
+    from engine.preflight import check_files
+
+    model, drafts, _ = tiny
+    notes: list[str] = []
+    check_files(str(model), method="standalone", draft=str(drafts["standalone"]), warn=notes.append)
+    assert len(notes) == 1 and "is no smaller than the target" in notes[0], notes
+    small = write_random_standalone(tmp_path / "small", model, layers=1, hidden=16)
+    notes.clear()
+    check_files(str(model), method="standalone", draft=str(small), warn=notes.append)
+    assert notes == []

@@ -90,3 +90,24 @@ def test_the_draw_among_the_kept_tokens_is_the_draw_over_the_vocabulary(vocab, s
     want = int(perturbed_scores(logits, 0.8, top_p, top_k, noise).argmax())
     assert coupled_sample(logits, 0.8, top_p, top_k, noise) == want
     assert target_probs(logits, 0.8, top_p, top_k)[want] > 0
+
+
+@pytest.mark.parametrize("top_p,top_k", [(1.0, 0), (0.9, 0), (1.0, 5)])
+def test_a_temperature_near_zero_is_the_argmax_not_nan(top_p: float, top_k: int) -> None:
+    """logits / 1e-38 overflowed to inf, inf - inf in the softmax made NaN, and every answer was one
+    token repeated; the knob now refuses such a value (--temperature 0 is greedy), and the
+    distribution stays finite anyway: all its mass on the largest logit."""
+    logits = torch.tensor([[1.0, 5.0, -3.0, 4.0, 2.0, 0.5]])
+    probs = target_probs(logits, 1e-38, top_p, top_k)
+    assert torch.isfinite(probs).all()
+    assert probs[0].tolist() == [0.0, 1.0, 0.0, 0.0, 0.0, 0.0]
+
+
+def test_the_temperature_knob_refuses_a_value_too_near_zero() -> None:
+    from engine.config import SpecConfig
+    from engine.knobs import KNOBS, ConfigError
+
+    with pytest.raises(ConfigError, match=r"use --temperature 0 for greedy"):
+        SpecConfig(temperature=1e-38)
+    assert SpecConfig(temperature=0.0).greedy and SpecConfig(temperature=1e-3).temperature == 1e-3
+    assert "0 = greedy; otherwise at least 0.001" in KNOBS["temperature"].describe()

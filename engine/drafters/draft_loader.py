@@ -65,14 +65,45 @@ class _Checked:
 
 
 def check_draft(source: str, target_config: Any, *, method: str | None = None, allow_pickle: bool = False,
-                revision: str | None = None, token_map: str | None = None) -> None:
+                revision: str | None = None, token_map: str | None = None) -> tuple[str, Path]:
     """Every check of :func:`load_draft` that needs only files, against ``target_config`` (the
     target's LlamaConfig, read from its config.json or GGUF header): the draft exists, its format
     (a pickle needs ``allow_pickle``), its kind against ``method``, its widths and every weight's
     shape (read from the safetensors headers, no weights), the token map. Run before the target
-    loads, so a head that does not fit is refused in seconds, not after minutes of loading."""
-    _check(source, target_config, method=method, allow_pickle=allow_pickle, revision=revision,
-           token_map=token_map, header=True)
+    loads, so a head that does not fit is refused in seconds, not after minutes of loading.
+    Returns the draft's kind and folder (a standalone draft's tokenizer and size are checked next:
+    :func:`check_standalone`)."""
+    found = _check(source, target_config, method=method, allow_pickle=allow_pickle, revision=revision,
+                   token_map=token_map, header=True)
+    return found.kind, found.path
+
+
+def check_standalone(path: Path, label: str, target_config: Any, target_tokenizer: Any) -> str:
+    """A standalone draft against the target, from files: its tokenizer must be the target's
+    (``target_tokenizer``: a Tokenizer, a GGUF's token list, or None where it is known only once
+    loaded), else DraftLoadError. Returns one warning line where the draft is no smaller than the
+    target ("" otherwise): such a draft cannot pay (each drafted token costs a target forward or
+    more), but the tests and benchmarks of the drafting machinery run random drafts of that size."""
+    from engine.models.checkpoint import read_config
+
+    if isinstance(target_tokenizer, list):
+        if {t: i for i, t in enumerate(target_tokenizer)} != _draft_tokenizer(path, label).backend.get_vocab():
+            raise _other_tokenizer(label)
+    elif target_tokenizer is not None:
+        _check_same_tokenizer(_draft_tokenizer(path, label), target_tokenizer, label)
+    draft = _standalone_config(read_config(path), label)[0]
+    if body_params(draft) < body_params(target_config):
+        return ""
+    return (f"the standalone draft {label} ({draft.num_layers} layers of {draft.hidden_size}) is no smaller than the "
+            f"target ({target_config.num_layers} of {target_config.hidden_size}): it cannot pay; pick a smaller model "
+            "of the same family")
+
+
+def body_params(config: Any) -> int:
+    """Weights of the decoder layers (embeddings left out): what one token's forward streams, to
+    compare a draft's cost with the target's."""
+    h, q, kv = config.hidden_size, config.num_heads * config.head_dim, config.num_kv_heads * config.head_dim
+    return config.num_layers * (2 * h * q + 2 * h * kv + 3 * h * config.intermediate_size)
 
 
 def load_draft(source: str, target: Any, tokenizer: Any, *, method: str | None = None, allow_pickle: bool = False,
@@ -183,17 +214,9 @@ def _standalone(path: Path, label: str, config: dict[str, Any], state: dict[str,
                 tokenizer: Any) -> DraftBundle:
     from engine.drafters.standalone import StandaloneDrafter
     from engine.models.llama_config import UnsupportedModelError
-    from engine.tokenizer import Tokenizer, TokenizerError
 
     draft_config, model_class = _standalone_config(config, label)
-    try:
-        draft_tok = Tokenizer.from_dir(path)
-    except (TokenizerError, OSError) as e:
-        raise DraftLoadError(f"draft {label} has no usable tokenizer ({e}); a standalone draft must share the "
-                             "target's tokenizer") from None
-    if not same_tokenizer(draft_tok, tokenizer):
-        raise DraftLoadError(f"draft {label} uses a different tokenizer than the target; a standalone draft must "
-                             "share the target's vocabulary (pick a smaller model of the same family)")
+    _check_same_tokenizer(_draft_tokenizer(path, label), tokenizer, label)
     try:
         model = model_class(draft_config, state, dtype=target.dtype, device=target.device, consume=True)
     except UnsupportedModelError as e:
@@ -201,6 +224,26 @@ def _standalone(path: Path, label: str, config: dict[str, Any], state: dict[str,
     vocab = target.config.vocab_size
     return DraftBundle("standalone", lambda: StandaloneDrafter(model, vocab), None,
                        f"standalone draft {label} ({draft_config.num_layers} layers)")
+
+
+def _draft_tokenizer(path: Path, label: str) -> Any:
+    from engine.tokenizer import Tokenizer, TokenizerError
+
+    try:
+        return Tokenizer.from_dir(path)
+    except (TokenizerError, OSError) as e:
+        raise DraftLoadError(f"draft {label} has no usable tokenizer ({e}); a standalone draft must share the "
+                             "target's tokenizer") from None
+
+
+def _check_same_tokenizer(draft: Any, target: Any, label: str) -> None:
+    if not same_tokenizer(draft, target):
+        raise _other_tokenizer(label)
+
+
+def _other_tokenizer(label: str) -> DraftLoadError:
+    return DraftLoadError(f"draft {label} uses a different tokenizer than the target; a standalone draft must "
+                          "share the target's vocabulary (pick a smaller model of the same family)")
 
 
 def same_tokenizer(a: Any, b: Any) -> bool:

@@ -88,6 +88,25 @@ def gguf(name: str, *, magic: bytes = b"GGUF", version: int = 3, n_tensors: int 
     return text(name, magic + struct.pack("<IQQ", version, n_tensors, n_kv) + tail)
 
 
+def other_tokenizer(name: str) -> Make:
+    """A copy of the tiny model whose tokenizer stops on another token: a vocabulary of its own in effect."""
+    def make(w: Where) -> None:
+        from test_tokenizer import write_tiny
+
+        model_copy(name)(w)
+        write_tiny(w.tmp / name, eos_token="<|endoftext|>")
+    return make
+
+
+def tiny_gguf(name: str) -> Make:
+    """A complete tiny llama GGUF (weights, tokenizer; a context of 256), as llama.cpp's converter writes one."""
+    def make(w: Where) -> None:
+        from test_gguf_convert import write_tiny_gguf
+
+        write_tiny_gguf(w.tmp / name)
+    return make
+
+
 def trace(name: str, *records: Any, header: dict[str, Any] | None = None) -> Make:
     """A trace: a specchat-trace header (or ``header``), then the records."""
     from specchat.tui.trace import make_header

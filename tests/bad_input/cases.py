@@ -50,12 +50,15 @@ def case(id: str, argv: str | tuple[str, ...], message: str, **kwargs) -> Case:
 
 PROMPTS = b.jsonl("p.jsonl", {"prompt": "hello"})
 TRACE = b.trace("t.jsonl")
+LONG = "hello world " * 400  # past the tiny model's context of 256 tokens
+LONG_PROMPTS = b.jsonl("long.jsonl", {"prompt": "hi"}, {"prompt": LONG})
 M = MODEL
 # the behaviour wanted where issue 50 found it wrong, and where this suite found more
 LATE = "issue 50: refused clearly, but only after the target model loaded"
 BOUNDS = "issue 50: knob bounds"
 STEPS_BOUND = r"argument --speculative-num-steps: must be an integer from 1 to 32"  # 99999 levels a step: a hang
 NEW = "new in the bad-input suite: "
+NO_DRAFT = r"--draft is for eagle/eagle3/standalone/medusa; drop it or "  # a draft no method of the command runs
 GGUF_BAD = r"(is not a (readable )?GGUF file|cannot be read)"  # a damaged GGUF, named by our reader or gguf-py
 
 GLOBAL = [
@@ -85,6 +88,13 @@ RUN = [
          r"argument --temperature: must be a number from 0 to 10"),
     case("run-nan-temperature", f"run {M} --temperature nan", r"argument --temperature: must be a number from 0 to 10"),
     case("run-inf-temperature", f"run {M} --temperature inf", r"argument --temperature: must be a number from 0 to 10"),
+    case("run-temperature-near-zero", f"run {M} --temperature 1e-38",
+         r"argument --temperature: must be a number from 0 to 10 \(0 = greedy; otherwise at least 0\.001\), "
+         r"got '1e-38'; use --temperature 0 for greedy"),
+    case("generate-temperature-near-zero", f"generate {M} --prompt hi --temperature 0.0001",
+         r"use --temperature 0 for greedy"),
+    case("run-settings-temperature-near-zero", f"run {M} --settings {TMP}/s.json", r"use --temperature 0 for greedy",
+         files=(b.json_file("s.json", {"temperature": 1e-38}),)),
     case("run-top-p-above-one", f"run {M} --top-p 2", r"argument --top-p: must be a number above 0 and up to 1"),
     case("run-top-p-nan", f"run {M} --top-p nan", r"argument --top-p: must be a number above 0 and up to 1"),
     case("run-negative-top-k", f"run {M} --top-k -1", r"argument --top-k: must be an integer from 0 to 262_144"),
@@ -236,12 +246,34 @@ GENERATE = [
          r"context|too long", files=(b.text("long.txt", "hello world " * 400),), loads_model=True),
     case("generate-max-new-tokens-huge", f"generate {M} --prompt hi --max-new-tokens 1000000000000",
          r"max.new.tokens", loads_model=True),
+    case("generate-max-new-tokens-past-context", f"generate {M} --prompt hi --max-new-tokens 1000",
+         r"max_new_tokens=1000 is more than the model's context of 256 tokens; use --max-new-tokens 256 or less"),
+    case("generate-max-new-tokens-past-gguf-context", f"generate {TMP}/m.gguf --prompt hi --max-new-tokens 300",
+         r"max_new_tokens=300 is more than the model's context of 256 tokens", files=(b.tiny_gguf("m.gguf"),)),
+    case("bench-max-new-tokens-past-context-in-settings", f"bench {M} --prompts {TMP}/p.jsonl --settings {TMP}/s.json",
+         r"max_new_tokens=999 is more than the model's context of 256 tokens",
+         files=(PROMPTS, b.json_file("s.json", {"max_new_tokens": 999}))),
     case("generate-threads-zero", f"generate {M} --prompt hi --threads 0", r"threads"),
     case("generate-num-steps-huge", f"generate {M} --prompt hi --method eagle3 --speculative-num-steps 99999",
          STEPS_BOUND),
     case("generate-settings-num-steps-huge", f"generate {M} --prompt hi --settings {TMP}/s.json", r"num_steps",
          files=(b.json_file("s.json", {"num_steps": 99999}),)),
     case("generate-missing-draft", f"generate {M} --prompt hi --draft {TMP}/nohead", r"nohead"),
+    case("generate-draft-with-ngram", f"generate {M} --prompt hi --method ngram --draft {TMP}/h",
+         NO_DRAFT + "pick a method that uses it$", files=(b.head("h"),)),
+    case("generate-draft-with-none", f"generate {M} --prompt hi --method none --draft {TMP}/h",
+         NO_DRAFT + "pick a method that uses it$", files=(b.head("h"),)),
+    case("generate-draft-with-ngram-in-settings",
+         f"generate {M} --prompt hi --settings {TMP}/s.json --draft {TMP}/h",
+         NO_DRAFT + "pick", files=(b.head("h"), b.json_file("s.json", {"method": "ngram"}))),
+    case("generate-standalone-other-tokenizer", f"generate {M} --prompt hi --method standalone --draft {TMP}/d",
+         r"draft .*d uses a different tokenizer than the target; .*pick a smaller model of the same family",
+         files=(b.other_tokenizer("d"),)),
+    case("generate-standalone-other-tokenizer-gguf", f"generate {TMP}/m.gguf --prompt hi --draft {M}",
+         r"uses a different tokenizer than the target", files=(b.tiny_gguf("m.gguf"),)),
+    case("generate-draft-is-the-target", f"generate {M} --prompt hi --method standalone --draft {M}",
+         r"--draft .* is the target itself, which cannot draft faster than it answers; pick a smaller model"),
+    case("generate-draft-is-the-target-inferred", f"generate {M} --prompt hi --draft {M}", r"is the target itself"),
     case("generate-eagle3-without-draft", f"generate {M} --prompt hi --method eagle3", r"needs --draft"),
     case("generate-head-wrong-width", f"generate {M} --prompt hi --method eagle3 --draft {TMP}/h",
          r"hidden size 64", files=(b.head("h", hidden=64),)),
@@ -342,6 +374,9 @@ BENCH = [
     case("bench-prompt-empty-string", f"bench {M} --prompts {TMP}/e.jsonl", r"e\.jsonl:1: 'prompt' is empty",
          files=(b.jsonl("e.jsonl", {"prompt": ""}),)),
     case("bench-cost-curve-negative-context", f"bench {M} --cost-curve --context -5", r"context"),
+    case("bench-cost-curve-context-past-the-model", f"bench {M} --cost-curve --context 1000",
+         r"--context 1000 and a tree of 64 tokens do not fit the model's context of 256 tokens; use --context 192 or "
+         r"less", loads_model=True),
     case("bench-peak-bandwidth-negative", f"bench {M} --prompts {TMP}/p.jsonl --peak-bandwidth -1",
          r"peak.bandwidth", files=(PROMPTS,)),
     case("bench-data-engine-few-layers", f"bench {M} --data-engine 4", r"at least \d+ layers \(this one has 2\)"),
@@ -349,6 +384,16 @@ BENCH = [
     case("bench-threads-zero", f"bench {M} --prompts {TMP}/p.jsonl --threads 0", r"threads", files=(PROMPTS,)),
     case("bench-max-new-tokens-huge", f"bench {M} --prompts {TMP}/p.jsonl --max-new-tokens 1000000000000",
          r"max.new.tokens", files=(PROMPTS,), loads_model=True),
+    case("bench-prompt-too-long", f"bench {M} --prompts {TMP}/long.jsonl --max-new-tokens 4 --json {TMP}/r.json",
+         r"bench: 1 of 2 prompts do not fit the model's context of 256 tokens .*long\.jsonl:2, \d+ tokens\); "
+         r"shorten or remove that row$", files=(LONG_PROMPTS,), loads_model=True),
+    case("bench-conversation-too-long", f"bench {M} --prompts {TMP}/long.jsonl --max-new-tokens 4",
+         r"long\.jsonl:1, \d+ tokens\); shorten or remove that row \(or --context-overflow drop_oldest",
+         files=(b.jsonl("long.jsonl", {"messages": [{"role": "user", "content": LONG}, {"role": "assistant",
+                                                    "content": "ok"}, {"role": "user", "content": "hi"}]}),),
+         loads_model=True),
+    case("bench-draft-no-method-uses", f"bench {M} --prompts {TMP}/p.jsonl --draft {TMP}/h",
+         NO_DRAFT + "add one of them to --methods$", files=(PROMPTS, b.head("h"))),
     case("bench-eagle3-without-draft", f"bench {M} --prompts {TMP}/p.jsonl --methods eagle3",
          r"--method eagle3 needs --draft", files=(PROMPTS,)),
 ]
@@ -396,6 +441,11 @@ TUNE = [
          r"--save-settings .*folder", files=(PROMPTS,)),
     case("tune-grid-num-steps-huge", f"tune {M} --prompts {TMP}/p.jsonl --methods eagle3 --grid num_steps=99999",
          r"--grid: num_steps must be an integer from 1 to 32.*got 99999", files=(PROMPTS,)),
+    case("tune-draft-no-method-uses", f"tune {M} --prompts {TMP}/p.jsonl --methods ngram --draft {TMP}/h",
+         NO_DRAFT + "add one of them to --methods$", files=(PROMPTS, b.head("h"))),
+    case("tune-prompt-too-long", f"tune {M} --prompts {TMP}/long.jsonl --max-new-tokens 4 --minutes 1",
+         r"tune: 1 of 2 prompts do not fit the model's context of 256 tokens", files=(LONG_PROMPTS,),
+         loads_model=True),
     case("tune-threads-zero", f"tune {M} --prompts {TMP}/p.jsonl --threads 0", r"threads", files=(PROMPTS,)),
 ]
 

@@ -243,6 +243,8 @@ def run_serve(options: ServeOptions) -> int:
     check_address(options.host, options.port)
     _, precision = preflight(options)  # the flags `run` would refuse, refused once here
     run = options.run_options()
+    if run.record:  # FILE was checked above, once: each tab then writes its slot's trace (a reload replaces it)
+        run = dataclasses.replace(run, force=True)
     if not run.fake:  # resolved once; every tab runs the same
         run = dataclasses.replace(run, target=dataclasses.replace(run.target, precision=precision))
     budget = session_budget(run)

@@ -160,7 +160,7 @@ def write_whole(path: str | os.PathLike[str], text: str, flag: str) -> Path:
     """Write ``text`` to ``path`` whole or not at all: a temporary file in the same folder, synced, then
     renamed over the target (a link is followed: its target is replaced, with its permissions). Raises
     OutputError in one line when the write fails (a full disk): the temporary file is removed and an
-    earlier file is left as it was. Returns ``path``."""
+    earlier file is left as it was. ``flag``: the option named first in that line ("": none). Returns ``path``."""
     target = Path(os.path.realpath(path))
     tmp = _part(target)
     try:
@@ -180,5 +180,6 @@ def write_whole(path: str | os.PathLike[str], text: str, flag: str) -> Path:
         with contextlib.suppress(OSError):
             tmp.unlink()
         left = "the earlier file is left as it was" if old_mode is not None else "nothing was written"
-        raise OutputError(f"{flag} {os.fspath(path)}: cannot write it ({exc.strerror or exc}); {left}") from None
+        where = f"{flag} {os.fspath(path)}" if flag else os.fspath(path)
+        raise OutputError(f"{where}: cannot write it ({exc.strerror or exc}); {left}") from None
     return Path(path)

@@ -14,16 +14,16 @@ llamacpp_peer.py, the cost curve in bench_cost.py, the draft-training paths in b
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from engine.outputs import check_outputs
 from engine.prompts import Prompt, load_prompts
-from specchat.bench_plot import check_plot_path, write_bench_svg
+from specchat.bench_plot import BENCH_PLOT, check_plot_path, write_bench_svg
 from specchat.bench_report import (
+    BENCH_JSON,
     Row,
     Run,
     StepSplit,
@@ -34,7 +34,7 @@ from specchat.bench_report import (
     print_table,
 )
 from specchat.bench_warmup import capture_verify_graphs, graph_report, size_cache_for
-from specchat.options import UsageError, draft_options, make_config, prepare_json_out
+from specchat.options import UsageError, draft_options, make_config
 
 if TYPE_CHECKING:
     from engine.config import SpecConfig
@@ -70,25 +70,23 @@ class Runner:
 
 def run_bench(options: BenchOptions) -> int:
     """Route to the other benchmarks, or: plan, load, warm up, time every prompt, report."""
-    check_plot_path(options)  # --plot: refused before any work, like --json
+    check_plot_path(options)  # --plot and --json: refused before any work (engine/outputs.py)
+    check_outputs([(BENCH_JSON, options.json_out), (BENCH_PLOT, options.plot)], force=options.force)
     if options.random_weights:
         from specchat.gpu_bench import run_random_bench
 
-        return run_random_bench(options)  # checks its flags, then --json, before building the model
+        return run_random_bench(options)  # checks its flags before building the model
     if options.data_engine is not None or options.train_speed:
         from specchat.bench_train import run_data_bench, run_train_bench
 
-        prepare_json_out(options.json_out)
         return run_data_bench(options) if options.data_engine is not None else run_train_bench(options)
     base_config = make_config(options.spec, method="none", max_new_tokens=256)
     modes = weights_modes(options.target)
     if options.cost_curve:
         from specchat.bench_cost import run_cost_curve
 
-        prepare_json_out(options.json_out)
         return run_cost_curve(load_sessions(options, base_config, modes), options)
     plan = plan_bench(options, base_config, modes)
-    prepare_json_out(options.json_out)
     llama_peer = _open_llamacpp(options.target, plan)
     _say_how_sampling_compares(plan.config)
     sessions = load_sessions(options, plan.config, modes)
@@ -98,10 +96,10 @@ def run_bench(options: BenchOptions) -> int:
     graphs = _warm_up(plan, sessions, hf, llama_peer)
     _time_prompts(plan.prompts, runners)
     report = _report(options, plan, sessions, [r.row for r in runners], graphs)
+    if options.json_out:  # first: a stdout that fails (> /dev/full) does not lose the run's results
+        BENCH_JSON.write_json(options.json_out, report)
     print_table(report)
     print_bandwidth(report.get("bandwidth"))
-    if options.json_out:
-        Path(options.json_out).write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
     if options.plot:
         print(f"bench: wrote {write_bench_svg(options.plot, report)}")
     return 0

@@ -7,8 +7,6 @@ the same curve on a random model of any shape.
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
 from typing import Any
 
 from specchat.command_options import BenchOptions
@@ -34,7 +32,7 @@ def run_cost_curve(sessions: dict[str, Any], options: BenchOptions) -> int:
     from rich.console import Console
     from rich.table import Table
 
-    from specchat.bench_report import machine_info, variant_words
+    from specchat.bench_report import BENCH_JSON, machine_info, variant_words
 
     first = next(iter(sessions.values()))
     room = first.context_limit - max(SIZES)
@@ -68,6 +66,6 @@ def run_cost_curve(sessions: dict[str, Any], options: BenchOptions) -> int:
 
         print(f"bench: wrote {write_cost_svg(options.plot, table, curves, first.model_name)}")
     if options.json_out:
-        Path(options.json_out).write_text(json.dumps({"machine": machine, "model": first.model_name,
-                                                   "context": options.context, "cost_curve": curves}, indent=2) + "\n")
+        BENCH_JSON.write_json(options.json_out, {"machine": machine, "model": first.model_name,
+                                                 "context": options.context, "cost_curve": curves})
     return 0

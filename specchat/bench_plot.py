@@ -4,20 +4,22 @@ Why SVG through rich: the table is the one the terminal shows (bench_report.resu
 by a rich console and exported with the chart under it (plotext text with its colours), so the
 image says exactly what the run printed, and renders in any browser or on GitHub.
 The path is checked before any model loads (:func:`check_plot_path`): a bad one would otherwise
-end a run of minutes with the results lost.
+end a run of minutes with the results lost. The image's first line marks it as bench's own (engine/outputs.py):
+a later ``--plot`` may replace it, and no other file without ``--force``.
 """
 
 from __future__ import annotations
 
 import io
-import os
 from pathlib import Path
 from typing import Any
 
+from engine.outputs import Output
 from specchat.command_options import BenchOptions
-from specchat.options import UsageError, prepare_json_out
+from specchat.options import UsageError
 from specchat.plots import RGB, Series, draw_xy, new_figure
 
+BENCH_PLOT = Output("bench", "--plot", "svg", example="bench.svg")
 WIDTH = 160  # columns of the image: the table as `bench` prints it to a file, none of its cells wrapped
 CHART_HEIGHT = 16
 # series colours, readable on the dark background of rich's SVG export (the TUI's dark theme)
@@ -25,7 +27,8 @@ COLOURS: tuple[RGB, ...] = ((88, 166, 255), (78, 191, 113), (210, 153, 34), (244
 
 
 def check_plot_path(options: BenchOptions) -> None:
-    """Refuse a ``--plot`` that cannot be written, in one line, before any benchmark work."""
+    """Refuse a ``--plot`` this benchmark cannot draw or that is no SVG, in one line, before any benchmark
+    work (whether the path can be written: bench checks it with --json, engine/outputs.py)."""
     path = options.plot
     if not path:
         return
@@ -33,17 +36,6 @@ def check_plot_path(options: BenchOptions) -> None:
         raise UsageError("--plot draws the method table or --cost-curve; drop it for this benchmark")
     if Path(path).suffix.lower() != ".svg":
         raise UsageError(f"--plot {path}: the image is SVG; name a .svg file (e.g. --plot bench.svg)")
-    prepare_json_out(path, flag="--plot")
-    target = Path(path)
-    existed = target.exists()
-    try:
-        with target.open("a", encoding="utf-8"):
-            pass
-    except OSError as exc:
-        reason = exc.strerror or exc
-        raise UsageError(f"--plot {path}: cannot write a file there ({reason}); name another place") from None
-    if not existed:
-        os.unlink(target)
 
 
 def _svg(path: str, title: str, *renderables: Any) -> Path:
@@ -52,9 +44,7 @@ def _svg(path: str, title: str, *renderables: Any) -> Path:
     console = Console(record=True, width=WIDTH, file=io.StringIO(), force_terminal=True, color_system="truecolor")
     for renderable in renderables:
         console.print(renderable)
-    target = Path(path)
-    target.write_text(console.export_svg(title=title), encoding="utf-8")
-    return target
+    return BENCH_PLOT.write(path, BENCH_PLOT.mark_svg(console.export_svg(title=title)))
 
 
 def _chart(plt: Any, title: str) -> Any:

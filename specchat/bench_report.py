@@ -13,6 +13,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from engine.outputs import Output
+
+# every --json of bench (its runs, --cost-curve, --data-engine, --train-speed, --random-weights): marked as its own
+BENCH_JSON = Output("bench", "--json", "json", example="bench.json")
 _FLAGS = ("avx2", "fma", "avx512f", "avx512bw", "avx512vl", "avx512_vnni", "avx512vbmi", "avx512_bf16", "avx_vnni",
           "amx_int8", "amx_bf16")  # the ones our kernels choose variants by
 

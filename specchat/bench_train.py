@@ -14,7 +14,6 @@ they replace, so both sides run here, in one process, on the same machine, one a
 
 from __future__ import annotations
 
-import json
 import random
 import tempfile
 import time
@@ -138,5 +137,7 @@ def _speedups(results: list[dict[str, Any]], base_name: str, label: Callable[[di
 
 
 def _write(options: BenchOptions, report: dict[str, Any]) -> None:
+    from specchat.bench_report import BENCH_JSON
+
     if options.json_out:
-        Path(options.json_out).write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
+        BENCH_JSON.write_json(options.json_out, report)

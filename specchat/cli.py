@@ -13,7 +13,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from engine.errors import UserError
-from specchat.options import MAX_THREADS, Parser, UsageError, add_knob_flags, bounded
+from specchat.options import MAX_THREADS, Parser, UsageError, add_force_flag, add_knob_flags, bounded
 
 EMBEDDED_MODEL = "smollm2-135m"
 MAX_PROMPTS = 1_000_000  # --limit: more than any prompt file holds, and refuses a negative or 0
@@ -83,7 +83,8 @@ def add_run_args(p: argparse.ArgumentParser) -> None:
                    help="open in the compare view: the baseline | the method in force, or method A | method B "
                         "(e.g. --compare medusa,eagle3; each also timed against the baseline)")
     p.add_argument("--teach", action="store_true", help="open in step-through teaching mode")
-    p.add_argument("--record", default=None, help="write every step to this JSON-lines trace")
+    p.add_argument("--record", default=None, help="write every step to this JSON-lines trace (a new or empty file)")
+    add_force_flag(p, "--record file")
 
 
 def _theme(name: str) -> str:
@@ -161,6 +162,7 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--peak-bandwidth", dest="peak_bandwidth", type=bounded(float, 0, 1e6, low_open=True),
                        default=None, metavar="GBPS",
                        help="peak memory bandwidth for the bandwidth fraction (default: looked up by GPU name)")
+    add_force_flag(bench, "--json or --plot file", "only an earlier bench's own is replaced")
 
     tune = sub.add_parser("tune", help="sweep the tree knobs on your prompts; print SGLang and vLLM launch lines")
     _add_model_args(tune, weights_list=True)
@@ -175,6 +177,7 @@ def build_parser() -> argparse.ArgumentParser:
     tune.add_argument("--json", dest="json_out", default=None, help="write everything to this JSON file")
     tune.add_argument("--save-settings", dest="save_settings", default=None, metavar="FILE",
                       help="write the winner's settings for specchat run --settings FILE")
+    add_force_flag(tune, "--json or --save-settings file", "only an earlier tune's own is replaced")
 
     export = sub.add_parser("export", help="print the SGLang or vLLM launch line for these settings")
     export.add_argument("server", choices=["sglang", "vllm"])
@@ -193,14 +196,73 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    stdout = sys.stdout
+    sys.stdout = CheckedStdout(stdout)
     try:
-        return _dispatch(build_parser().parse_args(argv))
+        code = _dispatch(build_parser().parse_args(argv))
+        sys.stdout.flush()  # a full disk or a closed pipe answers here, not in Python's shutdown (a traceback)
+        return code
     except KeyboardInterrupt:
         print("specchat: interrupted", file=sys.stderr)
         return 130
     except UserError as exc:  # one clear line, never a traceback, for the errors users cause
         print(f"specchat: error: {exc}", file=sys.stderr)
         return 2
+    except StdoutLost as exc:
+        return _stdout_lost(exc.error, stdout)
+    finally:
+        sys.stdout = stdout
+
+
+class StdoutLost(Exception):
+    """Standard output refused a write (``> /dev/full``, a pipe whose reader left): raised by
+    :class:`CheckedStdout` so that it is told apart from a failed write to any other file (our bug)."""
+
+    def __init__(self, error: OSError) -> None:
+        super().__init__(str(error))
+        self.error = error
+
+
+class CheckedStdout:
+    """``sys.stdout`` while a command runs, its write failures raised as :class:`StdoutLost`; everything
+    else (fileno, isatty, encoding) is the stream's own."""
+
+    def __init__(self, stream: Any) -> None:
+        self._stream = stream
+
+    def write(self, text: str) -> int:
+        try:
+            return self._stream.write(text)
+        except OSError as exc:
+            raise StdoutLost(exc) from exc
+
+    def flush(self) -> None:
+        try:
+            self._stream.flush()
+        except OSError as exc:
+            raise StdoutLost(exc) from exc
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._stream, name)
+
+
+def _stdout_lost(error: OSError, stdout: Any) -> int:
+    """Standard output failed: one line on stderr, exit 2 (a closed pipe: no line, as ``cmd | head``
+    expects, and 141, as a shell reports SIGPIPE). stdout is pointed at /dev/null so that Python's own
+    flush at exit does not add "Exception ignored" and a traceback."""
+    import os
+
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, stdout.fileno())
+        os.close(devnull)
+    except (OSError, ValueError):  # no descriptor (a test's capture): nothing flushes it at exit
+        pass
+    if isinstance(error, BrokenPipeError):
+        return 141
+    print(f"specchat: error: cannot write to standard output ({error.strerror or error}); send it where there "
+          "is room, or drop the redirection", file=sys.stderr)
+    return 2
 
 
 def _dispatch(args: argparse.Namespace) -> int:

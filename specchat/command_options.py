@@ -93,6 +93,7 @@ class RunOptions(CommandOptions):
     compare: str | None  # "" for --compare alone: the baseline against the method in force
     teach: bool
     record: str | None
+    force: bool  # --record may replace an existing trace
 
     def also_runs(self) -> tuple[str, ...]:
         return method_list(self.compare)
@@ -144,6 +145,7 @@ class BenchOptions(CommandOptions):
     rows: int
     random_weights: str | None
     peak_bandwidth: float | None
+    force: bool  # --json / --plot may replace a file bench did not write
     times_methods: ClassVar[bool] = True
 
     def also_runs(self) -> tuple[str, ...]:
@@ -164,6 +166,7 @@ class TuneOptions(CommandOptions):
     limit: int | None
     json_out: str | None
     save_settings: str | None
+    force: bool  # --json / --save-settings may replace a file tune did not write
     times_methods: ClassVar[bool] = True
 
 
@@ -198,6 +201,7 @@ class TrainDraftOptions:
     medusa_train_lm_head: bool
     export_layout: str | None
     resume: bool
+    force: bool  # --out may hold an exported head: it is replaced
     init_from: str | None
     refit_vocab: bool
     prompts: str | None

@@ -19,7 +19,6 @@ Runs on a CPU too (that is how the tests check it), where the numbers describe t
 
 from __future__ import annotations
 
-import json
 import tempfile
 import time
 from dataclasses import dataclass
@@ -261,14 +260,13 @@ def run_random_bench(options: BenchOptions) -> int:
     from engine.gpu.bandwidth import peak_bandwidth_gbps
     from engine.loader import configure_threads, pick_device, pick_dtype
     from engine.models.random_init import random_config, random_model
-    from specchat.bench_report import linear_words, machine_info
-    from specchat.options import make_config, prepare_json_out
+    from specchat.bench_report import BENCH_JSON, linear_words, machine_info
+    from specchat.options import make_config
 
     shape, target = str(options.random_weights), options.target
     _, target_config = random_config(shape)
     plan = plan_random_bench(options, target_config)
     tree_config = make_config(options.spec, method="none") if plan.drafting else None
-    prepare_json_out(options.json_out)
     configure_threads(target.threads)
     device = pick_device(target.device)
     dtype = pick_dtype(target.dtype, device)
@@ -332,5 +330,5 @@ def run_random_bench(options: BenchOptions) -> int:
                                 f"{d['ms_per_level']:.3f}", f"{d['level_vs_token']:.3f}")
         console.print(draft_table)
     if options.json_out:
-        Path(options.json_out).write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
+        BENCH_JSON.write_json(options.json_out, report)
     return 0

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from engine.errors import UserError
 from engine.knobs import KNOBS, Knob
+from engine.outputs import WRITTEN_BY
 
 if TYPE_CHECKING:
     from engine.config import SpecConfig
@@ -56,6 +57,13 @@ def add_knob_flags(p: argparse.ArgumentParser) -> None:
         metavar = "|".join(knob.choices) if knob.choices else None
         p.add_argument(knob.flag, *knob.flag_aliases, dest=knob.name, type=knob_type(knob), default=None,
                        metavar=metavar, help=f"{knob.help} ({_allowed(knob)})")
+
+
+def add_force_flag(p: argparse.ArgumentParser, replaces: str, without: str = "refused before any work") -> None:
+    """``--force``: the one way to let a command replace an existing output the user did not ask it to
+    replace (engine/outputs.py says what it replaces without asking). ``replaces``: what, in the help;
+    ``without``: what happens to it without the flag."""
+    p.add_argument("--force", action="store_true", help=f"replace an existing {replaces} (without --force: {without})")
 
 
 def _allowed(knob: Knob) -> str:
@@ -175,6 +183,7 @@ def load_settings(path: str | Path) -> dict[str, Any]:
                          "write one object of settings") from None
     if not isinstance(data, dict):
         raise UsageError(f"--settings {path}: write one JSON object of settings, e.g. {{\"method\": \"ngram\"}}")
+    data = {k: v for k, v in data.items() if k != WRITTEN_BY}  # the mark of tune --save-settings (engine/outputs.py)
     defaults = {f.name: f.default for f in dataclasses.fields(SpecConfig)}
     for name, value in data.items():
         if name not in defaults:
@@ -203,55 +212,3 @@ def _same_kind(value: Any, default: Any) -> bool:
     if isinstance(default, float):
         return isinstance(value, (int, float))
     return isinstance(value, type(default))
-
-
-def prepare_json_out(path: str | None, flag: str = "--json") -> None:
-    """Make sure ``--json PATH`` can be written, before any model loads: create its parent folder
-    (``--json bench-out/x.json`` on a fresh machine) or refuse in one line, rather than ending a
-    run of minutes in a FileNotFoundError with the results lost, and refuse to replace a file of another
-    kind (see :func:`_replaceable_output`). ``flag``: the option named in errors."""
-    if not path:
-        return
-    target = Path(path)
-    if target.is_dir():
-        raise UsageError(f"{flag} {path} is a folder; name a file in it")
-    parent = target.parent
-    blocker = next((p for p in (parent, *parent.parents) if p.exists()), None)
-    if blocker is not None and not blocker.is_dir():
-        raise UsageError(f"{flag} {path}: {blocker} is a file, not a folder")
-    try:
-        parent.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise UsageError(f"{flag} {path}: cannot create the folder {parent} ({exc.strerror or exc})") from None
-    if not os.access(parent, os.W_OK):
-        raise UsageError(f"{flag} {path}: the folder {parent} is not writable")
-    if target.exists() and not _replaceable_output(target):
-        what = "an SVG image" if target.suffix.lower() == ".svg" else "a JSON file"
-        raise UsageError(f"{flag} {path}: that file is not {what} and would be replaced; name a new file")
-
-
-OUTPUT_CAP = 64 * 2**20  # bytes of an existing output file read to tell its kind (a report is a few MB at most)
-
-
-def _replaceable_output(target: Path) -> bool:
-    """An existing output may be replaced (its own earlier output, as documented) only when it is of the same
-    kind: an empty file, an SVG image for ``.svg``, else JSON. Anything else (a FIFO, a model's weights, a
-    text) is not overwritten: ``--json model.safetensors`` once would have."""
-    import stat
-
-    try:
-        info = target.stat()
-        if not stat.S_ISREG(info.st_mode) or info.st_size > OUTPUT_CAP:
-            return False
-        if info.st_size == 0:
-            return True
-        text = target.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError):
-        return False
-    if target.suffix.lower() == ".svg":
-        return text.lstrip().startswith(("<svg", "<?xml"))
-    try:
-        json.loads(text)
-    except ValueError:
-        return False
-    return True

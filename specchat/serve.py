@@ -237,14 +237,24 @@ def session_budget(options: RunOptions) -> SessionBudget:
     return gpu if gpu.fits <= host.fits else host
 
 
+def tab_options(options: ServeOptions, precision: str) -> RunOptions:
+    """What each tab's ``specchat run`` gets: serve's run flags, the precision resolved once, and with
+    ``--record FILE`` leave to replace its slot's trace: FILE was checked once, at start (an earlier
+    trace there needs serve's own --force), and a reloaded tab records its slot again."""
+    run = options.run_options()
+    if run.record:
+        run = dataclasses.replace(run, force=True)
+    if not run.fake:  # resolved once; every tab runs the same
+        run = dataclasses.replace(run, target=dataclasses.replace(run.target, precision=precision))
+    return run
+
+
 def run_serve(options: ServeOptions) -> int:
     from specchat.tui.launch import preflight
 
     check_address(options.host, options.port)
     _, precision = preflight(options)  # the flags `run` would refuse, refused once here
-    run = options.run_options()
-    if not run.fake:  # resolved once; every tab runs the same
-        run = dataclasses.replace(run, target=dataclasses.replace(run.target, precision=precision))
+    run = tab_options(options, precision)
     budget = session_budget(run)
     limit = options.max_sessions or budget.fits
     if options.max_sessions and options.max_sessions > budget.fits:

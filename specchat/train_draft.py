@@ -16,7 +16,7 @@ from typing import Any
 from engine.errors import MissingFileError
 from specchat.bench_report import cpu_name_and_flags
 from specchat.command_options import TrainDraftOptions
-from specchat.options import MAX_THREADS, UsageError, bounded
+from specchat.options import MAX_THREADS, UsageError, add_force_flag, bounded
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -35,6 +35,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="medusa: vllm (default; one shared lm_head over --draft-vocab-size tokens + token_map, a few "
                         "MB) or medusa (FasterDecoding; a full lm_head copy per head)")
     p.add_argument("--resume", action="store_true", help="continue the run whose checkpoint is in --out")
+    add_force_flag(p, "head in --out (one train-draft exported; never other files)",
+                   "refused before any work; --resume continues its run")
     p.add_argument("--init-from", default=None,
                    help="start from an exported head's weights and vocabulary (e.g. the shipped one)")
     p.add_argument("--refit-vocab", action="store_true",
@@ -132,7 +134,8 @@ def check_args(options: TrainDraftOptions) -> Path:
     """Refuse, in one line, whatever would fail after the data is generated or the head trained:
     bad numbers, a missing --import-data, --init-from or --prompts, a --resume without a
     checkpoint (or a checkpoint without --resume), an output folder that cannot be written or that
-    holds files this command did not write (a model's folder). Returns the output folder, marked as ours."""
+    holds files this command did not write (a model's folder), or a head it exported, without --force.
+    Returns the output folder, marked as ours."""
     # the parser bounds every number from below (1, or 0 for --magpie-share); two need more
     if options.draft_vocab_size <= 1 or options.batch_tokens < 16:
         raise UsageError("--draft-vocab-size must be positive and above 1, and --batch-tokens at least 16 "
@@ -172,7 +175,10 @@ def check_args(options: TrainDraftOptions) -> Path:
         raise UsageError(f"{out} already holds a training run; pass --resume to continue it or pick a new --out")
     from engine.train.outdir import check_out_folder, claim  # here: engine.train imports torch
 
-    check_out_folder(out)  # a model's folder (config.json, model.safetensors) is never written over
+    if options.force and options.resume:
+        raise UsageError("--force starts the head afresh and --resume continues it: give one of them")
+    # a model's folder (config.json, model.safetensors) is never written over; a head only with --force
+    check_out_folder(out, force=options.force, resume=options.resume)
     _check_writable(out)
     check_train_target(options)  # the flags and --out first, then the target's files, before any data is made
     claim(out, options.method)

@@ -15,21 +15,20 @@ bottom in :func:`run_tune`: check the flags, load, warm up, search, report.
 from __future__ import annotations
 
 import itertools
-import json
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from engine.config import METHOD_KNOBS, ConfigError, knobs_for
 from engine.errors import UserError
+from engine.outputs import Output, check_outputs
 from engine.prompts import Prompt, load_prompts
 from specchat.bench import check_prompts_fit, load_sessions, run_ours, weights_modes
 from specchat.bench_report import Row, StepSplit, machine_info
 from specchat.bench_warmup import capture_verify_graphs, size_cache_for
 from specchat.export import EMBEDDED_HUB_ID, launch_line, serving_model
-from specchat.options import ALGORITHMS, TREE_METHODS, UsageError, make_config, prepare_json_out, spec_overrides
+from specchat.options import ALGORITHMS, TREE_METHODS, UsageError, make_config, spec_overrides
 
 if TYPE_CHECKING:
     from engine.config import SpecConfig
@@ -46,6 +45,9 @@ DEFAULT_GRIDS: dict[str, dict[str, list[Any]]] = {
 GRID_KNOBS: tuple[str, ...] = tuple(dict.fromkeys(k for knobs in METHOD_KNOBS.values() for k in knobs))
 SHORT = {"num_steps": "steps", "eagle_topk": "topk", "num_draft_tokens": "draft_tokens"}
 MAX_BATCH = 4  # settings timed together beside one baseline answer per prompt
+# what tune writes; each marked as its own, so a later tune may replace it (and nothing else without --force)
+TUNE_JSON = Output("tune", "--json", "json", example="tune.json")
+TUNE_SETTINGS = Output("tune", "--save-settings", "json", example="settings.json")  # --settings skips the mark
 CLOCK: Callable[[], float] = time.monotonic  # the budget's clock (tests replace it: no timed tests)
 
 
@@ -257,9 +259,7 @@ def run_tune(options: TuneOptions) -> int:
     modes = weights_modes(options.target)
     if len(modes) > 1:
         raise UsageError("tune measures one weights mode: give one --weights and one --precision")
-    prepare_json_out(options.json_out)
-    if options.save_settings:
-        prepare_json_out(options.save_settings, flag="--save-settings")
+    check_outputs([(TUNE_JSON, options.json_out), (TUNE_SETTINGS, options.save_settings)], force=options.force)
     session = load_sessions(options, base, modes)[modes[0]]
     check_prompts_fit("tune", session, prompts, _every_config(base, searches))
     baseline = base.replace(method="none")
@@ -272,10 +272,9 @@ def run_tune(options: TuneOptions) -> int:
     report = _report(options, base, session, searches, sweep, budget, CLOCK() - start)
     print_report(report)
     if options.json_out:
-        Path(options.json_out).write_text(json.dumps(report, indent=2, default=str) + "\n", encoding="utf-8")
+        TUNE_JSON.write_json(options.json_out, report, default=str)
     if options.save_settings and report["best"] is not None:
-        Path(options.save_settings).write_text(json.dumps(report["best"]["settings"], indent=2) + "\n",
-                                               encoding="utf-8")
+        TUNE_SETTINGS.write_json(options.save_settings, report["best"]["settings"])
         print(f"settings saved: specchat run{_model_arg(options)} --settings {options.save_settings}")
     return 1 if sweep.mismatches else 0
 

@@ -36,7 +36,7 @@ def svg_text(path: Path) -> str:
 
 def test_bench_svg_has_the_tables_numbers(tmp_path: Path) -> None:
     out = write_bench_svg(str(tmp_path / "bench.svg"), REPORT)
-    assert out.read_text(encoding="utf-8").startswith("<svg")
+    assert out.read_text(encoding="utf-8").startswith("<!-- written_by specchat bench --plot -->\n<svg")
     text = svg_text(out)
     for number in ("21.37", "47.25", "2.61", "2.21x", "0.42|35.10", "12%", "2/2"):
         assert number in text, number

@@ -123,25 +123,3 @@ def test_missing_files_the_user_named_are_one_line(tmp_path: Path, capsys) -> No
     bad = tmp_path / "bad.jsonl"
     bad.write_text(json.dumps({"prompt": "ok"}) + "\n" + json.dumps({"turns": [3]}) + "\n")
     _one_line(capsys, ["train-draft", "--out", str(tmp_path / "out"), "--prompts", str(bad)], "bad.jsonl:2")
-
-
-def test_an_output_file_of_another_kind_is_never_replaced(tmp_path):
-    """``bench --json`` / ``--plot`` and ``tune --json`` / ``--save-settings`` replace their own earlier output
-    (a JSON file, an SVG image) but refuse, in one line, a file of another kind and a FIFO."""
-    import os
-
-    from specchat.options import UsageError, prepare_json_out
-
-    weights = tmp_path / "model.safetensors"
-    weights.write_bytes(b"\x08\x00\x00\x00\x00\x00\x00\x00{}")
-    notes = tmp_path / "notes.svg"
-    notes.write_text("my notes")
-    os.mkfifo(tmp_path / "pipe.json")
-    for path, flag in ((weights, "--json"), (notes, "--plot"), (tmp_path / "pipe.json", "--save-settings")):
-        with pytest.raises(UsageError, match=f"^{flag} .*would be replaced; name a new file$"):
-            prepare_json_out(str(path), flag=flag)
-    assert weights.read_bytes().endswith(b"{}") and notes.read_text() == "my notes"
-    (tmp_path / "old.json").write_text('{"results": []}\n')
-    (tmp_path / "old.svg").write_text('<svg xmlns="http://www.w3.org/2000/svg"></svg>')
-    for name in ("old.json", "old.svg", "new.json"):
-        prepare_json_out(str(tmp_path / name))

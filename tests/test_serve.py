@@ -80,6 +80,17 @@ def test_the_tab_command_carries_the_run_options(argv):
     _round_trip(argv)
 
 
+def test_a_tab_may_replace_its_own_trace():
+    """serve checks ``--record FILE`` once (an earlier trace needs --force); a tab reloaded in its slot then
+    records that slot again rather than being refused by its own earlier trace."""
+    from specchat.serve import tab_options
+
+    assert tab_options(parsed("serve", "--fake", "--record", "t.jsonl"), "exact").force
+    assert "--force" in run_argv(tab_options(parsed("serve", "--fake", "--record", "t.jsonl"), "exact"),
+                                 parsed("serve").run_parser)
+    assert not tab_options(parsed("serve", "--fake"), "exact").force
+
+
 def _other_value(action: argparse.Action) -> str:
     """A value ``action`` takes that is not its default: a choice, else the first its type accepts."""
     choices = action.choices or (KNOBS[action.dest].choices if action.dest in KNOBS else ())

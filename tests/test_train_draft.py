@@ -516,8 +516,8 @@ def test_out_an_existing_model_folder_is_refused_and_left_byte_identical(tmp_pat
     hf.save_pretrained(model)
     before = _tree(model)
     capsys.readouterr()  # save_pretrained's progress bar
-    for method in ("eagle3", "medusa"):
-        assert main(["train-draft", str(model), "--out", str(model), "--method", method]) == 2
+    for method, force in (("eagle3", []), ("medusa", []), ("eagle3", ["--force"])):  # --force: only a head of ours
+        assert main(["train-draft", str(model), "--out", str(model), "--method", method, *force]) == 2
         err = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
         assert len(err) == 1 and "did not write" in err[0] and "config.json" in err[0], err
     assert _tree(model) == before
@@ -534,8 +534,12 @@ def test_out_a_new_empty_or_own_folder_is_accepted(tmp_path: Path) -> None:
     check_out_folder(empty)
     claim(empty, "eagle3")
     assert is_own_output(empty) and json.loads((empty / MARKER).read_text())["method"] == "eagle3"
+    check_out_folder(empty)  # only its marker: a run stopped before it wrote anything, reused
     (empty / "config.json").write_text("{}")
-    check_out_folder(empty)  # its own files: accepted again
+    with pytest.raises(UserError, match=r"holds a trained head \(config\.json\); add --force to replace it"):
+        check_out_folder(empty)  # a head of its own: costly to make again, replaced only when asked
+    check_out_folder(empty, force=True)
+    check_out_folder(empty, resume=True)
     old_head = tmp_path / "old"
     old_head.mkdir()
     (old_head / "config.json").write_text(json.dumps({"specchat_training": {"steps": 3}}))
@@ -549,4 +553,4 @@ def test_out_a_new_empty_or_own_folder_is_accepted(tmp_path: Path) -> None:
     interrupted = tmp_path / "interrupted"  # a run stopped before its first export: --resume continues it
     (interrupted / "checkpoint").mkdir(parents=True)
     (interrupted / "checkpoint" / "progress.json").write_text("{}")
-    check_out_folder(interrupted)
+    check_out_folder(interrupted, resume=True)

@@ -6,6 +6,11 @@ once replaced a model's weights with a draft head's. So a folder is written only
 empty, or marked as a head's (:data:`MARKER`, written before the first byte of training output).
 Heads exported before the marker existed are recognised by the card the trainer puts in their
 ``config.json`` (``specchat_training``), and an interrupted run by its checkpoint.
+
+A head is costly to make again (hours of training; the shipped one a copy away), so even a folder
+of ours is written over only when the user asks: ``--resume`` continues its run, ``--force``
+replaces its head (``train-draft --out`` over a copy of the shipped head once replaced it with a
+1-step head). A folder holding only the marker (a run stopped before it wrote anything) is reused.
 """
 
 from __future__ import annotations
@@ -14,6 +19,7 @@ import json
 from pathlib import Path
 
 from engine.errors import UserError
+from engine.outputs import FORCE_HINT, OutputError
 
 MARKER = "specchat-draft.json"
 CARD_KEY = "specchat_training"
@@ -38,18 +44,24 @@ def is_own_output(folder: Path) -> bool:
         return False
 
 
-def check_out_folder(out: Path) -> None:
-    """Refuse, in one line, an existing non-empty folder that is not a head's: nothing in it is touched."""
-    if not out.is_dir() or is_own_output(out):
+def check_out_folder(out: Path, *, force: bool = False, resume: bool = False) -> None:
+    """Refuse, in one line, an existing non-empty folder that is not a head's (even with ``force``), and
+    a head's without ``force`` or ``resume``: nothing in it is touched."""
+    if not out.is_dir():
         return
     try:
-        names = sorted(p.name for p in out.iterdir())
+        names = sorted(p.name for p in out.iterdir() if p.name != MARKER)
     except OSError:
         return  # unreadable: the write probe after this says why
-    if names:
-        shown = ", ".join(names[:SHOWN]) + (f" and {len(names) - SHOWN} more" if len(names) > SHOWN else "")
+    if not names:
+        return
+    shown = ", ".join(names[:SHOWN]) + (f" and {len(names) - SHOWN} more" if len(names) > SHOWN else "")
+    if not is_own_output(out):
         raise ForeignOutError(f"--out {out} holds files train-draft did not write ({shown}); name a new or empty "
                               "folder for the head")
+    if not (force or resume):
+        raise OutputError(f"--out {out} holds a trained head ({shown}); {FORCE_HINT.replace('file', 'folder')} "
+                          "(--resume continues its run)")
 
 
 def claim(out: Path, method: str) -> None:

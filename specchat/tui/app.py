@@ -32,6 +32,7 @@ from textual.filter import ANSIToTruecolor, LineFilter
 from textual.screen import Screen
 
 from engine.config import ConfigError, SpecConfig
+from engine.errors import UserError
 from engine.events import ConfigApplied, Finished, PrefillProgress, Started, Step
 from specchat.themes import THEMES, VARIABLE_DEFAULTS, pick_theme, resolve_theme_name, theme_colours
 from specchat.tui import host_api
@@ -572,8 +573,12 @@ class SpecChatApp(ChartsHost, CompareHost, App[int]):
         if not turns:
             self.notify("nothing to export yet", severity="warning")
             return []
-        paths = export_files(turns[-1:] if what == "answer" else turns, theme_colours(self.current_theme),
-                             time.strftime(f"%Y-%m-%d_%H-%M-%S-{what}"), show_rejected=self.ui.show_rejected)
+        try:
+            paths = export_files(turns[-1:] if what == "answer" else turns, theme_colours(self.current_theme),
+                                 time.strftime(f"%Y-%m-%d_%H-%M-%S-{what}"), show_rejected=self.ui.show_rejected)
+        except UserError as exc:  # a full disk, an exports folder that cannot be written: said, not a crash
+            self.notify(f"not exported: {exc}", title="Export", severity="error", timeout=10)
+            return []
         self.notify("exported: " + ", ".join(str(p) for p in paths), title="Export", timeout=10)
         return paths
 

@@ -110,7 +110,7 @@ def preflight(options: RunOptions) -> tuple[SpecConfig, str]:
     if options.record:
         from specchat.tui.trace import check_record_path
 
-        check_record_path(options.record)
+        check_record_path(options.record, force=options.force)
     if options.compare is not None:  # --compare A,B: known methods, two different ones
         from specchat.tui.compare_pair import parse_pair
 

@@ -253,26 +253,37 @@ def to_rich_text(turns: Sequence[Turn], colours: dict[str, str], *, show_rejecte
     return text
 
 
+EXPORTS = (".md", ".html", ".svg")
+
+
 def export_files(turns: Sequence[Turn], colours: dict[str, str], stem: str, *, show_rejected: bool,
                  folder: Path | None = None) -> list[Path]:
-    """Write ``stem``.md, .html and .svg; returns their paths."""
+    """Write ``stem``.md, .html and .svg (``stem-2`` ... where one of those is taken: an earlier export
+    is never replaced); returns their paths. Each is written whole (engine/outputs.py): a full disk or
+    a folder that cannot be written raises OutputError, one line, and no half-written file is left."""
     from rich.console import Console
     from rich.terminal_theme import TerminalTheme
 
-    folder = folder or exports_dir()
-    folder.mkdir(parents=True, exist_ok=True)
-    md = folder / f"{stem}.md"
-    md.write_text(to_markdown(turns), encoding="utf-8")
+    from engine.outputs import OutputError, write_whole
 
+    folder = folder or exports_dir()
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise OutputError(f"cannot make the exports folder {folder} ({exc.strerror or exc})") from None
+    base, n = stem, 2
+    while any((folder / f"{stem}{ext}").exists() for ext in EXPORTS):
+        stem, n = f"{base}-{n}", n + 1
+    md, html, svg = (folder / f"{stem}{ext}" for ext in EXPORTS)
     console = Console(record=True, width=100, file=open(os.devnull, "w"), force_terminal=True,  # noqa: SIM115
                       color_system="truecolor")
     console.print(to_rich_text(turns, colours, show_rejected=show_rejected))
     theme = TerminalTheme(_rgb(colours["background"]), _rgb(colours["foreground"]), [(0, 0, 0)] * 8)
-    html = folder / f"{stem}.html"
-    html.write_text(console.export_html(theme=theme, inline_styles=True, clear=False), encoding="utf-8")
-    svg = folder / f"{stem}.svg"
-    svg.write_text(console.export_svg(theme=theme, title="specchat", clear=True), encoding="utf-8")
+    texts = (to_markdown(turns), console.export_html(theme=theme, inline_styles=True, clear=False),
+             console.export_svg(theme=theme, title="specchat", clear=True))
     console.file.close()
+    for path, text in zip((md, html, svg), texts, strict=True):
+        write_whole(path, text, "")
     return [md, html, svg]
 
 

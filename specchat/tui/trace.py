@@ -21,7 +21,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import stat
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import IO, Any, Literal
@@ -29,12 +28,13 @@ from typing import IO, Any, Literal
 from engine.errors import MissingFileError, UserError
 from engine.events import Event, Started, event_from_dict, event_to_dict
 from engine.jsonl import JsonLinesError, read_jsonl
+from engine.outputs import Output
 from specchat import __version__
 from specchat.tui.trace_types import check_record
 
 FORMAT = "specchat-trace"
 FORMAT_VERSION = 1
-HEADER_CAP = 1 << 20  # bytes of a trace's first line read to tell it is one (a header is a few kB)
+RECORD = Output("run", "--record", "unique", example="trace.jsonl")  # a trace: replaced only with --force
 
 TurnMode = Literal["chat", "compare"]
 
@@ -236,38 +236,13 @@ def read_trace(path: str | os.PathLike[str]) -> tuple[dict[str, Any], list[Recor
     return trace.header, trace.records
 
 
-def check_record_path(path: str | os.PathLike[str], flag: str = "--record") -> None:
+def check_record_path(path: str | os.PathLike[str], *, force: bool = False) -> None:
     """Refuse, in one line, a trace path that cannot be written, before any model loads: a folder, a
-    parent folder that does not exist or cannot be written, or a file that is not a specchat trace
-    (which the recording would replace). Without this, ``--record /proc/nope/t.jsonl`` made every
-    answer fail once the chat had started."""
-    target = Path(path)
-    parent = target.parent
-    if target.is_dir():
-        raise TraceError(f"{flag} {path} is a folder; name a file in it (e.g. {target / 'trace.jsonl'})")
-    if not parent.is_dir():
-        raise TraceError(f"{flag} {path}: the folder {parent} does not exist; create it or name another place")
-    if not os.access(parent, os.W_OK | os.X_OK):
-        raise TraceError(f"{flag} {path}: the folder {parent} is not writable; name another place")
-    if target.exists() and not _replaceable_trace(target):
-        raise TraceError(f"{flag} {path}: that file is not a specchat trace and would be replaced; "
-                         "name a new file")
-
-
-def _replaceable_trace(target: Path) -> bool:
-    """An empty regular file or a trace (its first line the header): a recording may replace it."""
-    try:
-        info = target.stat()
-        if not stat.S_ISREG(info.st_mode):
-            return False
-        if info.st_size == 0:
-            return True
-        with target.open("rb") as file:
-            first = file.readline(HEADER_CAP)
-        header = json.loads(first)
-    except (OSError, ValueError):
-        return False
-    return isinstance(header, dict) and header.get("kind") == "header" and header.get("format") == FORMAT
+    parent folder that cannot be made or written, or an existing file without ``force`` (a recorded
+    session cannot be made again: even an earlier trace is replaced only with --force; see
+    engine/outputs.py). Without this, ``--record /proc/nope/t.jsonl`` made every answer fail once the
+    chat had started, and ``--record`` over yesterday's trace replaced it without a word."""
+    RECORD.check(path, force=force)
 
 
 def _check_header(path: Path, header: dict[str, Any]) -> None:

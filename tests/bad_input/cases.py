@@ -52,6 +52,13 @@ PROMPTS = b.jsonl("p.jsonl", {"prompt": "hello"})
 TRACE = b.trace("t.jsonl")
 LONG = "hello world " * 400  # past the tiny model's context of 256 tokens
 LONG_PROMPTS = b.jsonl("long.jsonl", {"prompt": "hi"}, {"prompt": LONG})
+NOTES = b.json_file("notes.json", {"mine": 1})  # a JSON file of the user's: no report of ours
+PICTURE = b.text("pic.svg", '<svg xmlns="http://www.w3.org/2000/svg"></svg>\n')  # an image of the user's
+# a copy of the shipped head (its card in config.json): train-draft's own kind, yet not to be replaced unasked
+SHIPPED_HEAD = (b.json_file("o/config.json", {"specchat_training": {"steps": 4000}}),
+                b.text("o/model.safetensors", "x"))
+NOT_OURS = r"that file exists and was not written by specchat {}; add --force to replace it, or name a new file"
+EXISTS = r"that file exists; add --force to replace it, or name a new file"
 M = MODEL
 # the behaviour wanted where issue 50 found it wrong, and where this suite found more
 LATE = "issue 50: refused clearly, but only after the target model loaded"
@@ -159,6 +166,14 @@ RUN = [
     case("run-max-new-tokens-huge", f"run {M} --max-new-tokens 1000000000000", r"max.new.tokens"),
     case("run-record-unwritable", f"run {M} --record /proc/nope/t.jsonl", r"record"),
     case("run-record-a-folder", f"run {M} --record {TMP}", r"record"),
+    case("run-record-over-a-trace", f"run {M} --record {TMP}/t.jsonl", r"--record .*t\.jsonl: " + EXISTS,
+         files=(TRACE,)),
+    case("run-record-over-notes", f"run {M} --record {TMP}/notes.json", r"--record .*notes\.json: " + EXISTS,
+         files=(NOTES,)),
+    case("run-record-trailing-slash", f"run {M} --record {TMP}/new/", r"--record .*new/ is a folder; name a file"),
+    case("run-record-a-fifo", f"run {M} --record {TMP}/p", r"--record .*p: not a regular file", files=(b.fifo("p"),),
+         timeout=2),
+    case("run-record-a-device", f"run {M} --record /dev/null --force", r"--record /dev/null: not a regular file"),
     case("run-missing-draft", f"run {M} --draft {TMP}/nohead", r"nohead"),
     case("run-device-garbage", f"run {M} --device nope", r"device"),
     case("run-weights-garbage", f"run {M} --weights int8", r"argument --weights: invalid choice: 'int8'"),
@@ -356,6 +371,22 @@ BENCH = [
          files=(PROMPTS,)),
     case("bench-json-under-a-file", f"bench {M} --prompts {TMP}/p.jsonl --json {TMP}/p.jsonl/x.json",
          r"is a file, not a folder", files=(PROMPTS,)),
+    case("bench-json-over-notes", f"bench {M} --prompts {TMP}/p.jsonl --json {TMP}/notes.json",
+         r"--json .*notes\.json: " + NOT_OURS.format("bench --json"), files=(PROMPTS, NOTES)),
+    case("bench-plot-over-a-picture", f"bench {M} --prompts {TMP}/p.jsonl --plot {TMP}/pic.svg",
+         r"--plot .*pic\.svg: " + NOT_OURS.format("bench --plot"), files=(PROMPTS, PICTURE)),
+    case("bench-json-trailing-slash", f"bench {M} --prompts {TMP}/p.jsonl --json {TMP}/newdir/",
+         r"--json .*newdir/ is a folder; name a file \(e\.g\. .*newdir/bench\.json\)", files=(PROMPTS,)),
+    case("bench-json-a-fifo", f"bench {M} --prompts {TMP}/p.jsonl --json {TMP}/out.json",
+         r"--json .*out\.json: not a regular file", files=(PROMPTS, b.fifo("out.json")), timeout=2),
+    case("bench-json-and-plot-one-file", f"bench {M} --prompts {TMP}/p.jsonl --json {TMP}/b.svg --plot {TMP}/b.svg",
+         r"--json .*b\.svg and --plot .*b\.svg name the same file", files=(PROMPTS,)),
+    case("bench-cost-curve-json-over-notes", f"bench {M} --cost-curve --json {TMP}/notes.json",
+         r"--json .*notes\.json: " + NOT_OURS.format("bench --json"), files=(NOTES,)),
+    case("bench-data-engine-json-over-notes", f"bench {M} --data-engine 4 --json {TMP}/notes.json",
+         r"--json .*notes\.json: " + NOT_OURS.format("bench --json"), files=(NOTES,)),
+    case("bench-random-weights-json-over-notes", f"bench --random-weights smollm2-135m --json {TMP}/notes.json",
+         r"--json .*notes\.json: " + NOT_OURS.format("bench --json"), files=(NOTES,)),
     case("bench-plot-not-svg", f"bench {M} --prompts {TMP}/p.jsonl --plot {TMP}/x.png", r"name a \.svg file",
          files=(PROMPTS,)),
     case("bench-random-weights-unknown", "bench --random-weights banana", r"'banana' is neither a shape name"),
@@ -433,6 +464,16 @@ TUNE = [
          r"tune measures one weights mode", files=(PROMPTS,)),
     case("tune-json-a-folder", f"tune {M} --prompts {TMP}/p.jsonl --json {TMP}", r"is a folder; name a file",
          files=(PROMPTS,)),
+    case("tune-json-over-notes", f"tune {M} --prompts {TMP}/p.jsonl --json {TMP}/notes.json",
+         r"--json .*notes\.json: " + NOT_OURS.format("tune --json"), files=(PROMPTS, NOTES)),
+    case("tune-save-settings-over-settings", f"tune {M} --prompts {TMP}/p.jsonl --save-settings {TMP}/s.json",
+         r"--save-settings .*s\.json: " + NOT_OURS.format("tune --save-settings"),
+         files=(PROMPTS, b.json_file("s.json", {"num_steps": 3}))),
+    case("tune-save-settings-trailing-slash", f"tune {M} --prompts {TMP}/p.jsonl --save-settings {TMP}/best/",
+         r"--save-settings .*best/ is a folder; name a file \(e\.g\. .*settings\.json\)", files=(PROMPTS,)),
+    case("tune-json-and-settings-one-file",
+         f"tune {M} --prompts {TMP}/p.jsonl --json {TMP}/x.json --save-settings {TMP}/x.json",
+         r"--json .*x\.json and --save-settings .*x\.json name the same file", files=(PROMPTS,)),
     case("tune-save-settings-unwritable", f"tune {M} --prompts {TMP}/p.jsonl --save-settings /proc/nope/s.json",
          r"cannot create the folder /proc/nope", files=(PROMPTS,)),
     # wrong once (issue 50): strict xfails until fixed, then plain cases
@@ -527,6 +568,8 @@ SERVE = [
     case("serve-weights-garbage", f"serve {M} --weights int8 --port {PORT}", r"argument --weights: invalid choice"),
     case("serve-num-steps-huge", f"serve {M} --speculative-num-steps 99999 --port {PORT}", STEPS_BOUND),
     case("serve-threads-zero", f"serve {M} --threads 0 --port {PORT}", r"threads"),
+    case("serve-record-over-a-trace", f"serve {M} --record {TMP}/t.jsonl --port {PORT}",
+         r"--record .*t\.jsonl: " + EXISTS, files=(TRACE,)),
     case("serve-record-unwritable", f"serve {M} --record /proc/nope/t.jsonl --port {PORT}", r"record"),
 ]
 
@@ -569,6 +612,11 @@ TRAIN_DRAFT = [
     case("train-draft-init-from-missing", f"train-draft {M} {OUT} --init-from {TMP}/nohead", r"not an exported head"),
     case("train-draft-resume-nothing", f"train-draft {M} {OUT} --resume", r"has no checkpoint"),
     case("train-draft-checkpoint-without-resume", f"train-draft {M} {OUT}", r"already holds a training run",
+         files=(b.text("o/checkpoint/progress.json", "{}"),)),
+    case("train-draft-out-over-a-head", f"train-draft {M} {OUT}",
+         r"--out .*o holds a trained head \(config\.json, model\.safetensors\); add --force to replace it, or name "
+         r"a new folder \(--resume continues its run\)", files=SHIPPED_HEAD),
+    case("train-draft-force-and-resume", f"train-draft {M} {OUT} --force --resume", r"give one of them",
          files=(b.text("o/checkpoint/progress.json", "{}"),)),
     case("train-draft-out-a-file", f"train-draft {M} --out {TMP}/f.txt", r"f\.txt is a file",
          files=(b.text("f.txt", "x"),)),

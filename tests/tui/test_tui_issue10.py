@@ -468,6 +468,37 @@ async def test_conversations_are_saved_reopened_and_exported(tmp_path):
         assert sum(r.kind == "user" for r in records) == 2, "the reopened conversation goes on in its file"
 
 
+async def test_an_export_never_replaces_an_earlier_one_and_a_full_disk_is_a_notice(tmp_path, monkeypatch):
+    """Two exports in one second were named alike (the second replaced the first); a full disk (or an
+    exports folder that cannot be written) raised out of the action and ended the app with a traceback."""
+    import errno
+    import os
+    import time
+
+    from specchat.tui.sessions import exports_dir
+
+    monkeypatch.setattr(time, "strftime", lambda fmt, *a: fmt.replace("%Y-%m-%d_%H-%M-%S", "same-second"))
+    app = make_app(make_session())
+    async with app.run_test(size=SIZE) as pilot:
+        await wait_loaded(pilot)
+        await send(pilot, "first question")
+        await wait_idle(pilot)
+        first = app.action_export("conversation")
+        second = app.action_export("conversation")
+        assert [p.name for p in second] == [f"same-second-conversation-2{p.suffix}" for p in first]
+        assert all(p.exists() for p in first)
+
+        def full(*args):
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+        monkeypatch.setattr(os, "fsync", full)
+        assert app.action_export("answer") == []
+        await pilot.pause()
+        assert any("not exported" in n.message and "No space left on device" in n.message
+                   for n in app._notifications), list(app._notifications)
+        assert sorted(p.name for p in exports_dir().iterdir() if "answer" in p.name) == []
+
+
 async def test_quit_and_new_chat_ask_first_while_an_answer_runs():
     session = make_session(step_delay=0.3)
     app = make_app(session)

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from engine.config import SpecConfig
+from engine.errors import UserError
 from engine.events import ConfigApplied, Finished, Started, Step
 from specchat.tui.scripted import synthetic_answer
 from specchat.tui.trace import TraceError, TraceWriter, UserTurn, open_trace, read_trace
@@ -135,10 +136,11 @@ def test_fixture_trace_is_realistic():
 
 
 @pytest.mark.parametrize(("where", "says"), [
-    ("/proc/nope/t.jsonl", "does not exist"),
+    ("/proc/nope/t.jsonl", "cannot create the folder /proc/nope"),
     ("{tmp}", "is a folder"),
-    ("{tmp}/missing/t.jsonl", "does not exist"),
-    ("{tmp}/notes.txt", "not a specchat trace"),
+    ("{tmp}/new/", "is a folder; name a file"),
+    ("{tmp}/notes.txt", "that file exists; add --force to replace it"),
+    ("{tmp}/old.jsonl", "that file exists; add --force to replace it"),
 ])
 def test_run_record_is_checked_before_the_app_starts(where, says, tmp_path, monkeypatch, capsys):
     """``run --record /proc/nope/t.jsonl`` made every answer fail once the chat was open: a path that cannot
@@ -147,21 +149,29 @@ def test_run_record_is_checked_before_the_app_starts(where, says, tmp_path, monk
     from specchat.tui.app import SpecChatApp
 
     (tmp_path / "notes.txt").write_text("my notes\n")
+    with TraceWriter(tmp_path / "old.jsonl") as writer:  # an earlier session's trace: unique, kept
+        writer.write(UserTurn(text="hi"))
     monkeypatch.setattr(SpecChatApp, "run", lambda self, *a, **k: pytest.fail("the app started"))
     path = where.format(tmp=tmp_path)
     assert main(["run", "--fake", "--record", path]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and says in err and "--record" in err, err
     assert (tmp_path / "notes.txt").read_text() == "my notes\n"
+    assert read_trace(tmp_path / "old.jsonl")[1], "the earlier trace was replaced"
 
 
-def test_run_record_may_replace_an_earlier_trace_or_make_a_new_one(tmp_path):
+def test_run_record_makes_a_new_trace_and_replaces_an_earlier_one_only_with_force(tmp_path):
+    """A recorded session cannot be made again: ``--record`` over an earlier trace replaced it without a
+    word; now it takes ``--force`` (an empty file, holding nothing, may go)."""
     from specchat.tui.trace import check_record_path
 
     check_record_path(tmp_path / "new.jsonl")
+    check_record_path(tmp_path / "deeper" / "new.jsonl")  # its folder is made, as TraceWriter would
     with TraceWriter(tmp_path / "old.jsonl") as writer:
         writer.write(UserTurn(text="hi"))
-    check_record_path(tmp_path / "old.jsonl")
+    with pytest.raises(UserError, match=r"^--record .*old\.jsonl: that file exists; add --force"):
+        check_record_path(tmp_path / "old.jsonl")
+    check_record_path(tmp_path / "old.jsonl", force=True)
     (tmp_path / "empty.jsonl").write_text("")
     check_record_path(tmp_path / "empty.jsonl")
 

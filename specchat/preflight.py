@@ -10,7 +10,7 @@ one line within a second, instead of after the loading screen.
 
 from __future__ import annotations
 
-from specchat.command_options import BenchOptions, CommandOptions, Options, TrainDraftOptions
+from specchat.command_options import BenchOptions, CommandOptions, GenerateOptions, Options, TrainDraftOptions
 from specchat.options import ALGORITHMS, draft_options, make_config
 
 
@@ -28,10 +28,14 @@ def check_files(options: Options) -> None:
     drafts = draft_options(options)
     target = options.target
     for method in _methods(options, config.method):
-        check(target.model, backend=target.backend or "auto", method=method,
-              draft=drafts["draft"], draft_revision=drafts["draft_revision"], token_map=drafts["token_map"],
-              ngram_corpus=drafts["ngram_corpus"], allow_pickle=target.allow_pickle,
-              method_from_draft=drafts["method_from_draft"])
+        target_config = check(target.model, backend=target.backend or "auto", method=method,
+                              draft=drafts["draft"], draft_revision=drafts["draft_revision"],
+                              token_map=drafts["token_map"], ngram_corpus=drafts["ngram_corpus"],
+                              allow_pickle=target.allow_pickle, method_from_draft=drafts["method_from_draft"])
+    if isinstance(options, GenerateOptions):  # a prompt file too big for the context, from its size alone
+        from specchat.generate import check_prompt_file_size
+
+        check_prompt_file_size(options, target_config.max_position_embeddings if target_config else None)
 
 
 def _methods(options: CommandOptions, method: str) -> list[str]:

@@ -548,7 +548,42 @@ TRAIN_DRAFT = [
     case("train-draft-device-garbage", f"train-draft {M} {OUT} --device nope", r"device"),
 ]
 
-CASES: list[Case] = [*GLOBAL, *RUN, *GENERATE, *BENCH, *TUNE, *EXPORT, *REPLAY, *SERVE, *TRAIN_DRAFT]
+DEEP = "[" * 100_000  # JSON nested 100k deep: a RecursionError in json.loads
+HUGE_INT = "1" * 5000  # over Python's int-string limit (4300 digits): a bare ValueError in json.loads
+NOT_REGULAR = r"not a regular file \((a named pipe|a device)\)"
+# issue 55: files that are not regular files, unbounded reads, and the JSON parser's own exceptions
+READS = [
+    case("run-settings-a-fifo", f"run {M} --settings {TMP}/p", r"--settings .*p: " + NOT_REGULAR,
+         files=(b.fifo("p"),), timeout=5),
+    case("run-settings-dev-zero", f"run {M} --settings /dev/zero", r"--settings /dev/zero: " + NOT_REGULAR,
+         timeout=5),
+    case("run-settings-too-big", f"run {M} --settings {TMP}/s.json", r"s\.json: over 1 MiB, too big to be a settings",
+         files=(b.text("s.json", "{" + " " * 2**20 + "}"),)),
+    case("run-settings-nested-deep", f"run {M} --settings {TMP}/s.json",
+         r"s\.json: not JSON \(arrays or objects nested too deeply, line 1\)", files=(b.text("s.json", DEEP),)),
+    case("export-settings-huge-integer", f"export sglang --settings {TMP}/s.json",
+         r"s\.json: not JSON \(an integer of more than 4300 digits, line 2\)",
+         files=(b.text("s.json", '{\n"seed": ' + HUGE_INT + "}"),)),
+    case("bench-prompts-nested-deep", f"bench {M} --prompts {TMP}/e.jsonl",
+         r"e\.jsonl:2: not valid JSON \(arrays or objects nested too deeply\)",
+         files=(b.jsonl("e.jsonl", {"prompt": "ok"}, DEEP),)),
+    case("tune-prompts-huge-integer", f"tune {M} --prompts {TMP}/e.jsonl",
+         r"e\.jsonl:1: not valid JSON \(an integer of more than 4300 digits\)",
+         files=(b.text("e.jsonl", '{"prompt": "x", "n": ' + HUGE_INT + "}\n"),)),
+    case("bench-prompts-dev-zero", f"bench {M} --prompts /dev/zero", r"/dev/zero: " + NOT_REGULAR, timeout=5),
+    case("replay-nested-deep", f"replay {TMP}/t.jsonl", r"t\.jsonl:2: not valid JSON \(arrays or objects nested",
+         files=(b.trace("t.jsonl", DEEP),)),
+    case("replay-huge-integer", f"replay {TMP}/t.jsonl", r"t\.jsonl:2: not valid JSON \(an integer of more than",
+         files=(b.trace("t.jsonl", '{"kind": "started", "prompt_tokens": ' + HUGE_INT + "}"),)),
+    case("replay-dev-zero", "replay /dev/zero", r"/dev/zero: " + NOT_REGULAR, timeout=5),
+    case("generate-prompt-file-dev-zero", f"generate {M} --prompt-file /dev/zero",
+         r"--prompt-file /dev/zero: " + NOT_REGULAR, timeout=5),
+    case("generate-prompt-file-over-the-context", f"generate {M} --prompt-file {TMP}/long.txt",
+         r"--prompt-file .*long\.txt: the prompt is 1 MiB, more than a context of 256 tokens can hold",
+         files=(b.text("long.txt", "hello world " * (2**20 // 12) + "x" * (2**20 % 12)),), timeout=5),
+]
+
+CASES: list[Case] = [*GLOBAL, *RUN, *GENERATE, *BENCH, *TUNE, *EXPORT, *REPLAY, *SERVE, *TRAIN_DRAFT, *READS]
 
 
 @dataclass(frozen=True)

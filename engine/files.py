@@ -42,7 +42,8 @@ class FileTooLargeError(UnreadableFileError):
     """A file bigger than what the kind of file it should be could hold."""
 
 
-def _kind(mode: int) -> str:
+def file_kind(mode: int) -> str:
+    """What a non-regular file is, in words ("a named pipe", "a device")."""
     if stat.S_ISFIFO(mode):
         return "a named pipe"
     if stat.S_ISCHR(mode) or stat.S_ISBLK(mode):
@@ -83,7 +84,7 @@ def open_regular(path: str | Path, *, what: str = "a file") -> int:
         if stat.S_ISDIR(mode):
             raise IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR), str(p))
         if not stat.S_ISREG(mode):
-            raise NotRegularFileError(f"{p}: not a regular file ({_kind(mode)}); name {what}")
+            raise NotRegularFileError(f"{p}: not a regular file ({file_kind(mode)}); name {what}")
         os.set_blocking(fd, True)
         return fd
     except BaseException:

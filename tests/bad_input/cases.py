@@ -583,7 +583,34 @@ READS = [
          files=(b.text("long.txt", "hello world " * (2**20 // 12) + "x" * (2**20 % 12)),), timeout=5),
 ]
 
-CASES: list[Case] = [*GLOBAL, *RUN, *GENERATE, *BENCH, *TUNE, *EXPORT, *REPLAY, *SERVE, *TRAIN_DRAFT, *READS]
+# issue 55: a model path that names nothing, or not a model, said in words about the file (not a hub lookup)
+MODEL_PATHS = [
+    case("run-gguf-missing-under-a-folder", "run models/x.gguf", r"no such file or folder: models/x\.gguf$",
+         files=(b.folder("models"),)),
+    case("run-gguf-missing-under-no-folder", "run models/x.gguf", r"no such file or folder: models/x\.gguf$"),
+    case("generate-gguf-missing-bare-name", "generate x.gguf --prompt hi", r"no such file or folder: x\.gguf$"),
+    case("run-folder-missing-under-a-folder", "run models/mine", r"no such file or folder: models/mine$",
+         files=(b.folder("models"),)),
+    case("run-gguf-dangling-link", "run models/x.gguf",
+         r"models/x\.gguf is a symbolic link to gone\.gguf, which does not exist; fix the link",
+         files=(b.symlink("models/x.gguf", "gone.gguf"),)),
+    case("generate-gguf-link-loop", "generate loop.gguf --prompt hi",
+         r"loop\.gguf is a symbolic link that loops back on itself; fix the link",
+         files=(b.symlink("loop.gguf", "loop.gguf"),)),
+    case("run-model-a-fifo", f"run {TMP}/p.gguf", r"p\.gguf is not a model folder or a GGUF file \(a named pipe\)",
+         files=(b.fifo("p.gguf"),), timeout=5),
+    case("generate-model-a-device", "generate /dev/null --prompt hi",
+         r"/dev/null is not a model folder or a GGUF file \(a device\)"),
+    case("run-gguf-without-vocabulary", f"run {TMP}/t.gguf",
+         r"t\.gguf has no tokenizer \(its metadata holds no vocabulary\); use a GGUF file that includes its",
+         files=(b.tiny_gguf("t.gguf", tokenizer=False),)),
+    case("generate-gguf-without-vocabulary", f"generate {TMP}/t.gguf --prompt hi --weights fp32",
+         r"t\.gguf has no tokenizer \(its metadata holds no vocabulary\)",
+         files=(b.tiny_gguf("t.gguf", tokenizer=False),)),
+]
+
+CASES: list[Case] = [*GLOBAL, *RUN, *GENERATE, *BENCH, *TUNE, *EXPORT, *REPLAY, *SERVE, *TRAIN_DRAFT,
+                     *READS, *MODEL_PATHS]
 
 
 @dataclass(frozen=True)

@@ -32,7 +32,8 @@ from pathlib import Path
 from typing import Any, Literal
 
 from engine.errors import UserError, is_disk_full
-from engine.files import file_kind
+from engine.files import JSON_LIMIT, SMALL_LIMIT, file_kind, read_bytes, read_text
+from engine.jsonl import loads
 from engine.models.progress import ProgressCallback
 
 __all__ = [
@@ -102,7 +103,7 @@ def cache_dir() -> Path:
 def weights_id(folder: Path) -> str:
     """A short id of the exact weights in a model folder (its config.json and the sizes of its
     safetensors files): what names a model's self-distilled data (``train-draft``'s cache key)."""
-    config = (folder / "config.json").read_bytes()
+    config = read_bytes(folder / "config.json", limit=SMALL_LIMIT, what="a config.json")
     sizes = sorted(p.stat().st_size for p in folder.glob("*.safetensors"))
     return hashlib.sha256(config + json.dumps(sizes).encode()).hexdigest()[:16]
 
@@ -464,9 +465,9 @@ def _hub_weight_patterns(folder: Path, allow_pickle: bool = False) -> list[str]:
     index = folder / "model.safetensors.index.json"
     if index.is_file():
         try:
-            weight_map = json.loads(index.read_text(encoding="utf-8"))["weight_map"]
+            weight_map = loads(read_text(index, limit=JSON_LIMIT, what="a weight index"))["weight_map"]
             return sorted(set(weight_map.values()))
-        except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
+        except (OSError, ValueError, KeyError, TypeError, AttributeError, UserError) as e:
             raise ModelResolutionError(f"{index} is not a valid weight index ({e}); delete it and retry") from None
     return ["model.safetensors", _MEDUSA_WEIGHTS, *(_PICKLE_GLOBS if allow_pickle else ())]
 

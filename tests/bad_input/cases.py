@@ -583,6 +583,30 @@ READS = [
          files=(b.text("long.txt", "hello world " * (2**20 // 12) + "x" * (2**20 % 12)),), timeout=5),
 ]
 
+# issue 55: the small files of a model, a head or a corpus, never read from a FIFO nor past a bound
+MODEL_FILES = [
+    case("generate-tokenizer-json-a-fifo", f"generate {TMP}/m --prompt hi", r"tokenizer\.json: not a regular file",
+         files=(b.model_copy("m", drop=("tokenizer.json",)), b.fifo("m/tokenizer.json")), timeout=5),
+    case("generate-tokenizer-config-nested-deep", f"generate {TMP}/m --prompt hi",
+         r"tokenizer_config\.json is not valid JSON \(arrays or objects nested too deeply",
+         files=(b.model_copy("m"), b.text("m/tokenizer_config.json", DEEP))),
+    case("generate-config-json-huge-integer", f"generate {TMP}/m --prompt hi",
+         r"config\.json is not valid JSON \(line 1, column \d+: an integer of more than 4300 digits\)",
+         files=(b.model_copy("m"), b.text("m/config.json", '{"vocab_size": ' + HUGE_INT + "}"))),
+    case("generate-token-map-a-fifo",
+         f"generate {M} --prompt hi --method eagle --draft {TMP}/h --speculative-token-map {TMP}/m.json",
+         r"token map .*m\.json", files=(b.head("h", kind="eagle"), b.fifo("m.json")), timeout=5),
+    case("generate-token-map-nested-deep",
+         f"generate {M} --prompt hi --method eagle --draft {TMP}/h --speculative-token-map {TMP}/m.json",
+         r"token map .*m\.json could not be read \(arrays or objects nested too deeply",
+         files=(b.head("h", kind="eagle"), b.text("m.json", DEEP)), loads_model=True),
+    case("bench-random-weights-config-nested-deep", f"bench --random-weights {TMP}/c.json",
+         r"cannot read .*c\.json: arrays or objects nested too deeply", files=(b.text("c.json", DEEP),)),
+    case("generate-head-config-huge-integer", f"generate {M} --prompt hi --method eagle3 --draft {TMP}/h",
+         r"h/config\.json is not valid JSON .*an integer of more than 4300 digits",
+         files=(b.head("h"), b.text("h/config.json", '{"hidden_size": ' + HUGE_INT + "}"))),
+]
+
 # issue 55: a model path that names nothing, or not a model, said in words about the file (not a hub lookup)
 MODEL_PATHS = [
     case("run-gguf-missing-under-a-folder", "run models/x.gguf", r"no such file or folder: models/x\.gguf$",
@@ -610,7 +634,7 @@ MODEL_PATHS = [
 ]
 
 CASES: list[Case] = [*GLOBAL, *RUN, *GENERATE, *BENCH, *TUNE, *EXPORT, *REPLAY, *SERVE, *TRAIN_DRAFT,
-                     *READS, *MODEL_PATHS]
+                     *READS, *MODEL_FILES, *MODEL_PATHS]
 
 
 @dataclass(frozen=True)

@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from engine.errors import UserError
+from engine.jsonl import loads
 
 WRITTEN_BY = "written_by"  # the key (JSON) / comment word (SVG) that marks a file as specchat's own output
 MARK_CAP = 64 * 2**20  # bytes of an existing file read to find its mark (a report is a few MB at most)
@@ -78,9 +79,9 @@ class Output:
                 if self.kind == "svg":
                     return file.readline(SVG_MARK_CAP) == self.mark_svg("").encode()
                 if self.kind == "json":
-                    data = json.loads(file.read(MARK_CAP + 1)[:MARK_CAP])
+                    data = loads(file.read(MARK_CAP + 1)[:MARK_CAP].decode())
                     return isinstance(data, dict) and data.get(WRITTEN_BY) == self.mark
-        except (OSError, ValueError):
+        except (OSError, ValueError):  # unreadable, not UTF-8 or not JSON (engine.jsonl: nesting too): not ours
             pass
         return False
 

@@ -25,6 +25,8 @@ from tokenizers import AddedToken
 from tokenizers import Tokenizer as Backend
 
 from engine.errors import UserError
+from engine.files import JSON_LIMIT, TOKENIZER_LIMIT, UnreadableFileError, read_text
+from engine.jsonl import loads
 
 Message = Mapping[str, Any]
 
@@ -79,13 +81,15 @@ class Tokenizer:
         """
         folder = Path(path)
         tok_file = folder / "tokenizer.json"
-        if not tok_file.is_file():
+        if not tok_file.exists():  # a FIFO or a device there is refused as such by read_text below
             raise TokenizerError(
                 f"{folder} has no tokenizer.json; tokenizers that ship only a sentencepiece model must be "
                 "converted first (load with transformers' AutoTokenizer and save_pretrained)"
             )
-        try:
-            backend = Backend.from_file(str(tok_file))
+        try:  # read by us, bounded and never from a FIFO; then parsed by the Rust side
+            backend = Backend.from_str(read_text(tok_file, limit=TOKENIZER_LIMIT, what="a tokenizer.json"))
+        except UnreadableFileError as e:
+            raise TokenizerError(str(e)) from None
         except Exception as e:  # the Rust side raises plain Exception subclasses
             raise TokenizerError(f"{tok_file} is not a valid tokenizer.json ({e})") from e
 
@@ -301,10 +305,13 @@ def _decoder_kinds(backend: Backend) -> frozenset[str]:
 
 
 def _read_json(path: Path) -> dict[str, Any]:
+    """A side file of the tokenizer ({} where there is none), read bounded (engine/files.py)."""
     if not path.is_file():
         return {}
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
+        data = loads(read_text(path, limit=JSON_LIMIT, what="a JSON file"))
+    except UnreadableFileError as e:
+        raise TokenizerError(str(e)) from None
     except ValueError as e:
         raise TokenizerError(f"{path} is not valid JSON ({e})") from e
     return data if isinstance(data, dict) else {}
@@ -353,7 +360,10 @@ def _add_missing_tokens(backend: Backend, added: Mapping[str, Any]) -> None:
 def _find_chat_template(folder: Path, config: Mapping[str, Any]) -> str | None:
     jinja_file = folder / "chat_template.jinja"
     if jinja_file.is_file():
-        return jinja_file.read_text(encoding="utf-8")
+        try:
+            return read_text(jinja_file, limit=JSON_LIMIT, what="a chat template")
+        except (UnreadableFileError, UnicodeDecodeError) as e:
+            raise TokenizerError(f"{jinja_file}: {e}" if isinstance(e, UnicodeDecodeError) else str(e)) from None
     template = config.get("chat_template")
     if template is None:
         template = _read_json(folder / "chat_template.json").get("chat_template")

@@ -131,7 +131,8 @@ def build_parser() -> argparse.ArgumentParser:
     _add_spec_args(gen)
     src = gen.add_mutually_exclusive_group(required=True)
     src.add_argument("--prompt", help="the user message")
-    src.add_argument("--prompt-file", help="read the user message from this file")
+    src.add_argument("--prompt-file", help="read the user message from this file (a regular file; one too big "
+                     "for the model's context is refused from its size)")
     gen.add_argument("--raw", action="store_true", help="no chat template: continue the text as is")
     gen.add_argument("--json", action="store_true", help="print one JSON object instead of text")
 

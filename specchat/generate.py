@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -24,20 +25,59 @@ def generate_config(options: GenerateOptions) -> SpecConfig:
     return make_config(options.spec, method="ngram", max_new_tokens=256)
 
 
+# A token is a few bytes of text (3-5 for prose, fewer for CJK); no real prompt averages more than this,
+# so a file bigger than this many bytes for every token of the context cannot fit, and is refused from
+# its size alone, before the model loads, instead of after tokenizing all of it (49 s for 21 MB).
+PROMPT_BYTES_PER_TOKEN = 32
+PROMPT_FILE_LIMIT = 64 * 2**20  # read at most this much where the context is not known yet (a hub id)
+
+
+def prompt_cannot_fit(nbytes: int, context: int) -> str:
+    """Why a prompt of ``nbytes`` bytes cannot fit a context of ``context`` tokens ("" when it may)."""
+    if nbytes <= PROMPT_BYTES_PER_TOKEN * context:
+        return ""
+    from engine.files import size_words
+
+    return (f"the prompt is {size_words(nbytes)}, more than a context of {context:,} tokens can hold "
+            f"(over {PROMPT_BYTES_PER_TOKEN} bytes a token); shorten it")
+
+
+def check_prompt_file_size(options: GenerateOptions, context: int | None) -> None:
+    """Refuse ``--prompt-file`` from its size when the model's ``context`` is known (the preflight, from
+    config.json or the GGUF header); anything else about the file is left to :func:`read_prompt`."""
+    import stat
+
+    if options.prompt_file is None or context is None:
+        return
+    try:
+        info = os.stat(options.prompt_file)
+    except OSError:
+        return
+    if stat.S_ISREG(info.st_mode) and (why := prompt_cannot_fit(info.st_size, context)):
+        raise UsageError(f"--prompt-file {options.prompt_file}: {why}")
+
+
 def read_prompt(options: GenerateOptions) -> str:
-    """The user message from --prompt or --prompt-file; a missing, unreadable or empty one is refused."""
+    """The user message from --prompt or --prompt-file; a missing, unreadable or empty one is refused,
+    and so is a FIFO or a device (never opened for a blocking read) or a file over 64 MiB."""
+    from engine.files import FileTooLargeError, UnreadableFileError, read_text
+
     if options.prompt is not None:
         text = options.prompt
     else:
         path = Path(str(options.prompt_file))
-        if path.is_dir():
-            raise UsageError(f"--prompt-file {path} is a folder; name a text file")
-        if not path.exists():
-            raise MissingFileError(f"prompt file {path} does not exist")
-        if not path.is_file():  # a FIFO or a device would block or never end
-            raise UsageError(f"--prompt-file {path} is not a regular file; name a text file")
         try:
-            text = path.read_text(encoding="utf-8")
+            text = read_text(path, limit=PROMPT_FILE_LIMIT, what="a text file")
+        except MissingFileError as exc:  # a dangling link or a loop: the reader's own words
+            raise MissingFileError(f"--prompt-file {exc}" if path.is_symlink() else
+                                   f"prompt file {path} does not exist") from None
+        except IsADirectoryError:
+            raise UsageError(f"--prompt-file {path} is a folder; name a text file") from None
+        except FileTooLargeError:
+            raise UsageError(f"--prompt-file {path}: over {PROMPT_FILE_LIMIT // 2**20} MiB, more than any "
+                             "model's context holds; shorten it") from None
+        except UnreadableFileError as exc:  # a FIFO or a device would block or never end
+            raise UsageError(f"--prompt-file {exc}") from None
         except (OSError, UnicodeDecodeError) as exc:
             raise UsageError(f"cannot read the prompt file {path} ({getattr(exc, 'strerror', None) or exc})") from None
     if not text.strip():
@@ -75,6 +115,8 @@ def run_generate(options: GenerateOptions) -> int:
         target = options.target
         session = load_session(target.model, config, progress=progress, **draft_options(options),
                                **target.load_args(weights=_one_weights(target), precision=_one_precision(target)))
+    if why := prompt_cannot_fit(len(prompt.encode("utf-8", "surrogatepass")), session.context_limit):
+        raise UsageError(why)  # a context known only now (a hub model, --backend hf): still before tokenizing
     config = session.config
     if options.raw:
         events = session.generate_ids(_raw_ids(session.tokenizer, prompt))

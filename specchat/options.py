@@ -166,16 +166,19 @@ def settings_from(spec: SpecOptions) -> dict[str, Any]:
 def load_settings(path: str | Path) -> dict[str, Any]:
     """A settings file: one JSON object of SpecConfig fields (``tune --save-settings`` writes them).
 
-    Refused in one line, naming the file and what to fix: a missing or unreadable file, not JSON,
-    an unknown field, a value of the wrong type or out of range."""
+    Refused in one line, naming the file and what to fix: a missing or unreadable file, a FIFO or a
+    device (never read: it would block or never end), a file over 1 MiB, not JSON (too deeply nested,
+    an integer over Python's digit limit included), an unknown field, a value of the wrong type or out of range."""
     import dataclasses
 
     from engine.config import ConfigError, SpecConfig
+    from engine.files import SMALL_LIMIT, UnreadableFileError, read_text
+    from engine.jsonl import loads
 
     try:
-        data = json.loads(Path(path).read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise UsageError(f"--settings {path}: no such file") from None
+        data = loads(read_text(path, limit=SMALL_LIMIT, what="a settings file (JSON)"))
+    except (FileNotFoundError, UnreadableFileError) as exc:  # missing, a FIFO or a device, over 1 MiB
+        raise UsageError(f"--settings {exc}") from None
     except (OSError, UnicodeDecodeError) as exc:
         raise UsageError(f"--settings {path}: cannot read it ({exc})") from None
     except json.JSONDecodeError as exc:

@@ -12,7 +12,15 @@ from __future__ import annotations
 
 import sys
 
-from specchat.command_options import BenchOptions, CommandOptions, Options, RunOptions, TrainDraftOptions, TuneOptions
+from specchat.command_options import (
+    BenchOptions,
+    CommandOptions,
+    GenerateOptions,
+    Options,
+    RunOptions,
+    TrainDraftOptions,
+    TuneOptions,
+)
 from specchat.options import ALGORITHMS, UsageError, draft_options, make_config, settings_from, spec_overrides
 
 
@@ -34,13 +42,17 @@ def check_files(options: Options) -> None:
     given = "max_new_tokens" in spec_overrides(options.spec) or "max_new_tokens" in settings_from(options.spec)
     notes: dict[str, None] = {}  # one warning line each, however many methods read the draft
     for method in _methods(options, config.method):
-        check(target.model, backend=target.backend or "auto", method=method,
-              draft=drafts["draft"], draft_revision=drafts["draft_revision"], token_map=drafts["token_map"],
-              ngram_corpus=drafts["ngram_corpus"], allow_pickle=target.allow_pickle,
-              method_from_draft=drafts["method_from_draft"], answer=config if given else None,
-              warn=lambda line: notes.setdefault(line))
+        target_config = check(target.model, backend=target.backend or "auto", method=method,
+                              draft=drafts["draft"], draft_revision=drafts["draft_revision"],
+                              token_map=drafts["token_map"], ngram_corpus=drafts["ngram_corpus"],
+                              allow_pickle=target.allow_pickle, method_from_draft=drafts["method_from_draft"],
+                              answer=config if given else None, warn=lambda line: notes.setdefault(line))
     for line in notes:
         print(f"specchat: warning: {line}", file=sys.stderr)
+    if isinstance(options, GenerateOptions):  # a prompt file too big for the context, from its size alone
+        from specchat.generate import check_prompt_file_size
+
+        check_prompt_file_size(options, target_config.max_position_embeddings if target_config else None)
 
 
 def _methods(options: CommandOptions, method: str) -> list[str]:

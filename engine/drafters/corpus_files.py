@@ -24,6 +24,9 @@ import numpy as np
 
 from engine.drafters.eagle_checkpoint import DraftLoadError
 from engine.drafters.ngram_corpus import CorpusIndex, index_name
+from engine.errors import UserError
+from engine.files import SMALL_LIMIT, read_text
+from engine.jsonl import loads
 
 _ASSETS = Path(__file__).resolve().parents[2] / "assets" / "train-data"
 # the folders of the embedded model's own answers (the EAGLE-3 data: CPU, GPU and task prompts)
@@ -40,7 +43,6 @@ def generated_corpus(model_folder: Path, cache: Path) -> list[Path]:
     """The data folders ``specchat train-draft --data-only`` wrote for the weights in
     ``model_folder`` (``<cache>/train-data/<hash>``, matched by the weights id in their
     settings.json), so ``--ngram-corpus auto`` finds a model's own answers once they exist."""
-    import json
 
     from engine.models.resolve import weights_id
 
@@ -51,8 +53,8 @@ def generated_corpus(model_folder: Path, cache: Path) -> list[Path]:
     found = []
     for settings in sorted((cache / "train-data").glob("*/settings.json")):
         try:
-            same = json.loads(settings.read_text(encoding="utf-8")).get("model_id") == wanted
-        except (OSError, ValueError):
+            same = loads(read_text(settings, limit=SMALL_LIMIT)).get("model_id") == wanted
+        except (OSError, ValueError, AttributeError, UserError):  # unreadable, not JSON, not an object
             continue
         if same and any(settings.parent.glob("batch-*.npz")):
             found.append(settings.parent)

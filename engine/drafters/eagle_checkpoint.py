@@ -16,7 +16,6 @@ always used, even when a checkpoint carries a copy (EAGLE-1 checkpoints often do
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,6 +24,8 @@ from typing import Any, Literal
 import torch
 
 from engine.errors import UserError
+from engine.files import JSON_LIMIT, read_text
+from engine.jsonl import loads
 from engine.models.llama_config import DecoderShape, ModelConfigError, shape_fields
 
 HeadKind = Literal["eagle", "eagle3"]
@@ -239,7 +240,7 @@ def load_token_map(path: str | Path, vocab_size: int, *, allow_pickle: bool = Tr
     suffix = path.suffix.lower()
     try:
         if suffix == ".json":
-            ids = torch.tensor(json.loads(path.read_text(encoding="utf-8")), dtype=torch.int64)
+            ids = torch.tensor(loads(read_text(path, limit=JSON_LIMIT, what="a token map")), dtype=torch.int64)
         elif suffix == ".safetensors":
             from safetensors.torch import load_file
 

@@ -103,8 +103,14 @@ def weight_files(folder: Path, *, allow_pickle: bool = False) -> tuple[bool, lis
 
 # helpers ----------------------------------------------------------------------------------
 def _load_json(path: Path, what: str) -> dict[str, Any]:
+    """A model's or a head's JSON file (config.json, a weight index), read bounded (engine/files.py)."""
+    from engine.files import JSON_LIMIT, UnreadableFileError, read_text
+    from engine.jsonl import loads
+
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
+        data = loads(read_text(path, limit=JSON_LIMIT, what=f"a {what}"))
+    except UnreadableFileError as e:
+        raise CheckpointError(f"{what} {e}") from None
     except UnicodeDecodeError as e:
         raise CheckpointError(f"{what} {path} is not UTF-8 text ({e.reason}); re-download it") from e
     except json.JSONDecodeError as e:

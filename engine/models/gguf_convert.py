@@ -384,7 +384,7 @@ def convert_gguf(
 
     gguf_path = Path(gguf_path)
     out_dir = Path(out_dir)
-    _check_architecture(gguf_path)
+    _check_architecture(gguf_path, tokenizer=tokenizer)
     try:
         reader = GGUFReader(gguf_path)
     except (OSError, ValueError) as e:
@@ -419,7 +419,7 @@ def convert_gguf(
     _write_json(out_dir / "generation_config.json", generation_config(meta, vocab))
     if tokenizer:
         if not vocab:
-            raise GGUFConversionError(f"{gguf_path.name} has no tokenizer metadata; pass tokenizer=False")
+            raise GGUFConversionError(_no_vocabulary(gguf_path))
         report(progress, "building the tokenizer", 0, 1)
         write_tokenizer(gguf_path, out_dir, meta, vocab)
         report(progress, "building the tokenizer", 1, 1)
@@ -435,6 +435,7 @@ def config_from_header(gguf_path: Path) -> dict[str, Any]:
 
     gguf = read_gguf(Path(gguf_path))
     family = gguf_family(gguf.metadata)
+    _check_vocabulary(Path(gguf_path), gguf.metadata)  # convert_gguf would refuse it, after the weights
     names = hf_names([t.name for t in gguf.tensors], family)
     shapes = {names[t.name]: tuple(int(d) for d in reversed(t.shape)) for t in gguf.tensors}
     return hf_config(gguf.metadata, shapes)
@@ -466,16 +467,17 @@ def write_transformers_folder(gguf_path: Path, out_dir: Path, *, progress: Progr
     vocab_field = reader.fields.get("tokenizer.ggml.tokens")
     vocab: list[str] = field_value(vocab_field) if vocab_field is not None else []
     if not vocab:
-        raise GGUFConversionError(f"{gguf_path.name} has no tokenizer metadata")
+        raise GGUFConversionError(_no_vocabulary(gguf_path))
     _write_json(out_dir / "generation_config.json", generation_config(meta, vocab))
     write_tokenizer(gguf_path, out_dir, meta, vocab)
     report(progress, description, 1, 1)
     return out_dir
 
 
-def _check_architecture(gguf_path: Path) -> None:
-    """Refuse a family we do not run from the metadata alone (our fast reader skips the
-    vocabulary; gguf-py's reader, needed for the vocabulary, takes seconds on a big one)."""
+def _check_architecture(gguf_path: Path, *, tokenizer: bool = True) -> None:
+    """Refuse a family we do not run, or (``tokenizer``) a file without a vocabulary, from the metadata
+    alone (our fast reader skips the vocabulary; gguf-py's reader, needed for the vocabulary, takes
+    seconds on a big one), before any tensor is converted."""
     from engine.models.gguf_file import GGUFFormatError, read_gguf
 
     try:
@@ -483,6 +485,20 @@ def _check_architecture(gguf_path: Path) -> None:
     except GGUFFormatError as e:  # bounded by the file's size: gguf-py's reader is not (OverflowError)
         raise GGUFConversionError(str(e)) from None
     gguf_family(meta)
+    if tokenizer:
+        _check_vocabulary(gguf_path, meta)
+
+
+def _check_vocabulary(gguf_path: Path, meta: dict[str, Any]) -> None:
+    """A GGUF must carry its vocabulary (``tokenizer.ggml.tokens``): specchat reads the tokenizer from it.
+    Our reader keeps the key of a big array with the value None, a short one as its list."""
+    if meta.get("tokenizer.ggml.tokens", []) == []:
+        raise GGUFConversionError(_no_vocabulary(gguf_path))
+
+
+def _no_vocabulary(gguf_path: Path) -> str:
+    return (f"{gguf_path.name} has no tokenizer (its metadata holds no vocabulary); use a GGUF file that "
+            "includes its vocabulary, or a model folder with tokenizer.json")
 
 
 def write_tokenizer(gguf_path: Path, out_dir: Path, meta: dict[str, Any], vocab: list[str]) -> None:

@@ -11,6 +11,8 @@ from typing import Any
 import torch
 
 from engine.errors import UserError
+from engine.files import SMALL_LIMIT, UnreadableFileError, read_text
+from engine.jsonl import loads
 from engine.models.llama import LlamaConfig, LlamaModel
 
 # config.json fields of well-known shapes (public architecture numbers, no weights)
@@ -47,8 +49,8 @@ def random_config(spec: str) -> tuple[str, dict[str, Any]]:
         raise RandomModelError(f"{spec!r} is neither a shape name ({', '.join(NAMED_SHAPES)}) nor a config.json")
     try:
         name = path.parent.name if path.name == "config.json" else path.stem
-        return name or spec, json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, json.JSONDecodeError) as exc:
+        return name or spec, loads(read_text(path, limit=SMALL_LIMIT, what="a config.json"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError, UnreadableFileError) as exc:
         raise RandomModelError(f"cannot read {path}: {exc}") from None
 
 

@@ -18,6 +18,7 @@ been written into it, so a half-written folder is never mistaken for a finished 
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
 import importlib.metadata
 import json
@@ -31,6 +32,8 @@ from pathlib import Path
 from typing import Any, Literal
 
 from engine.errors import UserError, is_disk_full
+from engine.files import JSON_LIMIT, SMALL_LIMIT, file_kind, read_bytes, read_text
+from engine.jsonl import loads
 from engine.models.progress import ProgressCallback
 
 __all__ = [
@@ -100,7 +103,7 @@ def cache_dir() -> Path:
 def weights_id(folder: Path) -> str:
     """A short id of the exact weights in a model folder (its config.json and the sizes of its
     safetensors files): what names a model's self-distilled data (``train-draft``'s cache key)."""
-    config = (folder / "config.json").read_bytes()
+    config = read_bytes(folder / "config.json", limit=SMALL_LIMIT, what="a config.json")
     sizes = sorted(p.stat().st_size for p in folder.glob("*.safetensors"))
     return hashlib.sha256(config + json.dumps(sizes).encode()).hexdigest()[:16]
 
@@ -137,8 +140,8 @@ def resolve_model(
         return _resolve_local(path, progress, stored, backend == "hf")
     if is_hub_id(name):
         return _resolve_hub(name, revision, progress, allow_pickle)
-    if os.sep in name or name.startswith((".", "~")) or name.endswith(".gguf"):
-        raise ModelResolutionError(f"no such file or folder: {path}")
+    if os.sep in name or name.startswith((".", "~")) or _looks_local(name):
+        raise ModelResolutionError(missing_path(path))
     raise ModelResolutionError(f"unknown model {name!r}; {_ACCEPTED}")
 
 
@@ -148,8 +151,32 @@ def is_embedded(name: str | None) -> bool:
 
 
 def is_hub_id(name: str) -> bool:
-    """Whether ``name`` (no such local path) reads as a Hugging Face hub id, ``org/name``."""
-    return bool(_HUB_ID.fullmatch(name)) and not name.startswith((".", "~"))
+    """Whether ``name`` (no such local path) reads as a Hugging Face hub id, ``org/name``, and not as a
+    local path gone missing (see :func:`_looks_local`)."""
+    return bool(_HUB_ID.fullmatch(name)) and not name.startswith((".", "~")) and not _looks_local(name)
+
+
+def _looks_local(name: str) -> bool:
+    """Whether ``name``, which names nothing here, was meant as a local path: a ``.gguf`` file (no hub
+    repository is named so; we take GGUFs as files), a symbolic link (dangling, or a loop), or a
+    path under a folder that exists here (``models/x`` beside a ``models`` folder). Such a name gets
+    a line about the file, not a hub lookup ("not in the local Hugging Face cache ... hf download")."""
+    path = Path(name).expanduser()
+    return name.lower().endswith(".gguf") or path.is_symlink() or (os.sep in name and path.parent.is_dir())
+
+
+def missing_path(path: Path) -> str:
+    """Why ``path`` (no such file or folder) names nothing, in words: a missing path, a link to
+    nothing, or a link that loops."""
+    if not path.is_symlink():
+        return f"no such file or folder: {path}"
+    try:
+        path.stat()
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            return f"{path} is a symbolic link that loops back on itself; fix the link or name the file itself"
+    return (f"{path} is a symbolic link to {os.readlink(path)}, which does not exist; "
+            "fix the link or name the file itself")
 
 
 # embedded model ----------------------------------------------------------------------------
@@ -203,6 +230,9 @@ def _resolve_local(path: Path, progress: ProgressCallback | None, stored: bool =
         what = f"reading {path.name}'s tokenizer" if stored else f"converting {path.name}"
         out = _convert_cached(path, slug, "", progress, f"{what} (first use only)", weights=not stored)
         return ResolvedModel(out, path.stem, "local", path if stored else None)
+    if not path.is_dir():  # a FIFO or a device (/dev/null): no folder, and not to be read as a file
+        raise ModelResolutionError(f"{path} is not a model folder or a GGUF file ({file_kind(path.stat().st_mode)}); "
+                                   f"{_ACCEPTED}")
     if not (path / "config.json").is_file():
         raise ModelResolutionError(f"{path} has no config.json; {_ACCEPTED}")
     if not any(any(path.glob(g)) for g in _WEIGHT_GLOBS):
@@ -435,9 +465,9 @@ def _hub_weight_patterns(folder: Path, allow_pickle: bool = False) -> list[str]:
     index = folder / "model.safetensors.index.json"
     if index.is_file():
         try:
-            weight_map = json.loads(index.read_text(encoding="utf-8"))["weight_map"]
+            weight_map = loads(read_text(index, limit=JSON_LIMIT, what="a weight index"))["weight_map"]
             return sorted(set(weight_map.values()))
-        except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
+        except (OSError, ValueError, KeyError, TypeError, AttributeError, UserError) as e:
             raise ModelResolutionError(f"{index} is not a valid weight index ({e}); delete it and retry") from None
     return ["model.safetensors", _MEDUSA_WEIGHTS, *(_PICKLE_GLOBS if allow_pickle else ())]
 

@@ -18,6 +18,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from engine.errors import MissingFileError, UserError
+from engine.files import SMALL_LIMIT, read_text
+from engine.jsonl import loads
 
 MIN_EAGLE3_LAYERS = 5  # low/mid/high features need layers 2, L//2 and L-3 apart
 
@@ -349,7 +351,8 @@ def load_exported(folder: str | Path) -> Eagle3Head:
     missing = [name for name in ("config.json", "model.safetensors") if not (folder / name).is_file()]
     if missing:
         raise MissingFileError(f"{folder} is not an exported head: no {' or '.join(missing)} in it")
-    cfg = HeadConfig.from_public(json.loads((folder / "config.json").read_text()))
+    text = read_text(folder / "config.json", limit=SMALL_LIMIT, what="a head's config.json")
+    cfg = HeadConfig.from_public(loads(text))
     sd = load_file(str(folder / "model.safetensors"))
     used = torch.arange(cfg.draft_vocab_size) + sd["d2t"]
     head = Eagle3Head(cfg, used)

@@ -19,6 +19,8 @@ import json
 from pathlib import Path
 
 from engine.errors import UserError
+from engine.files import read_text
+from engine.jsonl import loads
 from engine.outputs import FORCE_HINT, OutputError
 
 MARKER = "specchat-draft.json"
@@ -37,10 +39,8 @@ def is_own_output(folder: Path) -> bool:
         return True
     config = folder / "config.json"
     try:
-        if not config.is_file() or config.stat().st_size > CONFIG_CAP:
-            return False
-        return CARD_KEY in json.loads(config.read_text(encoding="utf-8"))
-    except (OSError, ValueError, TypeError):
+        return CARD_KEY in loads(read_text(config, limit=CONFIG_CAP))
+    except (OSError, ValueError, TypeError, UserError):  # missing, not a regular file, too big, not JSON
         return False
 
 

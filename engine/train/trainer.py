@@ -29,6 +29,8 @@ import torch.nn.functional as F
 from safetensors import SafetensorError
 
 from engine.errors import UserError
+from engine.files import SMALL_LIMIT, check_regular, read_text
+from engine.jsonl import loads
 from engine.train.data import Sample, answer_token_counts, iter_batches
 from engine.train.eagle3_head import Eagle3Head, HeadConfig, draft_vocab, export_head, load_exported, refit_vocabulary
 from engine.train.targets import LiveTarget, TargetSource, decoder_of
@@ -217,9 +219,10 @@ def load_checkpoint(folder: Path) -> tuple[dict[str, torch.Tensor], dict[str, di
     from safetensors.torch import load_file
 
     try:
-        state = json.loads((folder / "progress.json").read_text())
+        state = loads(read_text(folder / "progress.json", limit=SMALL_LIMIT, what="a progress.json"))
+        check_regular(folder / "state.safetensors", what="a safetensors file")
         tensors = load_file(str(folder / "state.safetensors"))
-    except (OSError, ValueError) as e:
+    except (OSError, ValueError, UserError) as e:
         raise ResumeError(f"no usable checkpoint in {folder} ({e}); run without --resume to start afresh") from None
     head_sd = {k[5:]: v for k, v in tensors.items() if k.startswith("head.")}
     opt_state: dict[str, dict[str, torch.Tensor]] = {}

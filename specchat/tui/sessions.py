@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import TextIO
 
 from engine.events import Finished, Started, Step
+from engine.files import UnreadableFileError, open_regular
 from specchat.tui.trace import Record, Trace, TraceError, UserTurn, open_trace
 
 ENV_VAR = "SPECCHAT_DATA_DIR"
@@ -105,17 +106,13 @@ def _summary(path: Path) -> SavedSession | None:
 
 
 def _open_regular(path: Path) -> TextIO:
-    """``path`` opened for reading without blocking, or OSError when it is not a regular file (it was
-    swapped for a FIFO or a device after the stat: O_NONBLOCK makes even that open return at once)."""
-    fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+    """``path`` opened for reading without blocking (engine/files.py: checked on the descriptor, so a FIFO
+    swapped in after the stat cannot block), or OSError when it is not a regular file."""
     try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            raise OSError(f"{path}: not a regular file")
-        os.set_blocking(fd, True)
-        return open(fd, encoding="utf-8", errors="replace")  # the caller closes it
-    except BaseException:
-        os.close(fd)
-        raise
+        fd = open_regular(path)
+    except UnreadableFileError as exc:
+        raise OSError(str(exc)) from None
+    return open(fd, encoding="utf-8", errors="replace")  # the caller closes it
 
 
 def _json_object(line: str) -> dict[str, object]:

@@ -63,15 +63,18 @@ def _load_toml(text: str) -> dict[str, Any]:
 
 def load_ui_settings(path: Path | None = None) -> tuple[UISettings, list[str]]:
     """Read the config file; returns the settings and one-line warnings (never raises)."""
+    from engine.files import SMALL_LIMIT, read_text
+
     path = path or config_path()
-    if not path.exists():
+    if not path.exists() and not path.is_symlink():
         return UISettings(), []
-    try:
-        data = _load_toml(path.read_text(encoding="utf-8"))
+    try:  # a FIFO or a device is refused unread: the app would freeze before its first frame
+        data = _load_toml(read_text(path, limit=SMALL_LIMIT, what="a TOML config file"))
     except ImportError:
         return UISettings(), [f"{path}: TOML needs Python 3.11+ or the 'tomli' package; using defaults"]
-    except Exception as exc:  # TOMLDecodeError, OSError, UnicodeDecodeError
+    except Exception as exc:  # TOMLDecodeError, OSError, UnicodeDecodeError, UnreadableFileError, RecursionError
         first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        first = first.removeprefix(f"{path}: ")  # our file reader names the path already
         return UISettings(), [f"{path}: {first}; using defaults"]
 
     warnings: list[str] = []

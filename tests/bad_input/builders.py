@@ -60,6 +60,24 @@ def fifo(name: str) -> Make:
     return make
 
 
+def symlink(name: str, target: str) -> Make:
+    """A symbolic link to ``target`` (relative to the link's folder): dangling where nothing is there, a
+    loop where ``target`` is the link itself."""
+    def make(w: Where) -> None:
+        (w.tmp / name).parent.mkdir(parents=True, exist_ok=True)
+        os.symlink(target, w.tmp / name)
+    return make
+
+
+def tiny_gguf(name: str, *, tokenizer: bool = True) -> Make:
+    """A tiny llama GGUF as llama.cpp writes one (``tokenizer=False``: without its vocabulary)."""
+    def make(w: Where) -> None:
+        from test_gguf_convert import write_tiny_gguf
+
+        write_tiny_gguf(w.tmp / name, tokenizer=tokenizer)
+    return make
+
+
 def model_copy(name: str, config: dict[str, Any] | None = None, *, drop: tuple[str, ...] = (),
                weights: bytes | None = None) -> Make:
     """A copy of the tiny model with config.json fields changed (None removes a field), files left

@@ -646,7 +646,93 @@ TRAIN_DRAFT = [
     case("train-draft-device-garbage", f"train-draft {M} {OUT} --device nope", r"device"),
 ]
 
-CASES: list[Case] = [*GLOBAL, *RUN, *GENERATE, *BENCH, *TUNE, *EXPORT, *REPLAY, *SERVE, *TRAIN_DRAFT]
+DEEP = "[" * 100_000  # JSON nested 100k deep: a RecursionError in json.loads
+HUGE_INT = "1" * 5000  # over Python's int-string limit (4300 digits): a bare ValueError in json.loads
+NOT_REGULAR = r"not a regular file \((a named pipe|a device)\)"
+# issue 55: files that are not regular files, unbounded reads, and the JSON parser's own exceptions
+READS = [
+    case("run-settings-a-fifo", f"run {M} --settings {TMP}/p", r"--settings .*p: " + NOT_REGULAR,
+         files=(b.fifo("p"),), timeout=5),
+    case("run-settings-dev-zero", f"run {M} --settings /dev/zero", r"--settings /dev/zero: " + NOT_REGULAR,
+         timeout=5),
+    case("run-settings-too-big", f"run {M} --settings {TMP}/s.json", r"s\.json: over 1 MiB, too big to be a settings",
+         files=(b.text("s.json", "{" + " " * 2**20 + "}"),)),
+    case("run-settings-nested-deep", f"run {M} --settings {TMP}/s.json",
+         r"s\.json: not JSON \(arrays or objects nested too deeply, line 1\)", files=(b.text("s.json", DEEP),)),
+    case("export-settings-huge-integer", f"export sglang --settings {TMP}/s.json",
+         r"s\.json: not JSON \(an integer of more than 4300 digits, line 2\)",
+         files=(b.text("s.json", '{\n"seed": ' + HUGE_INT + "}"),)),
+    case("bench-prompts-nested-deep", f"bench {M} --prompts {TMP}/e.jsonl",
+         r"e\.jsonl:2: not valid JSON \(arrays or objects nested too deeply\)",
+         files=(b.jsonl("e.jsonl", {"prompt": "ok"}, DEEP),)),
+    case("tune-prompts-huge-integer", f"tune {M} --prompts {TMP}/e.jsonl",
+         r"e\.jsonl:1: not valid JSON \(an integer of more than 4300 digits\)",
+         files=(b.text("e.jsonl", '{"prompt": "x", "n": ' + HUGE_INT + "}\n"),)),
+    case("bench-prompts-dev-zero", f"bench {M} --prompts /dev/zero", r"/dev/zero: " + NOT_REGULAR, timeout=5),
+    case("replay-nested-deep", f"replay {TMP}/t.jsonl", r"t\.jsonl:2: not valid JSON \(arrays or objects nested",
+         files=(b.trace("t.jsonl", DEEP),)),
+    case("replay-huge-integer", f"replay {TMP}/t.jsonl", r"t\.jsonl:2: not valid JSON \(an integer of more than",
+         files=(b.trace("t.jsonl", '{"kind": "started", "prompt_tokens": ' + HUGE_INT + "}"),)),
+    case("replay-dev-zero", "replay /dev/zero", r"/dev/zero: " + NOT_REGULAR, timeout=5),
+    case("generate-prompt-file-dev-zero", f"generate {M} --prompt-file /dev/zero",
+         r"--prompt-file /dev/zero: " + NOT_REGULAR, timeout=5),
+    case("generate-prompt-file-over-the-context", f"generate {M} --prompt-file {TMP}/long.txt",
+         r"--prompt-file .*long\.txt: the prompt is 1 MiB, more than a context of 256 tokens can hold",
+         files=(b.text("long.txt", "hello world " * (2**20 // 12) + "x" * (2**20 % 12)),), timeout=5),
+]
+
+# issue 55: the small files of a model, a head or a corpus, never read from a FIFO nor past a bound
+MODEL_FILES = [
+    case("generate-tokenizer-json-a-fifo", f"generate {TMP}/m --prompt hi", r"tokenizer\.json: not a regular file",
+         files=(b.model_copy("m", drop=("tokenizer.json",)), b.fifo("m/tokenizer.json")), timeout=5),
+    case("generate-tokenizer-config-nested-deep", f"generate {TMP}/m --prompt hi",
+         r"tokenizer_config\.json is not valid JSON \(arrays or objects nested too deeply",
+         files=(b.model_copy("m"), b.text("m/tokenizer_config.json", DEEP))),
+    case("generate-config-json-huge-integer", f"generate {TMP}/m --prompt hi",
+         r"config\.json is not valid JSON \(line 1, column \d+: an integer of more than 4300 digits\)",
+         files=(b.model_copy("m"), b.text("m/config.json", '{"vocab_size": ' + HUGE_INT + "}"))),
+    case("generate-token-map-a-fifo",
+         f"generate {M} --prompt hi --method eagle --draft {TMP}/h --speculative-token-map {TMP}/m.json",
+         r"token map .*m\.json", files=(b.head("h", kind="eagle"), b.fifo("m.json")), timeout=5),
+    case("generate-token-map-nested-deep",
+         f"generate {M} --prompt hi --method eagle --draft {TMP}/h --speculative-token-map {TMP}/m.json",
+         r"token map .*m\.json could not be read \(arrays or objects nested too deeply",
+         files=(b.head("h", kind="eagle"), b.text("m.json", DEEP)), loads_model=True),
+    case("bench-random-weights-config-nested-deep", f"bench --random-weights {TMP}/c.json",
+         r"cannot read .*c\.json: arrays or objects nested too deeply", files=(b.text("c.json", DEEP),)),
+    case("generate-head-config-huge-integer", f"generate {M} --prompt hi --method eagle3 --draft {TMP}/h",
+         r"h/config\.json is not valid JSON .*an integer of more than 4300 digits",
+         files=(b.head("h"), b.text("h/config.json", '{"hidden_size": ' + HUGE_INT + "}"))),
+]
+
+# issue 55: a model path that names nothing, or not a model, said in words about the file (not a hub lookup)
+MODEL_PATHS = [
+    case("run-gguf-missing-under-a-folder", "run models/x.gguf", r"no such file or folder: models/x\.gguf$",
+         files=(b.folder("models"),)),
+    case("run-gguf-missing-under-no-folder", "run models/x.gguf", r"no such file or folder: models/x\.gguf$"),
+    case("generate-gguf-missing-bare-name", "generate x.gguf --prompt hi", r"no such file or folder: x\.gguf$"),
+    case("run-folder-missing-under-a-folder", "run models/mine", r"no such file or folder: models/mine$",
+         files=(b.folder("models"),)),
+    case("run-gguf-dangling-link", "run models/x.gguf",
+         r"models/x\.gguf is a symbolic link to gone\.gguf, which does not exist; fix the link",
+         files=(b.symlink("models/x.gguf", "gone.gguf"),)),
+    case("generate-gguf-link-loop", "generate loop.gguf --prompt hi",
+         r"loop\.gguf is a symbolic link that loops back on itself; fix the link",
+         files=(b.symlink("loop.gguf", "loop.gguf"),)),
+    case("run-model-a-fifo", f"run {TMP}/p.gguf", r"p\.gguf is not a model folder or a GGUF file \(a named pipe\)",
+         files=(b.fifo("p.gguf"),), timeout=5),
+    case("generate-model-a-device", "generate /dev/null --prompt hi",
+         r"/dev/null is not a model folder or a GGUF file \(a device\)"),
+    case("run-gguf-without-vocabulary", f"run {TMP}/t.gguf",
+         r"t\.gguf has no tokenizer \(its metadata holds no vocabulary\); use a GGUF file that includes its",
+         files=(b.tiny_gguf("t.gguf", tokenizer=False),)),
+    case("generate-gguf-without-vocabulary", f"generate {TMP}/t.gguf --prompt hi --weights fp32",
+         r"t\.gguf has no tokenizer \(its metadata holds no vocabulary\)",
+         files=(b.tiny_gguf("t.gguf", tokenizer=False),)),
+]
+
+CASES: list[Case] = [*GLOBAL, *RUN, *GENERATE, *BENCH, *TUNE, *EXPORT, *REPLAY, *SERVE, *TRAIN_DRAFT,
+                     *READS, *MODEL_FILES, *MODEL_PATHS]
 
 
 @dataclass(frozen=True)

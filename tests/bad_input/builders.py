@@ -70,7 +70,8 @@ def symlink(name: str, target: str) -> Make:
 
 
 def tiny_gguf(name: str, *, tokenizer: bool = True) -> Make:
-    """A tiny llama GGUF as llama.cpp writes one (``tokenizer=False``: without its vocabulary)."""
+    """A complete tiny llama GGUF (weights, tokenizer; a context of 256), as llama.cpp's converter writes one
+    (``tokenizer=False``: without its vocabulary)."""
     def make(w: Where) -> None:
         from test_gguf_convert import write_tiny_gguf
 
@@ -113,15 +114,6 @@ def other_tokenizer(name: str) -> Make:
 
         model_copy(name)(w)
         write_tiny(w.tmp / name, eos_token="<|endoftext|>")
-    return make
-
-
-def tiny_gguf(name: str) -> Make:
-    """A complete tiny llama GGUF (weights, tokenizer; a context of 256), as llama.cpp's converter writes one."""
-    def make(w: Where) -> None:
-        from test_gguf_convert import write_tiny_gguf
-
-        write_tiny_gguf(w.tmp / name)
     return make
 
 

@@ -23,14 +23,19 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
+import torch
+
 from engine.adaptive import DraftBudget
 from engine.api import Message
 from engine.budgets import Budgets
+from engine.calibrate import sync
 from engine.config import SpecConfig
 from engine.conversation import Conversation, context_refusal
 from engine.drafting import DrafterFactory, Drafters, default_drafters
 from engine.events import Event, Finished, Started, Step
-from engine.features import FeatureCapture, FeatureSpec
+from engine.features import FeatureSpec
+from engine.gpu.graphs import GraphCounts
+from engine.gpu.static import BUCKETS
 from engine.precision import PrecisionSwitch
 from engine.step import SpecLoop, refused
 from engine.target import TargetModel
@@ -153,6 +158,44 @@ class Session:
     def forget_cache(self) -> None:
         """Empty the cache, preamble included (for callers that write their own tokens into it)."""
         self.rewind_cache(0)
+
+    # -- CUDA graphs: what a benchmark settles before it times ------------------------------------------
+    @property
+    def graph_counts(self) -> GraphCounts | None:
+        """The target's verify graphs captured and replayed so far; None where it runs eagerly (CPU)."""
+        return self.model.graph_counts
+
+    def reserve(self, tokens: int) -> None:
+        """Room in the KV cache for ``tokens`` now. Graphs are captured per cache address, and the
+        cache grows when an answer needs more room: growing later recaptures every bucket there."""
+        self._idle()
+        self._conversation.ensure_capacity(tokens)
+
+    def capture_verify_graphs(self) -> int:
+        """Capture the verify forward's graph of every tree-size bucket (1, 2, ... 64) that fits the
+        cache, with the features the drafter in force reads (EAGLE's verify graphs capture target
+        layers: their own graphs); returns how many were captured here (0 where it runs eagerly).
+
+        engine/gpu/static.py captures a bucket's graph the first time a forward of that size runs;
+        an adaptive tree's size varies step by step, so a short warm-up answer reaches only some.
+        The forwards run on the emptied cache (K/V land in slots the next prefill overwrites), and
+        the cache is emptied again after."""
+        before = self.graph_counts
+        if before is None:
+            return 0
+        self.forget_cache()
+        cache = self._conversation.cache
+        if cache is not None:
+            features = self._drafters.capture.forward_kwargs
+            for b in BUCKETS:
+                if b > cache.capacity:
+                    break
+                self.model.forward(torch.zeros(b, dtype=torch.int64), cache, positions=torch.arange(b),
+                                   tree_mask=torch.ones(b, b, dtype=torch.bool).tril_(), **features)
+            sync(self.model)
+        self.forget_cache()
+        after = self.graph_counts
+        return after.captures - before.captures if after is not None else 0
 
     def reset(self) -> None:
         """A new conversation (the cache keeps the preamble every conversation opens with:
@@ -305,13 +348,6 @@ class Session:
     @property
     def _prefiller(self) -> Any:
         return self._conversation.prefiller
-
-    @property
-    def _capture(self) -> FeatureCapture:
-        return self._drafters.capture
-
-    def _ensure_capacity(self, needed: int) -> None:
-        self._conversation.ensure_capacity(needed)
 
     def _budget(self, method: str) -> DraftBudget:
         return self._costs.get(method)

@@ -14,6 +14,8 @@ from typing import Any, Literal, Protocol
 
 import torch
 
+from engine.gpu.graphs import GraphCounts
+
 
 class TargetCache(Protocol):
     """The target's KV cache: ``length`` tokens committed, room for ``capacity``."""
@@ -52,6 +54,10 @@ class TargetModel(Protocol):
 
     @property
     def vocab_size(self) -> int: ...
+
+    @property
+    def graph_counts(self) -> GraphCounts | None:
+        """The verify forward's CUDA graphs captured and replayed; None where it runs eagerly."""
 
     @property
     def context_limit(self) -> int:

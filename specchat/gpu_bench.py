@@ -86,14 +86,14 @@ def synthetic_report(model, *, context: int, new_tokens: int, peak_gbps: float |
     tokens, ms = decode_greedy(model, cache, prompt, new_tokens)
     again, _ = decode_greedy(model, cache, prompt, new_tokens)
     oracle = oracle_acceptance(model, cache, prompt, tokens, chain)
-    static = getattr(model, "_static", None)
+    graphs = model.graph_counts
     return {
         "baseline": {"tokens_per_s": round(1e3 / ms, 2), "ms_per_token": round(ms, 3), "tokens": new_tokens,
                      "deterministic": again == tokens},
         "bandwidth": bandwidth_report(weight_bytes_per_token(model), ms, peak_gbps),
         "cost_curve": measure_cost_curve(model, context, sizes),
         "oracle": oracle,
-        "cuda_graphs": {"captures": static.captures, "replays": static.replays} if static is not None else None,
+        "cuda_graphs": {"captures": graphs.captures, "replays": graphs.replays} if graphs is not None else None,
     }
 
 

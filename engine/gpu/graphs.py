@@ -11,9 +11,19 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Hashable
+from dataclasses import dataclass
 from typing import Any
 
 import torch
+
+
+@dataclass(frozen=True)
+class GraphCounts:
+    """A model's verify graphs so far: how many were captured, how many forwards replayed one (the
+    bench reports both, and warns of a capture inside a timed run)."""
+
+    captures: int
+    replays: int
 
 
 def graphs_wanted(device: torch.device) -> bool:

@@ -64,6 +64,7 @@ class HFModel:
     rows_independent = False  # torch's products promise no batch invariance
     weights = "fp32"  # transformers' own tensors: no stored (q4/q8) forms for draft heads to match
     ops = None  # no native kernel: heads bound to this target run torch ops
+    graph_counts = None  # transformers' own forward: no CUDA graphs of ours
 
     def __init__(self, model: torch.nn.Module) -> None:
         self.net = model.eval()

@@ -19,6 +19,7 @@ from typing import Any, Literal
 import torch
 import torch.nn.functional as F
 
+from engine.gpu.graphs import GraphCounts
 from engine.gpu.static import StaticDecoder, Wanted, cuda_capacity
 from engine.kernels.linear import Linear
 from engine.kernels.stored import StoredEmbedding, StoredLinear
@@ -164,6 +165,12 @@ class LlamaModel:
 
     def _linears(self) -> list[Linear | StoredLinear]:
         return [self.lm_head, *(lin for layer in self.layers for lin in layer.linears)]
+
+    @property
+    def graph_counts(self) -> GraphCounts | None:
+        """The static decoder's graphs captured and replayed; None where the forward runs eagerly (CPU)."""
+        static = self._static
+        return None if static is None else GraphCounts(static.captures, static.replays)
 
     def new_cache(self, capacity: int) -> KVCache:
         c = self.config

@@ -295,10 +295,24 @@ def test_embedded_model_stored_logits_equal_fp32_path() -> None:
     assert torch.equal(a, b)
 
 
+def _amx_granted() -> bool:
+    """Whether Linux grants this process AMX tile state (arch_prctl ARCH_REQ_XCOMP_PERM, what
+    fast_amx.c asks): a kernel before 5.16 or a seccomp profile refuses it though cpuinfo lists
+    amx_tile, and the kernel then keeps the VNNI tiles."""
+    import ctypes
+    import platform
+
+    if platform.machine() != "x86_64":
+        return False
+    libc = ctypes.CDLL(None, use_errno=True)
+    return libc.syscall(158, 0x1023, 18) == 0  # SYS_arch_prctl, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA
+
+
 def test_kernel_variant_follows_cpu_flags() -> None:
     """AVX-512 tiles only where /proc/cpuinfo lists avx512f, avx512bw and avx512vl; the fast
     precision's VNNI tiles only with avx512_vnni and avx512vbmi, and AMX only with amx_tile and
-    amx_int8 (and a Linux that grants the tile state)."""
+    amx_int8 and a Linux that grants the tile state. Checked on the CPU's own pick, whatever
+    SPECCHAT_KERNEL_VARIANT the run was started with (it is put back after)."""
     if not NATIVE:
         assert native.variant() == "torch"
         return
@@ -307,11 +321,14 @@ def test_kernel_variant_follows_cpu_flags() -> None:
         if line.startswith("flags"):
             flags = set(line.split(":", 1)[1].split())
             break
-    wide = {"avx512f", "avx512bw", "avx512vl"} <= flags
-    assert native.variant() == ("avx512" if wide else "avx2")
-    if native.forced_variant() == "":
+    kernel = native.load()
+    kernel.choose_variant("")
+    try:
+        wide = {"avx512f", "avx512bw", "avx512vl"} <= flags
+        assert native.variant() == ("avx512" if wide else "avx2")
         vnni = wide and {"avx512_vnni", "avx512vbmi"} <= flags
-        amx = vnni and {"amx_tile", "amx_int8"} <= flags
+        amx = vnni and {"amx_tile", "amx_int8"} <= flags and _amx_granted()
         vnni256 = "avx_vnni" in flags
-        assert native.load().fast_variant == ("amx" if amx else "avx512vnni" if vnni else "avxvnni" if vnni256
-                                              else "avx2")
+        assert kernel.fast_variant == ("amx" if amx else "avx512vnni" if vnni else "avxvnni" if vnni256 else "avx2")
+    finally:
+        kernel.choose_variant(native.forced_variant())

@@ -39,3 +39,21 @@ def assert_linear_within_fp32_bound(y: torch.Tensor, x: torch.Tensor, weight: to
     assert bool((err <= bound).all()), (
         f"{int((err > bound).sum())} of {err.numel()} outputs outside the fp32 bound; worst at flat index {worst}: "
         f"error {float(err.flatten()[worst]):.3g} > bound {float(bound.flatten()[worst]):.3g}")
+
+
+def assert_rounds_within(out: torch.Tensor, exact: torch.Tensor, atol: float, rtol: float) -> None:
+    """``out`` (any float dtype) is what rounding some value within ``atol + rtol * |exact|`` of the
+    float64 ``exact`` to ``out.dtype`` gives: out lies between the roundings of exact - e and exact + e
+    (rounding is monotonic). For bf16 outputs this is as strict as equality with the rounded exact
+    result wherever that is not within e of a rounding boundary, and it does not ask for the one
+    rounding a host's fp32 BLAS happens to land on where it is."""
+    exact = exact.double()
+    e = atol + rtol * exact.abs()
+    lo, hi = (exact - e).to(out.dtype).double(), (exact + e).to(out.dtype).double()
+    got = out.double()
+    bad = (got < lo) | (got > hi)
+    if bool(bad.any()):
+        i = int(bad.flatten().nonzero()[0])
+        at = [float(t.flatten()[i]) for t in (got, lo, hi, exact)]
+        raise AssertionError(f"{int(bad.sum())} of {bad.numel()} outputs off; first at flat index {i}: {at[0]!r} "
+                             f"outside [{at[1]!r}, {at[2]!r}] (exact {at[3]!r})")

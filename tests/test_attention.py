@@ -59,12 +59,21 @@ def test_grouped_heads_equal_each_head_with_its_own_kv_copy(nh: int, nkv: int, h
     assert torch.equal(grouped, alone)
 
 
+@pytest.mark.parametrize("wide", [True, False], ids=["16-lane", "8-lane"])
 @pytest.mark.parametrize("window", [0, 40])
-def test_the_thread_count_does_not_change_a_bit(window: int) -> None:
-    for T in (1, 2, 3, 9):
-        q, k, v, tree, pos = _inputs(9, 3, 64, 120, T, seed=T)
-        runs = [_attend(q, k, v, 120, tree, pos, window, threads) for threads in (1, 2, 3, 5)]
-        assert all(torch.equal(runs[0], r) for r in runs[1:])
+def test_the_thread_count_does_not_change_a_bit(window: int, wide: bool) -> None:
+    """Both loop widths, not only the one this CPU picks: an AVX2 machine would check the 8-lane
+    loops and an AVX-512 one the 16-lane loops, so a split bug in one would pass on the other."""
+    try:
+        KERNEL.use_wide_attention(wide)
+        if wide and not KERNEL.attention_wide:
+            pytest.skip("no AVX-512F here: only the 8-lane loops run")
+        for T in (1, 2, 3, 9):
+            q, k, v, tree, pos = _inputs(9, 3, 64, 120, T, seed=T)
+            runs = [_attend(q, k, v, 120, tree, pos, window, threads) for threads in (1, 2, 3, 5)]
+            assert all(torch.equal(runs[0], r) for r in runs[1:])
+    finally:
+        KERNEL.choose_variant(native.forced_variant())
 
 
 def test_keyed_attention_equals_tree_attention_on_the_same_keys() -> None:

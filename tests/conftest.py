@@ -14,30 +14,49 @@ from collections.abc import Iterator  # noqa: E402
 
 import pytest  # noqa: E402
 
+VARIANT_PARAMS = ["cpu", "avx512", "avxvnni", "avx2"]
 
-@pytest.fixture(params=["cpu", "avx512", "avxvnni", "avx2"])
+
+@pytest.fixture(params=VARIANT_PARAMS)
 def kernel_variant(request: pytest.FixtureRequest) -> Iterator[str]:
     """Run a kernel test with the tiles this CPU picks, then without AMX (the VNNI tiles), then as an
     AVX2 CPU with AVX-VNNI, then with the AVX2 tiles, so every variant's exactness is checked on
     whatever machine runs the suite (a run that would repeat the CPU's own pick, or that needs
     instructions it lacks, is skipped). Yields the stored-weight variant in force."""
+    yield from _variant(request.param, without_kernel="skip")
+
+
+@pytest.fixture(params=VARIANT_PARAMS)
+def each_variant(request: pytest.FixtureRequest) -> Iterator[str]:
+    """``kernel_variant`` for tests that also hold without the native kernel (torch's products on
+    both sides of the comparison): there the "cpu" run goes ahead and yields "torch". Why: a test
+    that runs only on the CPU's own pick checks the AVX-512 tiles on one machine and the AVX2 ones
+    on another, so a bug in one variant passes or fails by the machine."""
+    yield from _variant(request.param, without_kernel="torch")
+
+
+def _variant(param: str, without_kernel: str) -> Iterator[str]:
+    """Put the tiles ``param`` names in force for one test (or skip it), and the default back after."""
     from engine.kernels import native
 
     kernel = native.load()
     if kernel is None:
+        if without_kernel == "torch" and param == "cpu":
+            yield "torch"
+            return
         pytest.skip(f"no native kernel here: {native.why_not}")
     kernel.choose_variant("")
     own = (kernel.variant, kernel.fast_variant)
-    if request.param == "avx512" and kernel.fast_variant != "amx":
+    if param == "avx512" and kernel.fast_variant != "amx":
         pytest.skip("this CPU has no AMX: its own pick is the VNNI or AVX2 tiles")
-    if request.param == "avx2" and own == ("avx2", "avx2"):
+    if param == "avx2" and own == ("avx2", "avx2"):
         pytest.skip("this CPU runs the AVX2 tiles already")
-    if request.param == "avxvnni":
+    if param == "avxvnni":
         kernel.choose_variant("avxvnni")
         if kernel.fast_variant != "avxvnni" or own == ("avx2", "avxvnni"):
             kernel.choose_variant(native.forced_variant())
             pytest.skip("this CPU has no AVX-VNNI, or runs those tiles already")
-    kernel.choose_variant("" if request.param == "cpu" else request.param)
+    kernel.choose_variant("" if param == "cpu" else param)
     try:
         yield kernel.variant
     finally:

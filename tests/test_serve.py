@@ -205,6 +205,28 @@ def test_local_hosts_and_urls():
     assert serve.public_url("0.0.0.0", 8000, "https://chat.example/") == "https://chat.example"
 
 
+@pytest.mark.parametrize(("given", "normal"), [
+    ("HTTPS://Chat.Example/", "https://chat.example"),
+    ("http://[::1]:8000/", "http://[::1]:8000"),
+    ("https://chat.example/app/", "https://chat.example/app"),  # a proxy that serves it under a path
+    ("http://10.0.0.1:", "http://10.0.0.1"),
+    ("https://chat.example.:8443/a%20b", "https://chat.example.:8443/a%20b"),
+])
+def test_a_public_url_is_accepted_normalised_and_its_origin_passes(given, normal):
+    """What passes --public-url (the bad forms: tests/bad_input/cases.py, serve-public-url-*): the scheme and host
+    in lower case, as browsers send them in Origin, so the guard's comparison holds."""
+    from aiohttp.test_utils import make_mocked_request
+
+    from specchat.serve_guard import public_url
+
+    assert public_url(given) == normal
+    assert parsed("serve", "--public-url", given).public_url == normal
+    origin = normal.split("/", 3)[:3]
+    guard = Guard.for_address("127.0.0.1", normal, token="t")
+    request = make_mocked_request("GET", "/?token=t", headers={"Host": "127.0.0.1:8000", "Origin": "/".join(origin)})
+    assert guard.refusal(request) is None
+
+
 # the session limit ---------------------------------------------------------------------------------
 GB = 2**30
 

@@ -165,6 +165,9 @@ class SpecchatServer(Server):
                 loop.add_signal_handler(signum, self._stop, signum)
         web.run_app(self._make_app(), host=self.host, port=self.port, handle_signals=False, loop=loop,
                     print=None, shutdown_timeout=STOP_S)
+        if self.stopped_by is not None:  # stopped: one more Ctrl+C now would kill the process in its last steps
+            for signum in (signal.SIGINT, signal.SIGTERM):
+                signal.signal(signum, signal.SIG_IGN)
 
     def _stop(self, signum: int) -> None:
         if self.stopped_by is not None:  # already stopping: the tabs are closing
@@ -182,7 +185,21 @@ class SpecchatServer(Server):
         finally:
             self.tabs.pop(websocket, None)
 
+    async def handle_websocket(self, request: web.Request) -> web.StreamResponse:
+        """textual-serve's tab, refused with a plain 400 when the page's size is no screen's: it started the app
+        with whatever number ``?width=`` and ``?height=`` held (a million columns: the app's memory)."""
+        for name in ("width", "height"):
+            value = request.query.get(name, "1")
+            if not (value.isdigit() and 1 <= int(value) <= MAX_CELLS):
+                return web.Response(status=400, text=f"specchat serve: refused: {name} must be a number of "
+                                                     f"cells from 1 to {MAX_CELLS}\n")
+        return await super().handle_websocket(request)
+
     async def _take_frames(self, websocket: web.WebSocketResponse, app_service: AppService) -> None:
+        with contextlib.suppress(ConnectionError):  # the tab went while its pong was sent: nothing to say
+            await self._dispatch(websocket, app_service)
+
+    async def _dispatch(self, websocket: web.WebSocketResponse, app_service: AppService) -> None:
         dropped = False
         async for message in websocket:
             if message.type == WSMsgType.ERROR:  # the connection broke (a closed tab, a reset): no frame, no line

@@ -601,6 +601,19 @@ def test_ctrl_c_with_a_tab_open_stops_in_one_line():
             server.wait()
 
 
+def test_ctrl_c_pressed_again_while_stopping_changes_nothing():
+    """Ctrl+C held down: the first stops the server, the next ones neither interrupt the stop nor kill the
+    process after it (exit status -2, by the signal)."""
+    import time
+
+    server, _, _, _ = _start_server(start_new_session=True)
+    for pause in (0.01, 0.05, 0.0):
+        os.killpg(server.pid, signal.SIGINT)
+        time.sleep(pause)
+    code, console = _stopped(server, group=True)
+    assert (code, console.splitlines()) == (130, ["specchat serve: stopped"]), console[-2000:]
+
+
 def test_the_console_line_of_an_unreadable_request_holds_nothing_it_sent():
     import logging
 
@@ -698,3 +711,12 @@ async def test_a_tab_that_does_not_quit_is_killed_when_the_server_stops(monkeypa
     assert process.returncode == -signal.SIGKILL and time.monotonic() - started < 5
     await ws.close()
     await client.close()
+
+
+@pytest.mark.parametrize("query", ["width=100000&height=24", "width=80&height=0", "width=-5", "height=x", "width=1e9"])
+async def test_a_tab_of_no_screens_size_is_refused(guarded, query):
+    """The page's size starts the tab's app (its COLUMNS and ROWS): a million columns is memory, not a screen."""
+    client, guard, port = guarded
+    assert await _ws_status(client, {"Origin": f"http://127.0.0.1:{port}"}, f"?token={guard.token}&{query}") == 400
+    assert await _ws_status(client, {"Origin": f"http://127.0.0.1:{port}"},
+                            f"?token={guard.token}&width=120&height=40") == 101

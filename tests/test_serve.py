@@ -720,3 +720,26 @@ async def test_a_tab_of_no_screens_size_is_refused(guarded, query):
     assert await _ws_status(client, {"Origin": f"http://127.0.0.1:{port}"}, f"?token={guard.token}&{query}") == 400
     assert await _ws_status(client, {"Origin": f"http://127.0.0.1:{port}"},
                             f"?token={guard.token}&width=120&height=40") == 101
+
+
+async def test_a_tab_gone_while_its_pong_is_sent_says_nothing(caplog):
+    """A tab closed between its ping and the pong: the send fails; textual-serve logged it as an error."""
+    from aiohttp import ClientConnectionResetError, WSMessage
+
+    class Gone:
+        def __aiter__(self):
+            return self
+
+        async def __anext__(self):
+            if getattr(self, "sent", False):
+                raise StopAsyncIteration
+            self.sent = True
+            return WSMessage(WSMsgType.TEXT, '["ping", "1"]', None)
+
+        async def send_json(self, data):
+            raise ClientConnectionResetError("Cannot write to closing transport")
+
+    server = serve_server.SpecchatServer("true")
+    server.tabs = {}
+    await server._process_messages(Gone(), object())
+    assert not [r for r in caplog.records if r.levelno >= logging.WARNING]

@@ -87,6 +87,17 @@ def add_run_args(p: argparse.ArgumentParser) -> None:
     add_force_flag(p, "--record file")
 
 
+def _public_url(text: str) -> str:
+    """argparse's type for serve's --public-url: an http(s) address a browser opens, normalised, else
+    refused as the flags are parsed, before anything binds (aiohttp is imported only when the flag is given)."""
+    from specchat.serve_guard import public_url
+
+    try:
+        return public_url(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
 def _theme(name: str) -> str:
     """argparse's type for --theme: a theme the app has, else refused with the list (textual is
     imported only when the flag is given)."""
@@ -123,8 +134,9 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--max-sessions", dest="max_sessions", type=bounded(int, 1, 1024), default=None, metavar="N",
                        help="browser sessions (engines) at once (default: what this machine's memory and cores "
                             "hold for the model); one more gets a page saying so")
-    serve.add_argument("--public-url", dest="public_url", default=None, metavar="URL",
-                       help="the address browsers use, when it is not http://HOST:PORT (a proxy, 0.0.0.0)")
+    serve.add_argument("--public-url", dest="public_url", type=_public_url, default=None, metavar="URL",
+                       help="the address browsers use, when it is not http://HOST:PORT (a proxy, 0.0.0.0): "
+                            "http:// or https://, a host, optional port and path, nothing else")
 
     gen = sub.add_parser("generate", help="answer one prompt in the terminal, tokens coloured by origin")
     _add_model_args(gen)

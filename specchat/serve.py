@@ -10,6 +10,7 @@ would push the others into swap.
 
 Everything the user can get wrong (flags, model, host, port) is refused here, in one line,
 before the server starts: a served session can only show its error in a browser, once per tab.
+The server itself (textual-serve's, made quiet and strict) is :mod:`specchat.serve_server`.
 """
 
 from __future__ import annotations
@@ -18,21 +19,19 @@ import argparse
 import dataclasses
 import errno
 import ipaddress
-import logging
 import os
 import shlex
+import signal
 import socket
 import sys
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from aiohttp import web
-from textual_serve.server import Server
-
 from engine.errors import UserError
 from specchat.command_options import RunOptions, ServeOptions, flatten
 from specchat.serve_guard import WILDCARD_HOSTS, Guard
+from specchat.serve_server import SpecchatServer
 
 # what one session costs beside its weights, measured on the embedded model (SmolLM2-135M, a
 # 98 MB GGUF): the app process held 250 MB resident, its engine process 540 MB
@@ -114,8 +113,9 @@ def run_argv(options: RunOptions, parser: argparse.ArgumentParser) -> list[str]:
 
 
 def session_command(run_args: list[str], slots: Path, limit: int, note: str) -> str:
-    """The shell command textual-serve starts for each browser connection."""
-    return shlex.join([sys.executable, "-m", "specchat.serve_session", "--slots", str(slots),
+    """The shell command textual-serve starts for each browser connection: exec'd, so that the process the server
+    holds is the tab's itself (its group's leader once it has its own session), not a shell above it."""
+    return "exec " + shlex.join([sys.executable, "-m", "specchat.serve_session", "--slots", str(slots),
                        "--limit", str(limit), "--note", note, "--", *run_args])
 
 
@@ -274,27 +274,7 @@ def run_serve(options: ServeOptions) -> int:
         server.banner = (f"specchat serve: open {guard.url(url)} in a browser (one engine per tab, at most "
                          f"{limit} at once: {note}); Ctrl+C stops")
         server.serve()
-    return 0
-
-
-class SpecchatServer(Server):
-    """textual-serve's server, announcing the address in one line instead of its logo and the session command
-    (a long line of internal flags that tells the user nothing), and answering only its user
-    (:mod:`specchat.serve_guard`: the Host, the Origin and the launch's token of every request)."""
-
-    banner: str = ""
-    guard: Guard | None = None
-
-    async def _make_app(self) -> web.Application:
-        app = await super()._make_app()
-        if self.guard is None:  # set by run_serve; a server without one would answer any web page
-            self.guard = Guard.for_address(self.host, self.public_url)
-        app.middlewares.append(self.guard.middleware())
-        return app
-
-    def initialize_logging(self) -> None:
-        super().initialize_logging()
-        logging.getLogger("aiohttp.access").setLevel(logging.WARNING)  # no line per page load
-
-    async def on_startup(self, app: web.Application) -> None:
-        self.console.print(self.banner, highlight=False, soft_wrap=True)
+    if server.stopped_by is None:  # the server ended by itself (a replaced serve in the tests)
+        return 0
+    print("specchat serve: stopped", file=sys.stderr)
+    return 130 if server.stopped_by == signal.SIGINT else 0  # Ctrl+C: 130, as every command (specchat.cli)

@@ -19,6 +19,7 @@ Anything else gets a plain 403 with a one-line body that says why.
 from __future__ import annotations
 
 import ipaddress
+import re
 import secrets
 import socket
 from collections.abc import Awaitable, Callable
@@ -31,6 +32,9 @@ TOKEN_PARAM = "token"
 LOOPBACK_NAMES = frozenset({"localhost", "127.0.0.1", "::1"})
 WILDCARD_HOSTS = ("0.0.0.0", "::", "")
 DEFAULT_PORTS = {"http": 80, "https": 443, "ws": 80, "wss": 443}
+MAX_URL_CHARS = 2048  # --public-url goes into every page the server sends
+DNS_LABEL = re.compile(r"[a-z0-9_](?:[a-z0-9_-]{0,61}[a-z0-9_])?")
+URL_PATH = re.compile(r"(?:/(?:[A-Za-z0-9._~!$&*+,;=:@-]|%[0-9A-Fa-f]{2})*)*")  # no quote, bracket or angle
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
@@ -59,6 +63,63 @@ def _origin(value: str) -> tuple[str, str, int | None] | None:
     if parts.scheme not in DEFAULT_PORTS or not parts.hostname:
         return None
     return parts.scheme, parts.hostname.lower(), None if port == DEFAULT_PORTS[parts.scheme] else port
+
+
+def public_url(text: str) -> str:
+    """``--public-url`` checked and normalised (lower-case scheme and host, no trailing slash), else ValueError.
+
+    Why so strict: the server prints this address for the user to open, writes it into every page
+    as the base of the page's script and WebSocket URLs, and accepts its host as a Host and its
+    origin as an Origin. So only an http(s) address a browser opens as a page passes: a host name
+    or an IP literal (IPv6 in brackets), an optional port and path, nothing else (no user or
+    password, no query or fragment, no spaces or control characters, which urlsplit would drop
+    silently, no 0.0.0.0, which names no machine).
+    """
+    if len(text) > MAX_URL_CHARS:
+        raise ValueError(f"longer than {MAX_URL_CHARS} characters; give the address browsers open, "
+                         "e.g. https://chat.example")
+    if not text.isascii() or not text.isprintable() or " " in text:
+        raise ValueError(f"{text!r} holds spaces, control or non-ASCII characters (write a non-ASCII host "
+                         "name as xn--...); give the address browsers open, e.g. https://chat.example")
+    try:
+        parts = urlsplit(text)
+        port = parts.port
+    except ValueError as exc:  # a bad port, a bracketed host that is no IPv6 address
+        raise ValueError(f"{text!r} is not a valid URL ({exc}); an IPv6 address goes in brackets and a port "
+                         "is 1 to 65535, e.g. http://[::1]:8000") from None
+    scheme = parts.scheme.lower()
+    if scheme not in ("http", "https") or not text[len(scheme):].startswith("://"):
+        raise ValueError(f"{text!r} is not an http:// or https:// address; give the address browsers open, "
+                         "e.g. https://chat.example or http://myhost:8000")
+    if "@" in parts.netloc:
+        raise ValueError(f"{text!r} holds a user name or password; give the address without them")
+    if parts.query or parts.fragment or text.endswith(("?", "#")):
+        raise ValueError(f"{text!r} holds a query or fragment (?... #...); give the address without them "
+                         "(the server adds its own ?token=...)")
+    host = (parts.hostname or "").lower()
+    if not _is_host(host, bracketed=parts.netloc.startswith("[")):
+        raise ValueError(f"{text!r} has no valid host; give a host name or an IP address (IPv6 in brackets), "
+                         "e.g. https://chat.example or http://[::1]:8000")
+    if host in WILDCARD_HOSTS:
+        raise ValueError(f"{text!r}: {host} names no machine a browser can open; give this machine's name "
+                         "or one of its addresses")
+    if port == 0:
+        raise ValueError(f"{text!r}: port 0 is no port; choose one from 1 to 65535")
+    if "\\" in text or not URL_PATH.fullmatch(parts.path):
+        raise ValueError(f"{text!r}: its path holds characters a URL path cannot (quotes, brackets, a backslash...); "
+                         "percent-encode them or leave the path out")
+    netloc = parts.netloc.lower().rstrip(":")
+    return f"{scheme}://{netloc}{parts.path}".rstrip("/")
+
+
+def _is_host(name: str, bracketed: bool) -> bool:
+    """A host a browser opens: an IPv6 literal (only in brackets), an IPv4 literal, or DNS labels."""
+    if bracketed or ":" in name:
+        return bracketed and _is_ip(name) and "%" not in name  # a zone id (fe80::1%eth0): no browser takes it
+    labels = name.removesuffix(".").split(".")
+    if labels[-1].isdigit():  # all digits at the end: meant as an IPv4 address (1.2.3.4.5 is none)
+        return _is_ip(name.removesuffix("."))
+    return all(DNS_LABEL.fullmatch(label) for label in labels)
 
 
 def _is_ip(name: str) -> bool:

@@ -11,7 +11,9 @@ cannot hold.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
+import signal
 import sys
 import time
 from dataclasses import dataclass
@@ -115,5 +117,31 @@ def main(argv: list[str] | None = None) -> int:
     return 0  # not reached (execv replaced this process); a replaced execv in the tests returns
 
 
-if __name__ == "__main__":
+def own_session() -> None:
+    """Put this tab (and the ``specchat run`` it becomes, and its engine process) in a session of its own, bound
+    to the server's life.
+
+    Why its own session: the terminal sends Ctrl+C to every process of its foreground group, and
+    textual-serve starts the tabs in the server's. Each tab's app and engine were then interrupted
+    mid-step and printed their tracebacks (KeyboardInterrupt, "Exception ignored in ...") on the
+    server's console, which relays a tab's stderr; in a session of their own only the server gets
+    Ctrl+C, and it tells each tab to quit. Why bound (Linux: a SIGTERM when the server dies, kept
+    across the exec): out of the server's group, a tab would outlive a server killed outright,
+    holding its model; its engine stops when the app's end of their pipe closes.
+    """
+    server = os.getppid()
+    with contextlib.suppress(AttributeError, PermissionError):  # no setsid (Windows); a group leader already
+        os.setsid()
+    if not sys.platform.startswith("linux"):
+        return
+    import ctypes
+
+    pr_set_pdeathsig = 1
+    ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGTERM)
+    if os.getppid() != server:  # the server died before the binding: nothing will send it
+        sys.exit(0)
+
+
+if __name__ == "__main__":  # as the server starts a tab (the tests call main, in their own session)
+    own_session()
     sys.exit(main())

@@ -7,8 +7,12 @@ headless browser): ``SpecchatServer.serve`` is replaced, so these check everythi
 from __future__ import annotations
 
 import argparse
+import asyncio
+import contextlib
+import logging
 import os
 import shlex
+import signal
 import socket
 import subprocess
 import sys
@@ -16,9 +20,10 @@ import textwrap
 from pathlib import Path
 
 import pytest
+from aiohttp import WSMsgType
 
 from engine.knobs import KNOBS
-from specchat import serve, serve_session
+from specchat import serve, serve_server, serve_session
 from specchat.cli import add_run_args, build_parser, main
 from specchat.serve import ServeError, SessionBudget, check_address, run_argv, session_command
 from specchat.serve_guard import Guard
@@ -131,7 +136,8 @@ def test_every_run_flag_is_forwarded():
 def test_session_command_runs_the_session_wrapper_with_the_run_args(tmp_path):
     run_args = ["--fake", "--record", "a trace.jsonl", "--", "my model"]
     words = shlex.split(session_command(run_args, tmp_path, 2, "at most 2; 1 GB free"))
-    assert words[:3] == [sys.executable, "-m", "specchat.serve_session"]
+    assert words[:4] == ["exec", sys.executable, "-m", "specchat.serve_session"]  # no shell left above the tab
+    words = words[1:]
     cut = words.index("--")
     assert words[cut + 1:] == run_args
     wrapper = argparse.Namespace(**dict(zip(words[3:cut:2], words[4:cut:2], strict=True)))
@@ -214,6 +220,28 @@ def test_local_hosts_and_urls():
     assert serve.public_url("::1", 80, None) == "http://[::1]:80"
     assert serve.public_url("0.0.0.0", 8000, None) == f"http://{socket.getfqdn()}:8000"
     assert serve.public_url("0.0.0.0", 8000, "https://chat.example/") == "https://chat.example"
+
+
+@pytest.mark.parametrize(("given", "normal"), [
+    ("HTTPS://Chat.Example/", "https://chat.example"),
+    ("http://[::1]:8000/", "http://[::1]:8000"),
+    ("https://chat.example/app/", "https://chat.example/app"),  # a proxy that serves it under a path
+    ("http://10.0.0.1:", "http://10.0.0.1"),
+    ("https://chat.example.:8443/a%20b", "https://chat.example.:8443/a%20b"),
+])
+def test_a_public_url_is_accepted_normalised_and_its_origin_passes(given, normal):
+    """What passes --public-url (the bad forms: tests/bad_input/cases.py, serve-public-url-*): the scheme and host
+    in lower case, as browsers send them in Origin, so the guard's comparison holds."""
+    from aiohttp.test_utils import make_mocked_request
+
+    from specchat.serve_guard import public_url
+
+    assert public_url(given) == normal
+    assert parsed("serve", "--public-url", given).public_url == normal
+    origin = normal.split("/", 3)[:3]
+    guard = Guard.for_address("127.0.0.1", normal, token="t")
+    request = make_mocked_request("GET", "/?token=t", headers={"Host": "127.0.0.1:8000", "Origin": "/".join(origin)})
+    assert guard.refusal(request) is None
 
 
 # the session limit ---------------------------------------------------------------------------------
@@ -470,3 +498,259 @@ async def test_behind_an_https_proxy_the_cookie_is_secure():
         assert "Secure" in response.headers["Set-Cookie"]
     finally:
         await client.close()
+
+
+# the console: one short line per thing gone wrong, never the token; a clean stop ----------------
+def _start_server(*flags: str, **popen: object) -> tuple[subprocess.Popen, int, str, str]:
+    """``specchat serve --fake`` in a subprocess, once it listens: (process, port, token, banner)."""
+    import re
+    import time
+
+    port = _free_port()
+    server = subprocess.Popen([sys.executable, "-m", "specchat", "serve", "--fake", "--port", str(port), *flags],
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, **popen)
+    banner = server.stdout.readline()
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            break
+        except OSError:
+            time.sleep(0.1)
+    found = re.search(r"\?token=([\w-]+)", banner)
+    assert found, banner
+    return server, port, found.group(1), banner
+
+
+def _exchange(port: int, request: bytes) -> bytes:
+    """Send ``request`` on a fresh connection; the answer's status line (or b"" when the server closed)."""
+    with socket.create_connection(("127.0.0.1", port), timeout=5) as sock:
+        with contextlib.suppress(OSError):  # the server may answer and close before all of it is sent
+            sock.sendall(request)
+        try:
+            return sock.makefile("rb").readline().strip()
+        except OSError:
+            return b""
+
+
+def _stopped(server: subprocess.Popen, group: bool = False) -> tuple[int, str]:
+    """Ctrl+C to the server (to its whole process group, as a terminal sends it, with ``group``): (code, console)."""
+    (os.killpg if group else os.kill)(server.pid, signal.SIGINT)
+    try:
+        out, _ = server.communicate(timeout=30)
+    except subprocess.TimeoutExpired:
+        os.killpg(server.pid, signal.SIGKILL) if group else server.kill()
+        out, _ = server.communicate()
+        pytest.fail(f"no stop within 30 s after Ctrl+C:\n{out[-2000:]}")
+    return server.returncode, out
+
+
+def test_bad_requests_get_a_4xx_and_one_console_line_without_the_token():
+    """A 64 KB URL or header, a bad Content-Length, bytes that are no HTTP, HEAD, OPTIONS, an unknown path, a path
+    out of the static folder, a client gone mid-answer: each gets its 4xx (or its page), and the console at most
+    one short line, never the token or the request (it printed a fifty-line traceback quoting the URL)."""
+    server, port, token, _ = _start_server()
+    host = f"Host: 127.0.0.1:{port}\r\n".encode()
+    path = f"/?token={token}".encode()
+    try:
+        answers = {
+            "long url": _exchange(port, b"GET " + path + b"&x=" + b"a" * 65536 + b" HTTP/1.1\r\n" + host + b"\r\n"),
+            "long header": _exchange(port, b"GET " + path + b" HTTP/1.1\r\n" + host + b"X-Big: " + b"a" * 65536
+                                     + b"\r\n\r\n"),
+            "bad length": _exchange(port, b"POST " + path + b" HTTP/1.1\r\n" + host + b"Content-Length: abc\r\n\r\n"),
+            "negative length": _exchange(port, b"POST " + path + b" HTTP/1.1\r\n" + host
+                                         + b"Content-Length: -1\r\n\r\n"),
+            "no http": _exchange(port, b"\x16\x03\x01\x02\x00garbage\r\n\r\n"),
+            "head": _exchange(port, b"HEAD " + path + b" HTTP/1.1\r\n" + host + b"\r\n"),
+            "options": _exchange(port, b"OPTIONS " + path + b" HTTP/1.1\r\n" + host + b"\r\n"),
+            "unknown path": _exchange(port, b"GET /nope?token=" + token.encode() + b" HTTP/1.1\r\n" + host + b"\r\n"),
+            "out of static": _exchange(port, b"GET /static/../../../etc/passwd?token=" + token.encode()
+                                       + b" HTTP/1.1\r\n" + host + b"\r\n"),
+        }
+        with socket.create_connection(("127.0.0.1", port), timeout=5) as gone:  # leaves before the answer ends
+            gone.sendall(b"GET /static/js/textual.js?token=" + token.encode() + b" HTTP/1.1\r\n" + host + b"\r\n")
+        assert _exchange(port, b"GET " + path + b" HTTP/1.1\r\n" + host + b"\r\n").startswith(b"HTTP/1.1 200")
+    finally:
+        code, console = _stopped(server)
+    status = {what: int(line.split()[1]) if line else None for what, line in answers.items()}
+    assert all(400 <= status[w] < 500 for w in ("long url", "long header", "bad length", "negative length",
+                                                "no http", "options", "unknown path", "out of static")), status
+    assert status["head"] == 200
+    lines = console.splitlines()
+    assert "Traceback" not in console and token not in console and "aaaa" not in console, console[-3000:]
+    assert len(lines) <= 6, console  # a line per unreadable request (4, the bytes that are no HTTP: 0 or 1), the stop
+    assert all(len(line) <= serve_server.LINE_CHARS for line in lines), console
+    assert all(line.startswith("specchat serve: ") for line in lines), console
+    assert lines[-1] == "specchat serve: stopped" and code == 130
+
+
+def test_ctrl_c_with_a_tab_open_stops_in_one_line():
+    """Ctrl+C in the terminal reaches the whole process group: the tabs' apps and engines printed their
+    KeyboardInterrupt tracebacks on the server's console. They have their own session now; the server closes
+    each tab (its app quits) and says one line, exit 130 as every command on Ctrl+C."""
+    import asyncio
+
+    import aiohttp
+
+    server, port, token, _ = _start_server(start_new_session=True)
+
+    async def open_a_tab() -> None:
+        async with aiohttp.ClientSession() as session:
+            ws = await session.ws_connect(f"http://127.0.0.1:{port}/ws?token={token}",
+                                          headers={"Origin": f"http://127.0.0.1:{port}"})
+            first = await asyncio.wait_for(ws.receive(), 60)  # the app's first screen: it runs
+            assert first.type == aiohttp.WSMsgType.BINARY, first
+            code, console = await asyncio.get_running_loop().run_in_executor(None, _stopped, server, True)
+            assert "Traceback" not in console and "KeyboardInterrupt" not in console, console[-3000:]
+            assert console.splitlines() == ["specchat serve: stopped"] and code == 130, console[-3000:]
+
+    try:
+        asyncio.run(open_a_tab())
+    finally:
+        if server.poll() is None:
+            os.killpg(server.pid, signal.SIGKILL)
+            server.wait()
+
+
+def test_ctrl_c_pressed_again_while_stopping_changes_nothing():
+    """Ctrl+C held down: the first stops the server, the next ones neither interrupt the stop nor kill the
+    process after it (exit status -2, by the signal)."""
+    import time
+
+    server, _, _, _ = _start_server(start_new_session=True)
+    for pause in (0.01, 0.05, 0.0):
+        os.killpg(server.pid, signal.SIGINT)
+        time.sleep(pause)
+    code, console = _stopped(server, group=True)
+    assert (code, console.splitlines()) == (130, ["specchat serve: stopped"]), console[-2000:]
+
+
+def test_the_console_line_of_an_unreadable_request_holds_nothing_it_sent():
+    import logging
+
+    from aiohttp.http_exceptions import LineTooLong
+
+    error = LineTooLong(b"/?token=s3cret&x=" + b"a" * 5000, 8190)
+    record = logging.LogRecord("aiohttp.server", logging.ERROR, __file__, 1, "Error handling request from %s",
+                               ("127.0.0.1",), (LineTooLong, error, None))
+    line = serve_server.console_line(record)
+    assert line == "specchat serve: refused a request it could not read (LineTooLong, answered 400)"
+    thrown = ValueError("frame: s3cret\nsecond line")  # textual-serve logs the exception itself as the message
+    record = logging.LogRecord("textual-serve", logging.ERROR, __file__, 1, thrown, (), (ValueError, thrown, None))
+    assert serve_server.console_line(record) == "specchat serve: textual-serve failed (ValueError)"
+    record = logging.LogRecord("x", logging.WARNING, __file__, 1, "a\nb " + "c" * 500, (), None)
+    line = serve_server.console_line(record)
+    assert "\n" not in line and len(line) == serve_server.LINE_CHARS
+
+
+@pytest.mark.parametrize("frame", ["garbage{", "42", '{"a": 1}', "[]", "[1]", '["stdin"]', '["stdin", 5]',
+                                   '["resize", {"width": "x", "height": 24}]', '["resize", {"width": 99999999, '
+                                   '"height": 24}]', '["resize", [80, 24]]', '["ping", {"a": []}]', b"\x00\x01"])
+async def test_a_frame_that_is_not_the_pages_is_dropped_in_one_line(guarded, frame, caplog):
+    """An authorised socket sending garbage: textual-serve's loop raised on it (a traceback, the tab's socket
+    gone). The frame is dropped with one console line, and the page's own frames still work."""
+    client, guard, port = guarded
+    ws = await client.ws_connect(f"/ws?token={guard.token}", headers={"Origin": f"http://127.0.0.1:{port}"})
+    await (ws.send_bytes(frame) if isinstance(frame, bytes) else ws.send_str(frame))
+    await ws.send_str(frame if isinstance(frame, str) else "[1]")  # a second bad one: no second line
+    await ws.send_str('["ping", "7"]')
+    answer = await ws.receive(timeout=10)
+    assert answer.type == WSMsgType.TEXT and answer.json() == ["pong", "7"], answer
+    await ws.close()
+    said = [r for r in caplog.records if r.levelno >= logging.WARNING]
+    assert not [r for r in said if r.exc_info], caplog.text  # no exception (the tab here runs `true`: it says so)
+    assert [serve_server.console_line(r) for r in said if "frame" in r.getMessage()] == [
+        "specchat serve: dropped a WebSocket frame that is not the page's (and any more on this tab)"]
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the binding to the server's life is Linux's prctl")
+def test_a_tab_dies_with_a_server_killed_outright():
+    """Out of the server's process group (Ctrl+C reaches only the server), a tab must still end when the server
+    is killed (kill -9, the OOM killer), or it keeps its model in memory with no one to serve it."""
+    import time
+
+    tab = ("from specchat.serve_session import own_session; own_session(); import time; print('bound', flush=True); "
+           "time.sleep(60)")
+    server = subprocess.Popen([sys.executable, "-c", textwrap.dedent(f"""
+        import subprocess, sys, time
+        tab = subprocess.Popen([sys.executable, "-c", {tab!r}])
+        print(tab.pid, flush=True)
+        time.sleep(60)
+    """)], stdout=subprocess.PIPE, text=True)
+    pid = int(server.stdout.readline())
+    assert server.stdout.readline().strip() == "bound"  # the tab's own line (it shares the pipe)
+    assert os.getsid(pid) == pid  # a session of its own
+    server.kill()
+    server.wait()
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return
+        with contextlib.suppress(ChildProcessError):
+            os.waitpid(pid, os.WNOHANG)  # not ours (init reaps it), but harmless
+        time.sleep(0.1)
+    os.kill(pid, signal.SIGKILL)
+    pytest.fail("the tab outlived its server")
+
+
+async def test_a_tab_that_does_not_quit_is_killed_when_the_server_stops(monkeypatch):
+    """A tab has its own session (Ctrl+C reaches only the server): one whose app hangs on quit would outlive
+    the server, holding its model; STOP_S after the stop it is killed."""
+    import time
+
+    from aiohttp.test_utils import TestClient, TestServer
+
+    monkeypatch.setattr(serve_server, "STOP_S", 0.5)
+    hang = shlex.join([sys.executable, "-c", "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
+                                             "print('__GANGLION__', flush=True); time.sleep(60)"])
+    server = serve.SpecchatServer(f"exec {hang}", host="127.0.0.1", port=0)
+    server.guard = Guard.for_address("127.0.0.1", None)
+    app = await server._make_app()
+    client = TestClient(TestServer(app, host="127.0.0.1"))
+    await client.start_server()
+    port = client.server.port
+    ws = await client.ws_connect(f"/ws?token={server.guard.token}", headers={"Origin": f"http://127.0.0.1:{port}"})
+    for _ in range(100):
+        if server.tabs and getattr(next(iter(server.tabs.values())), "_process", None) is not None:
+            break
+        await asyncio.sleep(0.05)
+    [process] = [service._process for service in server.tabs.values()]
+    started = time.monotonic()
+    await server.on_shutdown(app)
+    assert process.returncode == -signal.SIGKILL and time.monotonic() - started < 5
+    await ws.close()
+    await client.close()
+
+
+@pytest.mark.parametrize("query", ["width=100000&height=24", "width=80&height=0", "width=-5", "height=x", "width=1e9"])
+async def test_a_tab_of_no_screens_size_is_refused(guarded, query):
+    """The page's size starts the tab's app (its COLUMNS and ROWS): a million columns is memory, not a screen."""
+    client, guard, port = guarded
+    assert await _ws_status(client, {"Origin": f"http://127.0.0.1:{port}"}, f"?token={guard.token}&{query}") == 400
+    assert await _ws_status(client, {"Origin": f"http://127.0.0.1:{port}"},
+                            f"?token={guard.token}&width=120&height=40") == 101
+
+
+async def test_a_tab_gone_while_its_pong_is_sent_says_nothing(caplog):
+    """A tab closed between its ping and the pong: the send fails; textual-serve logged it as an error."""
+    from aiohttp import ClientConnectionResetError, WSMessage
+
+    class Gone:
+        def __aiter__(self):
+            return self
+
+        async def __anext__(self):
+            if getattr(self, "sent", False):
+                raise StopAsyncIteration
+            self.sent = True
+            return WSMessage(WSMsgType.TEXT, '["ping", "1"]', None)
+
+        async def send_json(self, data):
+            raise ClientConnectionResetError("Cannot write to closing transport")
+
+    server = serve_server.SpecchatServer("true")
+    server.tabs = {}
+    await server._process_messages(Gone(), object())
+    assert not [r for r in caplog.records if r.levelno >= logging.WARNING]

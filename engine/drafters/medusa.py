@@ -41,6 +41,7 @@ import torch.nn.functional as F
 
 from engine.config import SpecConfig
 from engine.drafters.base import heads_take_fast_products
+from engine.drafters.draft_loader import Checked, DraftBundle, feature_spec
 from engine.drafters.medusa_checkpoint import MedusaSpec, MedusaWeights
 from engine.drafters.tree_search import (
     Candidates,
@@ -320,3 +321,15 @@ def static_paths(drafts: int, depth: int, vocab: int) -> list[tuple[int, ...]]:
             out.append(path)
             kept.add(path)
     return out
+
+
+def load_heads(found: Checked, target, tokenizer) -> DraftBundle:
+    """The medusa registration's load: checked Medusa heads (engine/drafters/draft_loader.py) as a
+    drafter on ``target``'s last hidden state."""
+    spec, weights = found.parts
+    heads = MedusaHeads(spec, weights, target)
+    vocab = f", {spec.head_vocab} draft tokens" if spec.head_vocab != spec.vocab_size else ""
+    layout = {"medusa": "Medusa", "vllm": "vLLM Medusa"}[spec.layout]
+    return DraftBundle("medusa", lambda: MedusaDrafter(heads), feature_spec("medusa"),
+                       f"{layout} heads {found.label} ({spec.num_heads} heads of {spec.num_layers} "
+                       f"block{'s' if spec.num_layers != 1 else ''}{vocab})")

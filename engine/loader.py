@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -255,10 +256,10 @@ def load_session(
     drafters = default_drafters()
     corpus = open_corpus(ngram_corpus, loaded)
     # the methods that read the corpus (the ngram_corpus knob) get it, built when they first draft
-    corpus_methods = [m for m in methods.all_methods() if "ngram_corpus" in m.knobs and m.drafter]
+    corpus_methods = methods.reading("ngram_corpus")
     if corpus is not None:
-        for m in corpus_methods:
-            drafters[m.name] = (lambda make: lambda: make(corpus=corpus.start()))(resolve(m.drafter))
+        for name in corpus_methods:
+            drafters[name] = functools.partial(_with_corpus, resolve(methods.get(name).drafter), corpus)
     features = None
     description = ""
     shipped = shipped_heads(loaded.key) if loaded.backend == "specchat" else {}
@@ -285,7 +286,7 @@ def load_session(
             session.set_draft(extra.method, extra.factory, extra.features)
     session.draft_description = description
     session.ngram_corpus = corpus
-    if corpus is not None and config.method in {m.name for m in corpus_methods}:
+    if corpus is not None and config.method in corpus_methods:
         # the first chat drafts n-grams at once: index behind the loading screen (once per machine,
         # ~17 s on 2 cores), not beside the first answers, which it would slow by half
         corpus.wait_shown(progress)
@@ -296,6 +297,11 @@ def load_session(
         if progress:
             progress("measuring verify costs", 1, 1)
     return session
+
+
+def _with_corpus(make, corpus):
+    """A corpus-reading drafter, made when its method first drafts (the corpus indexes then)."""
+    return make(corpus=corpus.start())
 
 
 def draft_source(method: str, draft: str | None, shipped: Mapping[str, Path]) -> str | None:

@@ -74,6 +74,11 @@ def tree_methods() -> tuple[str, ...]:
     return tuple(m.name for m in _REGISTRY.values() if m.tree)
 
 
+def reading(knob: str) -> tuple[str, ...]:
+    """The methods ``knob`` acts on (``ngram_corpus``: those given the n-gram corpus)."""
+    return tuple(m.name for m in _REGISTRY.values() if knob in m.knobs)
+
+
 def takes_draft(name: str) -> bool:
     spec = _REGISTRY.get(name)
     return spec is not None and spec.takes_draft

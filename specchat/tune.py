@@ -438,11 +438,13 @@ def _winner(options: TuneOptions, base: SpecConfig, result: dict[str, Any]) -> d
 
 
 def _shipped_head(model: str | None, method: str) -> str | None:
-    """The EAGLE-3 head shipped for the embedded model, which ran without --draft (its folder)."""
+    """The head shipped for the embedded model that every session on it loads (the registration that
+    preloads: EAGLE-3's), which ran without --draft (its folder)."""
     from engine.drafters.draft_loader import shipped_heads
     from engine.models.resolve import EMBEDDED_NAME
 
-    if method != "eagle3" or serving_model(model) != EMBEDDED_HUB_ID:
+    spec = methods.get(method)
+    if spec is None or spec.draft is None or not spec.draft.preload or serving_model(model) != EMBEDDED_HUB_ID:
         return None
     head = shipped_heads(EMBEDDED_NAME).get(method)
     return str(head) if head is not None else None

@@ -21,8 +21,8 @@ whose own lm_head is that copy, the target's layer runs it (no second copy in me
 Trees (engine.tree.DraftTree) are paths of ranks: (r1..rd) takes head 0's rank-r1 candidate, then
 head 1's rank-r2 one below it, and so on. ``dynamic`` (the default) keeps the ``num_draft_tokens - 1``
 best nodes of the Cartesian tree of each head's top-k (``tree_width``, SGLang's ``eagle_topk``) ranked
-by the product of the heads' probabilities, found best first; ``topk 1`` is a chain of ``num_steps`` drafts (capped by the
-number of heads), grown by the tree search every drafter shares so a sampled chain carries its
+by the product of the heads' probabilities, found best first; ``topk 1`` is a chain of ``num_steps``
+drafts (capped by the number of heads), grown by the tree search every drafter shares so a sampled chain carries its
 distributions for rejection sampling. ``static`` is the Medusa paper's 63-node tree
 (``mc_sim_7b_63``) trimmed to ``num_draft_tokens``. Both are verified like every tree, so greedy
 output equals plain greedy decoding and sampling keeps the target's distribution (coupled

@@ -52,6 +52,13 @@ class DraftSpec:
     shipped: Mapping[str, Path] = field(default_factory=dict)
     # its shipped head loads under the methods that take no draft too, so it can be chosen mid-chat
     preload: bool = False
+    # a draft in a format of its own: "module:function" (config.json as a dict) -> whether the draft
+    # is this method's, and "module:function" (config, weights or their headers, the target's
+    # config, label) -> the parts ``load`` builds from, raising DraftLoadError (one line) for a draft
+    # that does not fit the target; both run before any target loads. "": one of the formats
+    # draft_loader tells apart itself (EAGLE heads, Medusa heads, a language model)
+    claims: str = ""
+    read: str = ""
 
 
 @dataclass(frozen=True)

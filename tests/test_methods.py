@@ -90,9 +90,9 @@ def test_every_surface_agrees_with_the_registry() -> None:
     assert names[0] == "none" and len(set(names)) == len(names)
     assert set(typing.get_args(Method)) == set(names)  # the Literal is a typing aid only
     assert METHODS == names == KNOBS["method"].choices == tuple(METHOD_KNOBS)
-    assert ALGORITHMS == {**{n: n for n in names}, "eagle2": "eagle"}
-    assert TREE_METHODS == tuple(m.name for m in methods.all_methods() if m.tree)
-    assert SGLANG_ALGORITHMS == {m.name: m.sglang for m in methods.all_methods() if m.sglang}
+    assert {**{n: n for n in names}, "eagle2": "eagle"} == ALGORITHMS
+    assert tuple(m.name for m in methods.all_methods() if m.tree) == TREE_METHODS
+    assert {m.name: m.sglang for m in methods.all_methods() if m.sglang} == SGLANG_ALGORITHMS
     for m in methods.all_methods():
         assert set(m.knobs) <= set(KNOBS), m.name
         assert knobs_for(m.name) == ((*m.knobs, "adaptive_draft") if m.knobs else ())
@@ -172,3 +172,54 @@ def test_a_new_registration_shows_up_everywhere_without_touching_another_file() 
     assert got["panel"][-1] == "blockdraft" and got["palette"] == "blockdraft"
     assert got["why_not"] == "not used by blockdraft; acts on medusa"
     assert got["teaching"] == "Block drafts come from one pass."
+
+
+# a method with a draft format of its own, for the test below (named by "module:function" as a
+# registration names its own)
+def _claims(config: dict) -> bool:
+    return bool(config.get("block_drafter"))
+
+
+def _read(config: dict, state: dict, target_config, label: str) -> tuple:
+    from engine.drafters.eagle_checkpoint import DraftLoadError
+
+    if config["hidden_size"] != target_config.hidden_size:
+        raise DraftLoadError(f"{label} is {config['hidden_size']} wide; the target is {target_config.hidden_size}")
+    return (sorted(state),)
+
+
+def _load(found, target, tokenizer):
+    from engine.drafters.base import NoDrafter
+    from engine.drafters.draft_loader import DraftBundle
+
+    return DraftBundle(found.kind, NoDrafter, None, f"block draft {found.label} ({', '.join(found.parts[0])})")
+
+
+def test_a_new_draft_format_is_read_by_its_own_registration(tmp_path) -> None:
+    """A registration that claims its drafts' config.json: check_draft and load_draft hand its files
+    to its own reader and loader (draft_loader untouched); another method's flag is refused."""
+    import torch
+    from safetensors.torch import save_file
+    from test_eagle import target
+
+    from engine.drafters.draft_loader import DraftLoadError, check_draft, load_draft
+    from engine.method_spec import DraftSpec
+
+    model = target()
+    folder = tmp_path / "block"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps({"block_drafter": True, "hidden_size": model.config.hidden_size}))
+    save_file({"proj.weight": torch.zeros(2, 2)}, str(folder / "model.safetensors"))
+    here = "tests.test_methods"
+    spec = methods.MethodSpec("blockdraft", draft=DraftSpec(f"{here}:_load", claims=f"{here}:_claims",
+                                                            read=f"{here}:_read"))
+    with methods.registered(spec):
+        assert check_draft(str(folder), model.config)[0] == "blockdraft"
+        bundle = load_draft(str(folder), model, None, method="blockdraft")
+        assert bundle.method == "blockdraft" and bundle.description == "block draft block (proj.weight)"
+        with pytest.raises(DraftLoadError, match="holds a blockdraft draft, not an eagle3 draft"):
+            check_draft(str(folder), model.config, method="eagle3")
+        (folder / "config.json").write_text(json.dumps({"block_drafter": True, "hidden_size": 3}))
+        with pytest.raises(DraftLoadError, match="is 3 wide"):
+            check_draft(str(folder), model.config)
+    assert methods.get("blockdraft") is None

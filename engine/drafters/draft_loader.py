@@ -141,6 +141,9 @@ def _check(source: str, target_config: Any, *, method: str | None, allow_pickle:
         raise DraftLoadError(f"draft {source}: {e}") from None
     label = resolved.name or source
     found = Checked("", label, resolved.path, config, state)
+    claimed = _claimed(found, target_config, method=method, token_map=token_map)
+    if claimed is not None:
+        return claimed
     kind: HeadKind | None = guess_kind(config, set(state))
     if medusa or (kind is None and medusa_layout(set(state)) is not None):
         if method not in (None, "medusa"):
@@ -174,6 +177,27 @@ def _check(source: str, target_config: Any, *, method: str | None, allow_pickle:
         hot = load_token_map(token_map, target_config.vocab_size)
     found.kind, found.parts = spec.kind, (spec, weights, hot)
     return found
+
+
+def _claimed(found: Checked, target_config: Any, *, method: str | None, token_map: str | None) -> Checked | None:
+    """A draft a registration with its own format claims (``DraftSpec.claims``), read and checked
+    by its ``read``; None for the formats told apart below (EAGLE, Medusa, a language model)."""
+    for spec in methods.all_methods():
+        if spec.draft is None or not spec.draft.claims:
+            continue
+        if not resolve(spec.draft.claims)(found.config):
+            if method == spec.name:
+                raise DraftLoadError(f"{found.label} is not a {spec.name} draft")
+            continue
+        if method not in (None, spec.name):
+            raise DraftLoadError(f"{found.label} holds a {spec.name} draft, not an {method} draft; "
+                                 f"use --method {spec.name}")
+        if token_map:
+            raise DraftLoadError("--speculative-token-map applies to EAGLE-1/2 heads only")
+        found.kind = spec.name
+        found.parts = tuple(resolve(spec.draft.read)(found.config, found.state, target_config, found.label))
+        return found
+    return None
 
 
 def standalone_config(config: dict[str, Any], label: str) -> Any:

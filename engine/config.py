@@ -12,10 +12,13 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from engine.knobs import KNOBS, METHODS, SGLANG_ALGORITHMS, ConfigError, default
+from engine import methods
+from engine.knobs import KNOBS, METHODS, ConfigError, default
 
 __all__ = ["METHODS", "ConfigError", "SpecConfig", "knobs_for"]
 
+# a typing aid only: the registry (engine/methods.py) declares the methods, and
+# tests/test_methods.py checks that this Literal names the same ones
 Method = Literal["none", "ngram", "eagle", "eagle3", "standalone", "medusa"]
 MedusaTree = Literal["dynamic", "static"]
 MEDUSA_TREES: tuple[str, ...] = KNOBS["medusa_tree"].choices
@@ -27,25 +30,21 @@ ContextOverflow = Literal["refuse", "drop_oldest"]
 CONTEXT_OVERFLOW: tuple[str, ...] = KNOBS["context_overflow"].choices
 
 # The settings that act on each method (beyond temperature / top_p / max_new_tokens, which act on
-# all). The CLI and the TUI both read this, so a knob that does nothing is never offered as if it did.
-_NGRAM_KNOBS = ("num_draft_tokens", "ngram_min_match_window_size", "ngram_max_match_window_size",
-                "ngram_min_bfs_breadth", "ngram_max_bfs_breadth", "ngram_match_type", "ngram_max_trie_depth",
-                "ngram_capacity", "ngram_mode", "ngram_corpus")
-_TREE_KNOBS = ("num_steps", "eagle_topk", "num_draft_tokens")
-METHOD_KNOBS: dict[str, tuple[str, ...]] = {
-    "none": (),
-    "ngram": _NGRAM_KNOBS,
-    "eagle": _TREE_KNOBS,
-    "eagle3": _TREE_KNOBS,
-    "standalone": _TREE_KNOBS,
-    "medusa": (*_TREE_KNOBS, "medusa_tree"),
-}
+# all), as each method's registration declares them. The CLI and the TUI both read this, so a knob
+# that does nothing is never offered as if it did.
+METHOD_KNOBS: dict[str, tuple[str, ...]] = {m.name: m.knobs for m in methods.all_methods()}
 DRAFT_KNOBS: frozenset[str] = frozenset(k for knobs in METHOD_KNOBS.values() for k in knobs) | {"adaptive_draft"}
+
+
+def method_knobs(method: str) -> tuple[str, ...]:
+    """The knobs ``method``'s registration names (() for an unknown one)."""
+    spec = methods.get(method)
+    return spec.knobs if spec is not None else ()
 
 
 def knobs_for(method: str) -> tuple[str, ...]:
     """The drafting knobs that act on ``method`` (adaptive_draft included when it drafts at all)."""
-    knobs = METHOD_KNOBS.get(method, ())
+    knobs = method_knobs(method)
     return (*knobs, "adaptive_draft") if knobs else ()
 
 
@@ -94,12 +93,12 @@ class SpecConfig:
     def validate(self) -> None:
         """Raise :class:`ConfigError` with a one-line, actionable message: each field against its
         declared bounds (engine/knobs.py), then the rules that tie fields together."""
-        if self.method not in METHODS:
-            raise ConfigError(f"unknown method {self.method!r}; choose one of {', '.join(METHODS)}")
+        if methods.get(self.method) is None:
+            raise ConfigError(f"unknown method {self.method!r}; choose one of {', '.join(methods.names())}")
         for knob in KNOBS.values():
             knob.check(getattr(self, knob.name))
         drafts = self.num_draft_tokens - 1
-        if "eagle_topk" in METHOD_KNOBS[self.method] and self.eagle_topk > drafts:
+        if "eagle_topk" in method_knobs(self.method) and self.eagle_topk > drafts:
             # a wider level could not be kept, yet each further level would score topk² candidates
             raise ConfigError(f"eagle_topk={self.eagle_topk} is more than the tree holds: num_draft_tokens="
                               f"{self.num_draft_tokens} leaves room for {drafts} drafts; use eagle_topk {drafts} "
@@ -113,6 +112,13 @@ class SpecConfig:
             )
         _not_below("ngram_max_bfs_breadth", self.ngram_max_bfs_breadth,
                    "ngram_min_bfs_breadth", self.ngram_min_bfs_breadth)
+
+    @property
+    def tree_width(self) -> int:
+        """Children kept per node of a drafted tree: the engine's name for SGLang's ``eagle_topk``
+        (the field and its flag --speculative-eagle-topk keep SGLang's name, which every tree method
+        reads, not only EAGLE)."""
+        return self.eagle_topk
 
     @property
     def greedy(self) -> bool:
@@ -143,9 +149,11 @@ class SpecConfig:
         that act on the method and that SGLang has (engine/knobs.py names its flags)."""
         if self.method == "none":
             return []
-        # KeyError for medusa: SGLang has no Medusa algorithm (vLLM has; specchat/export.py says so)
-        args = [f"{KNOBS['method'].sglang} {SGLANG_ALGORITHMS[self.method]}"]
-        return args + [f"{KNOBS[n].sglang} {getattr(self, n)}" for n in METHOD_KNOBS[self.method] if KNOBS[n].sglang]
+        algorithm = methods.get(self.method).sglang  # type: ignore[union-attr]  # validated
+        if algorithm is None:  # SGLang has no such algorithm (Medusa; vLLM has: specchat/export.py says so)
+            raise KeyError(self.method)
+        args = [f"{KNOBS['method'].sglang} {algorithm}"]
+        return args + [f"{KNOBS[n].sglang} {getattr(self, n)}" for n in method_knobs(self.method) if KNOBS[n].sglang]
 
 
 def _not_below(name: str, value: int, other: str, low: int) -> None:

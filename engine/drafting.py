@@ -11,18 +11,19 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from engine import methods
 from engine.config import ConfigError, SpecConfig
 from engine.conversation import check_answer_length
-from engine.drafters.base import Drafter, NoDrafter
+from engine.drafters.base import Drafter
 from engine.features import FeatureCapture, FeatureCaptures, FeatureSpec
+from engine.method_spec import resolve
 
 DrafterFactory = Callable[[], Drafter]
 
 
 def default_drafters() -> dict[str, DrafterFactory]:
-    from engine.drafters.ngram import NgramDrafter
-
-    return {"none": NoDrafter, "ngram": NgramDrafter}
+    """The drafters every session has: those of the registered methods that take no draft."""
+    return {m.name: resolve(m.drafter) for m in methods.all_methods() if m.drafter}
 
 
 class Drafters:
@@ -59,8 +60,7 @@ class Drafters:
         beyond the draft vocabulary), up front: a refused hot-swap leaves the old settings."""
         if config.method not in self._factories:
             have = ", ".join(self._factories)
-            drafts = ("eagle", "eagle3", "standalone", "medusa")
-            hint = " (load a draft with --draft)" if config.method in drafts else ""
+            hint = " (load a draft with --draft)" if methods.takes_draft(config.method) else ""
             raise ConfigError(f"method {config.method!r} is not available in this session{hint}; have: {have}")
         if self.context_limit is not None:
             check_answer_length(config, self.context_limit)

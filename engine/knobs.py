@@ -20,12 +20,13 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+from engine import methods
 from engine.errors import UserError
 
-METHODS: tuple[str, ...] = ("none", "ngram", "eagle", "eagle3", "standalone", "medusa")
-# SGLang's --speculative-algorithm values (it has no Medusa)
-SGLANG_ALGORITHMS: dict[str, str] = {"ngram": "NGRAM", "eagle": "EAGLE", "eagle3": "EAGLE3",
-                                     "standalone": "STANDALONE"}
+# the registered methods (engine/methods.py) when this table is built: --method's choices
+METHODS: tuple[str, ...] = methods.names()
+# SGLang's --speculative-algorithm values, for the methods SGLang has
+SGLANG_ALGORITHMS: dict[str, str] = {m.name: m.sglang for m in methods.all_methods() if m.sglang}
 
 
 class ConfigError(UserError, ValueError):
@@ -133,9 +134,10 @@ _TREE_COST = ("each level is one drafter forward on up to eagle_topk nodes, and 
 _NGRAM_WINDOW = "the n-gram search matches each window size once per step; 64 tokens is past any useful match"
 
 _KNOBS: tuple[Knob, ...] = (
-    Knob("method", str, "none", "drafting method: none (the baseline), ngram, eagle (eagle2), eagle3, standalone "
-         "or medusa; with --draft and no method, inferred from the draft", "--method",
-         sglang="--speculative-algorithm", choices=METHODS, value_aliases=(("eagle2", "eagle"),), label="method",
+    Knob("method", str, "none", f"drafting method: {methods.listed([m.help_name for m in methods.all_methods()])}; "
+         "with --draft and no method, inferred from the draft", "--method",
+         sglang="--speculative-algorithm", choices=METHODS,
+         value_aliases=tuple((a, m.name) for m in methods.all_methods() for a in m.aliases), label="method",
          flag_aliases=("--speculative-algorithm",)),
     Knob("num_steps", int, 5, "tree depth: levels the drafter guesses ahead per step (EAGLE, standalone, Medusa)",
          "--speculative-num-steps", sglang="--speculative-num-steps", low=1, high=32, label="num_steps",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -244,7 +245,9 @@ def load_session(
     ``also``: other methods the caller will run (``--compare A,B``, bench's ``--methods``): the heads
     shipped for them are installed beside the draft, so two heads can be compared in one session.
     """
-    from engine.drafters.draft_loader import DRAFT_METHODS, load_draft, shipped_heads
+    from engine import methods
+    from engine.drafters.draft_loader import load_draft, shipped_heads
+    from engine.method_spec import resolve
     from engine.session import Session, default_drafters
 
     loaded = load_model(model, dtype=dtype, device=device, backend=backend, allow_pickle=allow_pickle,
@@ -252,10 +255,11 @@ def load_session(
                         revision=revision, weights=weights, precision=precision)
     drafters = default_drafters()
     corpus = open_corpus(ngram_corpus, loaded)
+    # the methods that read the corpus (the ngram_corpus knob) get it, built when they first draft
+    corpus_methods = methods.reading("ngram_corpus")
     if corpus is not None:
-        from engine.drafters.ngram import NgramDrafter
-
-        drafters["ngram"] = lambda: NgramDrafter(corpus=corpus.start())  # built when n-grams first draft
+        for name in corpus_methods:
+            drafters[name] = functools.partial(_with_corpus, resolve(methods.get(name).drafter), corpus)
     features = None
     description = ""
     shipped = shipped_heads(loaded.key) if loaded.backend == "specchat" else {}
@@ -263,7 +267,7 @@ def load_session(
     if source is not None:
         if progress:
             progress("loading the draft", 0, 1)
-        wanted = config.method if config.method in DRAFT_METHODS and not method_from_draft else None
+        wanted = config.method if methods.takes_draft(config.method) and not method_from_draft else None
         bundle = load_draft(source, loaded.model, loaded.tokenizer, method=wanted, allow_pickle=allow_pickle,
                             revision=draft_revision, token_map=token_map)
         drafters[bundle.method] = bundle.factory
@@ -282,7 +286,7 @@ def load_session(
             session.set_draft(extra.method, extra.factory, extra.features)
     session.draft_description = description
     session.ngram_corpus = corpus
-    if corpus is not None and config.method == "ngram":
+    if corpus is not None and config.method in corpus_methods:
         # the first chat drafts n-grams at once: index behind the loading screen (once per machine,
         # ~17 s on 2 cores), not beside the first answers, which it would slow by half
         corpus.wait_shown(progress)
@@ -295,18 +299,25 @@ def load_session(
     return session
 
 
+def _with_corpus(make, corpus):
+    """A corpus-reading drafter, made when its method first drafts (the corpus indexes then)."""
+    return make(corpus=corpus.start())
+
+
 def draft_source(method: str, draft: str | None, shipped: Mapping[str, Path]) -> str | None:
-    """The draft a session loads: ``draft``, else the head ``shipped`` for ``method`` (eagle3's under
-    none and n-gram, so that it can be chosen mid-chat), else None; LoadError (one line) for a
-    draft method with neither. Also asked before the target loads (engine/preflight.py)."""
+    """The draft a session loads: ``draft``, else the head ``shipped`` for ``method`` (under a method
+    that takes no draft, the head of the method registered to preload, eagle3's, so that it can be
+    chosen mid-chat), else None; LoadError (one line) for a draft method with neither. Also asked
+    before the target loads (engine/preflight.py)."""
+    from engine import methods
+
     if draft is not None:
         return draft
-    head = method if method in shipped else "eagle3" if method in ("none", "ngram") else ""
+    preload = next((m.name for m in methods.all_methods() if m.draft is not None and m.draft.preload), "")
+    head = method if method in shipped else "" if methods.takes_draft(method) else preload
     if head in shipped:
         return str(shipped[head])
-    from engine.drafters.draft_loader import DRAFT_METHODS
-
-    if method in DRAFT_METHODS:
+    if methods.takes_draft(method):
         raise LoadError(f"--method {method} needs --draft (an EAGLE or Medusa head folder or hub id, or a "
                         "small model with the same tokenizer for standalone)")
     return None

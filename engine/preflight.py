@@ -96,8 +96,9 @@ def check_files(model: str | None, *, backend: str = "auto", method: str = "none
     than the target).
     Returns the target's config (None where it is not known before loading: see
     :func:`target_config`). Raises the loader's own UserErrors, each one line."""
+    from engine import methods
     from engine.drafters.corpus_files import shard_files
-    from engine.drafters.draft_loader import DRAFT_METHODS, check_draft, shipped_heads
+    from engine.drafters.draft_loader import check_draft, shipped_heads
     from engine.loader import corpus_folders, draft_source
     from engine.models.resolve import EMBEDDED_NAME, is_embedded, is_hub_id
 
@@ -114,7 +115,7 @@ def check_files(model: str | None, *, backend: str = "auto", method: str = "none
         return config
     if not Path(draft).expanduser().exists() and is_hub_id(draft):
         return config  # fetched and checked by the loader
-    wanted = method if method in DRAFT_METHODS and not method_from_draft else None
+    wanted = method if methods.takes_draft(method) and not method_from_draft else None
     kind, draft_path = check_draft(draft, config, method=wanted, allow_pickle=allow_pickle, revision=draft_revision,
                                    token_map=token_map)
     if kind == "standalone":

@@ -220,9 +220,9 @@ class SpecLoop:
             return DraftTree.root_only(answer.root)
         ask = config
         if config.adaptive_draft and drafter.pays_per_level:  # a chain or a tree, and as deep as pays
-            answer.width = budget.draft_width(config.eagle_topk)
+            answer.width = budget.draft_width(config.tree_width)
             answer.levels = budget.draft_depth(config.num_steps)
-            if (answer.levels, answer.width) != (config.num_steps, config.eagle_topk):
+            if (answer.levels, answer.width) != (config.num_steps, config.tree_width):
                 last = answer.asked
                 if last is None or last[0] is not config or last[1:3] != (answer.levels, answer.width):
                     last = answer.asked = (config, answer.levels, answer.width,

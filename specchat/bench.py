@@ -19,6 +19,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from engine.methods import reading
 from engine.outputs import check_outputs
 from engine.prompts import Prompt, load_prompts
 from specchat.bench_plot import BENCH_PLOT, check_plot_path, write_bench_svg
@@ -181,7 +182,8 @@ def load_sessions(options: BenchOptions | TuneOptions, base_config: SpecConfig, 
                                           **draft_options(options))
             corpus = sessions[mode].ngram_corpus
             timed = [m.strip().lower() for m in (options.methods or "none,ngram").split(",")]
-            if corpus is not None and "ngram" in timed:  # timed with the whole corpus, not while indexing
+            # timed with the whole corpus, not while indexing
+            if corpus is not None and any(m in reading("ngram_corpus") for m in timed):
                 corpus.wait_shown(progress)
     return sessions
 
@@ -358,7 +360,7 @@ def _report(options: BenchOptions, plan: Plan, sessions: dict[str, Any], rows: l
         report["learned_cost_curves"] = {w: {m: _curve_json(c) for m, c in per.items()}
                                          for w, per in learned.items() if per}
     corpus = getattr(first, "ngram_corpus", None)
-    if corpus is not None and "ngram" in plan.configs:
+    if corpus is not None and any(m in reading("ngram_corpus") for m in plan.configs):
         report["ngram_corpus"] = corpus.describe()
     cuda_graphs = graph_report(sessions, graphs)
     if cuda_graphs:

@@ -21,6 +21,7 @@ import sys
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from engine import methods
 from specchat.options import UsageError, make_config
 
 if TYPE_CHECKING:
@@ -32,10 +33,8 @@ SERVERS = ("sglang", "vllm")
 EMBEDDED_HUB_ID = "HuggingFaceTB/SmolLM2-135M-Instruct"
 EMBEDDED_NAMES = frozenset({"", "embedded model", "smollm2-135m", "smollm2-135m-instruct", "smollm2"})
 DRAFT_PLACEHOLDER = "PATH/TO/DRAFT"  # an EAGLE head or draft model the user names with --draft
-DRAFT_METHODS = ("eagle", "eagle3", "standalone", "medusa")
 # flags SpecConfig.sglang_args() writes that current SGLang refuses (removed with the trie rewrite)
 SGLANG_REMOVED = ("--speculative-ngram-min-match-window-size", "--speculative-ngram-max-match-window-size")
-VLLM_METHODS = {"ngram": "ngram", "eagle": "eagle", "eagle3": "eagle3", "standalone": "draft_model", "medusa": "medusa"}
 ADAPTIVE_NOTE = ("the adaptive draft budget is specchat's own: a server verifies the whole static tree "
                  "(tune measures it that way, with the budget off)")
 
@@ -76,21 +75,16 @@ def sglang_line(config: SpecConfig, model: str | None, draft: str | None = None)
     except KeyError:  # a method SGLang has no algorithm for (Medusa)
         flags = []
         notes.append(f"SGLang has no {config.method} algorithm: this line serves without speculation")
-    if flags and config.method in DRAFT_METHODS:
+    spec = methods.get(config.method)
+    if flags and spec is not None and spec.takes_draft:
         parts.append(f"--speculative-draft-model-path {shlex.quote(_draft_for(config, draft, notes))}")
     kept = [f for f in flags if f.split()[0] not in SGLANG_REMOVED]
     if len(kept) < len(flags):
         notes.append(f"SGLang's n-gram drafter has no match-window flags (ngram_min/max_match_window_size = "
                      f"{config.ngram_min_match_window_size}/{config.ngram_max_match_window_size} do not carry "
                      "over); it matches suffixes up to --speculative-ngram-max-trie-depth")
-    if config.method == "ngram":
-        if config.ngram_mode == "chain":
-            notes.append("ngram_mode chain is specchat's prompt-lookup mode; SGLang always drafts its trie's tree")
-        notes.append("ngram_capacity does not carry over: SGLang's --speculative-ngram-capacity counts "
-                     "tokens (default 10M), ours counts trie nodes")
-        if config.ngram_corpus:
-            notes.append("ngram_corpus is specchat's: SGLang's n-gram drafter reads the requests' own tokens only, "
-                         "so free chat drafts less there")
+    if spec is not None and spec.sglang_notes is not None:  # the method's own (n-gram: what SGLang's lacks)
+        notes.extend(spec.sglang_notes(config))
     if flags and config.adaptive_draft:
         notes.append(ADAPTIVE_NOTE)
     return LaunchLine("SGLang", " ".join(parts + kept), notes)
@@ -100,23 +94,18 @@ def vllm_speculative_config(config: SpecConfig, draft: str | None, notes: list[s
     """vLLM's ``--speculative-config`` JSON (SpeculativeConfig's field names), None for no speculation."""
     if config.method == "none":
         return None
-    if config.method not in VLLM_METHODS:
+    method = methods.get(config.method)
+    if method is None or method.vllm is None:
         notes.append(f"vLLM takes no {config.method} settings from specchat yet: this line serves without "
                      "speculation")
         return None
-    spec: dict[str, Any] = {"method": VLLM_METHODS[config.method]}
-    if config.method == "ngram":
-        drafts = config.num_draft_tokens - 1
-        spec.update(num_speculative_tokens=drafts, prompt_lookup_min=config.ngram_min_match_window_size,
-                    prompt_lookup_max=config.ngram_max_match_window_size)
-        notes.append(f"vLLM's n-gram is prompt lookup: one chain of {drafts} tokens (num_draft_tokens - 1); "
-                     "the match window becomes prompt_lookup_min/max; BFS breadth, match type, trie depth and "
-                     "capacity have no vLLM counterpart")
+    spec: dict[str, Any] = {"method": method.vllm}
+    if method.vllm_config is not None:  # the method's own form (n-gram: prompt lookup)
+        spec.update(method.vllm_config(config, draft, notes))
         return spec
     spec.update(model=_draft_for(config, draft, notes), num_speculative_tokens=config.num_steps)
-    if config.method == "medusa":
-        notes.append(f"vLLM's Medusa drafts one chain from the heads: medusa_tree={config.medusa_tree} does not "
-                     "carry over; num_speculative_tokens = num_steps, at most the number of heads")
+    if method.vllm_chain_note is not None:  # the method's own note (Medusa's heads)
+        notes.append(method.vllm_chain_note(config))
     elif config.eagle_topk > 1:
         notes.append(f"vLLM drafts a chain: no top-k tree, so eagle_topk={config.eagle_topk} and "
                      f"num_draft_tokens={config.num_draft_tokens} do not carry over; num_speculative_tokens = "
@@ -151,7 +140,8 @@ def run_export(options: ExportOptions) -> int:
     spec = options.spec
     config = make_config(spec, method="ngram")  # run's default method
     if spec.draft and spec.knob("method") is None and config.method == "none":
-        raise UsageError("export reads no draft to infer the method: add --method eagle, eagle3, standalone or medusa")
+        raise UsageError(f"export reads no draft to infer the method: add --method "
+                         f"{methods.listed(methods.draft_methods())}")
     line = launch_line(options.server, config, options.target.model, spec.draft)
     print(line.command)
     for note in line.notes:

@@ -142,15 +142,11 @@ def plan_random_bench(options: BenchOptions, target_config: dict[str, Any]) -> R
             raise UsageError(f"unknown method {m!r}; --random-weights measures none and eagle3 (or eagle with --draft)")
         names.append(ALGORITHMS[m.lower()])
     asked = sorted({m for m in names if m != "none"})
-    if "ngram" in asked:
-        raise UsageError("--random-weights cannot measure ngram: its drafts are looked up in the text, and random "
-                         "weights write none worth matching; bench it with --prompts on a real model")
-    if "medusa" in asked:
-        raise UsageError("--random-weights cannot measure medusa: it builds EAGLE-3 heads only; give a Medusa head "
-                         "with --draft PATH and bench it with --prompts on a real model")
-    if "standalone" in asked:
-        raise UsageError("--random-weights cannot measure standalone: a draft model must share the target's "
-                         "tokenizer and a random target has none; bench it with --prompts on a real model")
+    from engine import methods
+
+    for m in methods.all_methods():  # each registration says why random weights cannot time it
+        if m.name in asked and m.random_weights:
+            raise UsageError(f"--random-weights cannot measure {m.name}: {m.random_weights}")
     if len(asked) > 1:
         raise UsageError(f"--random-weights times one EAGLE head per run, not {' and '.join(asked)}")
     method = asked[0] if asked else None
@@ -244,7 +240,9 @@ def drafting_report(model, bundle, tree_config, *, context: int, baseline_ms: fl
     """Draft cost of ``bundle``'s head for a chain (topk 1, num_steps levels) and for the tree
     ``tree_config`` describes, each also as a fraction of one baseline token (``baseline_ms``):
     what a level must earn in accepted tokens to pay for itself."""
-    chain = tree_config.replace(eagle_topk=1, num_draft_tokens=tree_config.num_steps + 1)
+    from engine.methods import chain_size
+
+    chain = tree_config.replace(eagle_topk=1, num_draft_tokens=chain_size(tree_config.num_steps))
     out: dict[str, Any] = {"method": bundle.method, "head": bundle.description, "context": context}
     for name, cfg in (("chain", chain), ("tree", tree_config)):
         row = time_drafting(model, bundle, cfg, context=context, warmup=warmup, steps=steps)

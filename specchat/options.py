@@ -17,6 +17,7 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from engine import methods
 from engine.errors import UserError
 from engine.knobs import KNOBS, Knob
 from engine.outputs import WRITTEN_BY
@@ -25,9 +26,10 @@ if TYPE_CHECKING:
     from engine.config import SpecConfig
     from specchat.command_options import CommandOptions, SpecOptions
 
-# --method names (any case) -> SpecConfig.method; "eagle2" is SGLang's name for EAGLE-1/2 heads
-ALGORITHMS: dict[str, str] = {**{m: m for m in KNOBS["method"].choices}, **dict(KNOBS["method"].value_aliases)}
-TREE_METHODS = ("eagle", "eagle3", "standalone", "medusa")
+# --method names (any case) -> SpecConfig.method, from the registry: each method's name and aliases
+# ("eagle2" is SGLang's name for EAGLE-1/2 heads)
+ALGORITHMS: dict[str, str] = methods.aliases()
+TREE_METHODS: tuple[str, ...] = methods.tree_methods()  # SGLang's top-k 1 rule applies to these
 # --threads: more than a few per core only slows torch down; the cap refuses a typo (400 for 4)
 MAX_THREADS = 4 * (os.cpu_count() or 1)
 
@@ -135,9 +137,9 @@ def make_config(spec: SpecOptions, **defaults: Any) -> SpecConfig:
     if "method" not in overrides and "method" not in saved and spec.draft and defaults.get("method") != "none":
         defaults = {**defaults, "method": "none"}  # until load_session infers the method from the draft
     defaults = {**defaults, **saved}  # --settings FILE: over the command's defaults, under the flags
-    if overrides.get("method") in TREE_METHODS and overrides.get("eagle_topk") == 1 \
+    if methods.is_tree(overrides.get("method")) and overrides.get("eagle_topk") == 1 \
             and "num_draft_tokens" not in overrides:
-        overrides["num_draft_tokens"] = overrides.get("num_steps", SpecConfig.num_steps) + 1
+        overrides["num_draft_tokens"] = methods.chain_size(overrides.get("num_steps", SpecConfig.num_steps))
     return SpecConfig(**{**defaults, **overrides})
 
 

@@ -68,7 +68,7 @@ def _check_draft_used(options: CommandOptions, method: str, drafts: dict) -> Non
     bench or tune whose methods take no draft) would load it and never draft with it. ``run`` and
     ``serve`` keep it: the chat's F2 can switch to the draft's method; a draft without a method
     picks its own."""
-    from engine.drafters.draft_loader import DRAFT_METHODS
+    from engine.methods import draft_methods
 
     if not drafts["draft"] or drafts["method_from_draft"] or isinstance(options, RunOptions):
         return
@@ -76,10 +76,10 @@ def _check_draft_used(options: CommandOptions, method: str, drafts: dict) -> Non
                                               or options.train_speed):
         return  # bench's other modes time no method
     methods = [method, *_listed(options)] if options.times_methods else [method]
-    if any(m in DRAFT_METHODS for m in methods):
+    if any(m in draft_methods() for m in methods):
         return
     fix = "add one of them to --methods" if options.times_methods else "pick a method that uses it"
-    raise UsageError(f"--draft is for {'/'.join(DRAFT_METHODS)}; drop it or {fix}")
+    raise UsageError(f"--draft is for {'/'.join(draft_methods())}; drop it or {fix}")
 
 
 def _listed(options: CommandOptions) -> list[str]:

@@ -20,6 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from engine import methods
 from engine.config import METHOD_KNOBS, ConfigError, knobs_for
 from engine.errors import UserError
 from engine.outputs import Output, check_outputs
@@ -28,20 +29,16 @@ from specchat.bench import check_prompts_fit, load_sessions, run_ours, weights_m
 from specchat.bench_report import Row, StepSplit, machine_info
 from specchat.bench_warmup import capture_verify_graphs, size_cache_for
 from specchat.export import EMBEDDED_HUB_ID, launch_line, serving_model
-from specchat.options import ALGORITHMS, TREE_METHODS, UsageError, make_config, spec_overrides
+from specchat.options import ALGORITHMS, UsageError, make_config, spec_overrides
 
 if TYPE_CHECKING:
     from engine.config import SpecConfig
     from specchat.command_options import TuneOptions
 
-# SGLang's ranges (its serving guide: num-steps 3-6, eagle-topk 4-8, num-draft-tokens 32-64), and
-# topk 1, a chain; n-gram: its tree size and breadth. --grid replaces a knob's values, a flag fixes it.
-_TREE_GRID: dict[str, list[Any]] = {"num_steps": [3, 4, 5, 6], "eagle_topk": [1, 4, 6, 8],
-                                    "num_draft_tokens": [32, 48, 64]}
+# each method's grid, as its registration declares it (engine/method_spec.py: TREE_GRID, SGLang's
+# ranges for the tree methods). --grid replaces a knob's values, a flag fixes it.
 DEFAULT_GRIDS: dict[str, dict[str, list[Any]]] = {
-    **{m: _TREE_GRID for m in TREE_METHODS},
-    "ngram": {"num_draft_tokens": [4, 8, 16, 32, 64], "ngram_max_bfs_breadth": [1, 4, 10]},
-}
+    m.name: {k: list(v) for k, v in m.tune_grid.items()} for m in methods.all_methods() if m.tune_grid}
 GRID_KNOBS: tuple[str, ...] = tuple(dict.fromkeys(k for knobs in METHOD_KNOBS.values() for k in knobs))
 SHORT = {"num_steps": "steps", "eagle_topk": "topk", "num_draft_tokens": "draft_tokens"}
 MAX_BATCH = 4  # settings timed together beside one baseline answer per prompt
@@ -145,8 +142,8 @@ class Search:
         seen: set[SpecConfig] = set()
         for idx in itertools.product(*(range(len(axes[n])) for n in names)):
             knobs = {n: axes[n][i] for n, i in zip(names, idx, strict=True)}
-            if method in TREE_METHODS and knobs.get("eagle_topk", base.eagle_topk) == 1:
-                knobs["num_draft_tokens"] = knobs.get("num_steps", base.num_steps) + 1  # SGLang: a chain
+            if methods.is_tree(method) and knobs.get("eagle_topk", base.eagle_topk) == 1:
+                knobs["num_draft_tokens"] = methods.chain_size(knobs.get("num_steps", base.num_steps))
             try:
                 config = base.replace(method=method, adaptive_draft=False, **knobs)
             except ConfigError as exc:
@@ -441,13 +438,15 @@ def _winner(options: TuneOptions, base: SpecConfig, result: dict[str, Any]) -> d
 
 
 def _shipped_head(model: str | None, method: str) -> str | None:
-    """The EAGLE-3 head shipped for the embedded model, which ran without --draft (its folder)."""
-    from engine.drafters.draft_loader import shipped_head
+    """The head shipped for the embedded model that every session on it loads (the registration that
+    preloads: EAGLE-3's), which ran without --draft (its folder)."""
+    from engine.drafters.draft_loader import shipped_heads
     from engine.models.resolve import EMBEDDED_NAME
 
-    if method != "eagle3" or serving_model(model) != EMBEDDED_HUB_ID:
+    spec = methods.get(method)
+    if spec is None or spec.draft is None or not spec.draft.preload or serving_model(model) != EMBEDDED_HUB_ID:
         return None
-    head = shipped_head(EMBEDDED_NAME)
+    head = shipped_heads(EMBEDDED_NAME).get(method)
     return str(head) if head is not None else None
 
 

@@ -156,16 +156,26 @@ def test_bench_rows_report_acceptance_per_depth_for_each_method() -> None:
         assert depth_cells(shares[method]).split()[0] == f"{shares[method][0]:.0%}"
 
 
+def ship(monkeypatch, method: str, shipped: dict) -> None:
+    """``method``'s registration with ``shipped`` as its shipped heads, for this test."""
+    import dataclasses
+
+    from engine import methods
+
+    spec = methods.get(method)
+    draft = dataclasses.replace(spec.draft, shipped=shipped)
+    monkeypatch.setitem(methods._REGISTRY, method, dataclasses.replace(spec, draft=draft))
+
+
 def test_the_loader_installs_the_shipped_heads_the_compare_asks_for(monkeypatch) -> None:
     """``specchat run --compare medusa,eagle3`` on the embedded model: both shipped heads in one session
     (a tiny target and synthetic heads stand in for the embedded model and its assets)."""
     import engine.loader as loader
-    from engine.drafters import draft_loader
 
     fake = loader.LoadedModel(target(), TinyTokenizer(), "tiny", "", "specchat", "embedded", "tiny-key")
     monkeypatch.setattr(loader, "load_model", lambda *a, **k: fake)
-    monkeypatch.setattr(draft_loader, "SHIPPED_HEADS", {"tiny-key": eagle_dir("eagle3", "specforge", 40)})
-    monkeypatch.setattr(draft_loader, "SHIPPED_MEDUSA", {"tiny-key": medusa_dir("vllm", None)})
+    ship(monkeypatch, "eagle3", {"tiny-key": eagle_dir("eagle3", "specforge", 40)})
+    ship(monkeypatch, "medusa", {"tiny-key": medusa_dir("vllm", None)})
     plain = loader.load_session(None, SpecConfig(method="ngram"))
     assert set(plain.methods) == {"none", "ngram", "eagle3"}  # Medusa only when asked for
     s = loader.load_session(None, TWO.replace(method="ngram", max_new_tokens=12), also=("medusa", "eagle3"))
@@ -181,14 +191,13 @@ def test_the_chat_loads_every_shipped_head_so_any_method_can_be_switched_to(monk
     heads too, so the settings (F2) and the palette can switch to medusa while chatting, and the
     other way round (before, a session offered only the head it started with)."""
     import engine.loader as loader
-    from engine.drafters import draft_loader
     from specchat.tui.launch import _real_factory, config_from_args
     from tests.parsed import parsed
 
     fake = loader.LoadedModel(target(), TinyTokenizer(), "tiny", "", "specchat", "embedded", "tiny-key")
     monkeypatch.setattr(loader, "load_model", lambda *a, **k: fake)
-    monkeypatch.setattr(draft_loader, "SHIPPED_HEADS", {"tiny-key": eagle_dir("eagle3", "specforge", 40)})
-    monkeypatch.setattr(draft_loader, "SHIPPED_MEDUSA", {"tiny-key": medusa_dir("vllm", None)})
+    ship(monkeypatch, "eagle3", {"tiny-key": eagle_dir("eagle3", "specforge", 40)})
+    ship(monkeypatch, "medusa", {"tiny-key": medusa_dir("vllm", None)})
     for method in ("eagle3", "medusa", "none"):
         options = parsed("run", "--method", method)
         config = config_from_args(options).replace(max_new_tokens=12, adaptive_draft=False)

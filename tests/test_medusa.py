@@ -18,13 +18,14 @@ from tiny import TinyTokenizer, hf_model
 
 from engine.config import ConfigError, SpecConfig
 from engine.drafters.base import NoDrafter
-from engine.drafters.draft_loader import DRAFT_METHODS, load_draft
+from engine.drafters.draft_loader import load_draft
 from engine.drafters.eagle_checkpoint import DraftLoadError
 from engine.drafters.medusa import MC_SIM_7B_63, MedusaDrafter, MedusaHeads, cartesian_paths, static_paths
 from engine.drafters.medusa_checkpoint import read_medusa
 from engine.drafters.ngram import NgramDrafter
 from engine.events import Step
 from engine.features import FeatureSpec
+from engine.methods import draft_methods
 from engine.models.llama import LlamaConfig, LlamaModel
 from engine.session import Session
 
@@ -58,7 +59,7 @@ def steps_of(session: Session, prompt: list[int]) -> list[Step]:
 @pytest.mark.parametrize(("layout", "truncated", "layers"), [(*v, 1) for v in VARIANTS] + [("medusa", None, 2)])
 def test_both_public_layouts_load_as_medusa_and_read_the_final_hidden_state(layout, truncated, layers) -> None:
     b = bundle(layout, truncated, layers)
-    assert b.method == "medusa" and "medusa" in DRAFT_METHODS
+    assert b.method == "medusa" and "medusa" in draft_methods()
     assert b.features == FeatureSpec(final_hidden=True)  # the vector the target's lm_head reads
     drafter = b.factory()
     assert isinstance(drafter, MedusaDrafter) and drafter.needs_features

@@ -14,49 +14,50 @@ from typing import Any
 
 import torch
 
+from engine import methods
 from engine.drafters.eagle_checkpoint import DraftLoadError, HeadKind, guess_kind, is_eagle_config, read_head
 from engine.drafters.medusa_checkpoint import is_medusa_config, medusa_layout, read_medusa, read_medusa_state
 from engine.features import FeatureSpec
-
-DRAFT_METHODS = ("eagle", "eagle3", "standalone", "medusa")
-# The EAGLE-3 head trained for the embedded model (issue 8), used by --method eagle3 without --draft.
-SHIPPED_HEADS = {"smollm2-135m": Path(__file__).resolve().parents[2] / "assets" / "eagle3-smollm2-135m"}
+from engine.method_spec import resolve
 
 
 @dataclass
 class DraftBundle:
     """What a session needs to draft with a loaded draft."""
 
-    method: str  # eagle | eagle3 | standalone | medusa
+    method: str  # the registered method it drafts for (one that takes a draft)
     factory: Callable[[], Any]  # a new Drafter
     features: FeatureSpec | None  # target states the drafter reads
     description: str  # one line for the UI: what was loaded
 
 
-# The Medusa heads trained for the embedded model (issue 21), once they are in assets/.
-SHIPPED_MEDUSA = {"smollm2-135m": Path(__file__).resolve().parents[2] / "assets" / "medusa-smollm2-135m"}
-
-
-def shipped_head(model_key: str) -> Path | None:
-    path = SHIPPED_HEADS.get(model_key)
-    return path if path is not None and (path / "config.json").is_file() else None
-
-
-# The methods a head may be shipped for (shipped_heads says which are there for a model).
-SHIPPED_METHODS = ("eagle3", "medusa")
-
-
 def shipped_heads(model_key: str) -> dict[str, Path]:
-    """Method -> the head shipped for this model (only those present)."""
-    found = {"eagle3": SHIPPED_HEADS.get(model_key), "medusa": SHIPPED_MEDUSA.get(model_key)}
+    """Method -> the head shipped for this model (only those present), from the registrations."""
+    found = {m.name: m.draft.shipped.get(model_key) for m in methods.all_methods() if m.draft is not None}
     return {m: p for m, p in found.items() if p is not None and (p / "config.json").is_file()}
 
 
+def shipped_methods() -> tuple[str, ...]:
+    """The methods a head is shipped for, for some model (shipped_heads says which are there)."""
+    return tuple(m.name for m in methods.all_methods() if m.draft is not None and m.draft.shipped)
+
+
+def feature_spec(method: str, capture_layers: tuple[int, ...] = ()) -> FeatureSpec | None:
+    """The target states ``method``'s registration says its drafter reads (``capture_layers``: the
+    layers a head names, for one that reads layers)."""
+    spec = methods.get(method)
+    if spec is None or spec.features is None:
+        return None
+    if spec.features == "layers":
+        return FeatureSpec(capture_layers=capture_layers)
+    return FeatureSpec(final_hidden=True)
+
+
 @dataclass
-class _Checked:
+class Checked:
     """A draft read and checked against the target's config (:func:`_check`): what to build."""
 
-    kind: str  # medusa | standalone | eagle | eagle3
+    kind: str  # the method it drafts for
     label: str
     path: Path
     config: dict[str, Any]
@@ -87,11 +88,11 @@ def check_standalone(path: Path, label: str, target_config: Any, target_tokenize
     from engine.models.checkpoint import read_config
 
     if isinstance(target_tokenizer, list):
-        if {t: i for i, t in enumerate(target_tokenizer)} != _draft_tokenizer(path, label).backend.get_vocab():
+        if {t: i for i, t in enumerate(target_tokenizer)} != draft_tokenizer(path, label).backend.get_vocab():
             raise _other_tokenizer(label)
     elif target_tokenizer is not None:
-        _check_same_tokenizer(_draft_tokenizer(path, label), target_tokenizer, label)
-    draft = _standalone_config(read_config(path), label)[0]
+        check_same_tokenizer(draft_tokenizer(path, label), target_tokenizer, label)
+    draft = standalone_config(read_config(path), label)[0]
     if body_params(draft) < body_params(target_config):
         return ""
     return (f"the standalone draft {label} ({draft.num_layers} layers of {draft.hidden_size}) is no smaller than the "
@@ -116,32 +117,19 @@ def load_draft(source: str, target: Any, tokenizer: Any, *, method: str | None =
         raise DraftLoadError("draft models need specchat's own forward for the target; drop --backend hf")
     found = _check(source, target.config, method=method, allow_pickle=allow_pickle, revision=revision,
                    token_map=token_map, header=False)
-    if found.kind == "medusa":
-        return _medusa(*found.parts, target, found.label)
-    if found.kind == "standalone":
-        return _standalone(found.path, found.label, found.config, found.state, target, tokenizer)
-    spec, weights, hot = found.parts
-    from engine.drafters.eagle import EagleDrafter
-    from engine.drafters.eagle_head import EagleHead
-
-    head = EagleHead(spec, weights, target, hot_token_ids=hot)
-    features = (FeatureSpec(capture_layers=spec.capture_layers()) if spec.kind == "eagle3"
-                else FeatureSpec(final_hidden=True))
-    vocab = f", {head.vocab_size} draft tokens" if head.vocab_ids is not None else ""
-    what = {"eagle": "EAGLE-1/2", "eagle3": "EAGLE-3"}[spec.kind]
-    return DraftBundle(spec.kind, lambda: EagleDrafter(head, spec.kind), features,
-                       f"{what} head {found.label}{vocab}")
+    return resolve(methods.get(found.kind).draft.load)(found, target, tokenizer)  # type: ignore[union-attr]
 
 
 def _check(source: str, target_config: Any, *, method: str | None, allow_pickle: bool, revision: str | None,
-           token_map: str | None, header: bool) -> _Checked:
+           token_map: str | None, header: bool) -> Checked:
     """Read ``source`` (``header``: config.json and the weights' headers only) and check it
     against ``target_config``; DraftLoadError (one line) at the first thing that does not fit."""
     from engine.models.checkpoint import CheckpointError, load_state_dict, read_config, read_state_header
     from engine.models.resolve import ModelResolutionError, resolve_model
 
-    if method is not None and method not in DRAFT_METHODS:
-        raise DraftLoadError(f"--draft goes with --method eagle, eagle3, medusa or standalone, not {method!r}")
+    if method is not None and not methods.takes_draft(method):
+        raise DraftLoadError(f"--draft goes with --method {methods.listed(sorted(methods.draft_methods()))}, "
+                             f"not {method!r}")
     try:
         resolved = resolve_model(source, revision=revision, allow_pickle=allow_pickle)
         config = read_config(resolved.path)
@@ -152,7 +140,10 @@ def _check(source: str, target_config: Any, *, method: str | None, allow_pickle:
     except (ModelResolutionError, CheckpointError, DraftLoadError) as e:
         raise DraftLoadError(f"draft {source}: {e}") from None
     label = resolved.name or source
-    found = _Checked("", label, resolved.path, config, state)
+    found = Checked("", label, resolved.path, config, state)
+    claimed = _claimed(found, target_config, method=method, token_map=token_map)
+    if claimed is not None:
+        return claimed
     kind: HeadKind | None = guess_kind(config, set(state))
     if medusa or (kind is None and medusa_layout(set(state)) is not None):
         if method not in (None, "medusa"):
@@ -171,7 +162,7 @@ def _check(source: str, target_config: Any, *, method: str | None, allow_pickle:
             raise DraftLoadError(f"{label} is a full language model, not an EAGLE head; use --method standalone")
         if token_map:
             raise DraftLoadError("--speculative-token-map applies to EAGLE-1/2 heads only")
-        found.kind, found.parts = "standalone", (_standalone_config(config, label),)
+        found.kind, found.parts = "standalone", (standalone_config(config, label),)
         return found
     if method == "standalone":
         raise DraftLoadError(f"{label} is an EAGLE head, not a language model; use --method {kind or 'eagle3'}")
@@ -188,18 +179,28 @@ def _check(source: str, target_config: Any, *, method: str | None, allow_pickle:
     return found
 
 
-def _medusa(spec: Any, weights: Any, target: Any, label: str) -> DraftBundle:
-    from engine.drafters.medusa import MedusaDrafter, MedusaHeads
+def _claimed(found: Checked, target_config: Any, *, method: str | None, token_map: str | None) -> Checked | None:
+    """A draft a registration with its own format claims (``DraftSpec.claims``), read and checked
+    by its ``read``; None for the formats told apart below (EAGLE, Medusa, a language model)."""
+    for spec in methods.all_methods():
+        if spec.draft is None or not spec.draft.claims:
+            continue
+        if not resolve(spec.draft.claims)(found.config):
+            if method == spec.name:
+                raise DraftLoadError(f"{found.label} is not a {spec.name} draft")
+            continue
+        if method not in (None, spec.name):
+            raise DraftLoadError(f"{found.label} holds a {spec.name} draft, not an {method} draft; "
+                                 f"use --method {spec.name}")
+        if token_map:
+            raise DraftLoadError("--speculative-token-map applies to EAGLE-1/2 heads only")
+        found.kind = spec.name
+        found.parts = tuple(resolve(spec.draft.read)(found.config, found.state, target_config, found.label))
+        return found
+    return None
 
-    heads = MedusaHeads(spec, weights, target)
-    vocab = f", {spec.head_vocab} draft tokens" if spec.head_vocab != spec.vocab_size else ""
-    layout = {"medusa": "Medusa", "vllm": "vLLM Medusa"}[spec.layout]
-    return DraftBundle("medusa", lambda: MedusaDrafter(heads), FeatureSpec(final_hidden=True),
-                       f"{layout} heads {label} ({spec.num_heads} heads of {spec.num_layers} "
-                       f"block{'s' if spec.num_layers != 1 else ''}{vocab})")
 
-
-def _standalone_config(config: dict[str, Any], label: str) -> Any:
+def standalone_config(config: dict[str, Any], label: str) -> Any:
     """A standalone draft's parsed config (and model class); DraftLoadError for one we do not run."""
     from engine.models.families import model_for_config
     from engine.models.llama_config import UnsupportedModelError
@@ -210,23 +211,7 @@ def _standalone_config(config: dict[str, Any], label: str) -> Any:
         raise DraftLoadError(f"draft {label}: {e}") from None
 
 
-def _standalone(path: Path, label: str, config: dict[str, Any], state: dict[str, torch.Tensor], target: Any,
-                tokenizer: Any) -> DraftBundle:
-    from engine.drafters.standalone import StandaloneDrafter
-    from engine.models.llama_config import UnsupportedModelError
-
-    draft_config, model_class = _standalone_config(config, label)
-    _check_same_tokenizer(_draft_tokenizer(path, label), tokenizer, label)
-    try:
-        model = model_class(draft_config, state, dtype=target.dtype, device=target.device, consume=True)
-    except UnsupportedModelError as e:
-        raise DraftLoadError(f"draft {label}: {e}") from None
-    vocab = target.config.vocab_size
-    return DraftBundle("standalone", lambda: StandaloneDrafter(model, vocab), None,
-                       f"standalone draft {label} ({draft_config.num_layers} layers)")
-
-
-def _draft_tokenizer(path: Path, label: str) -> Any:
+def draft_tokenizer(path: Path, label: str) -> Any:
     from engine.tokenizer import Tokenizer, TokenizerError
 
     try:
@@ -236,7 +221,7 @@ def _draft_tokenizer(path: Path, label: str) -> Any:
                              "target's tokenizer") from None
 
 
-def _check_same_tokenizer(draft: Any, target: Any, label: str) -> None:
+def check_same_tokenizer(draft: Any, target: Any, label: str) -> None:
     if not same_tokenizer(draft, target):
         raise _other_tokenizer(label)
 

@@ -21,6 +21,8 @@ from collections.abc import Sequence
 import torch
 
 from engine.config import SpecConfig
+from engine.drafters.draft_loader import Checked, DraftBundle, feature_spec
+from engine.drafters.eagle_checkpoint import kind_label
 from engine.drafters.eagle_graphs import EagleDraftGraphs
 from engine.drafters.eagle_head import EagleHead
 from engine.drafters.tree_search import (
@@ -35,6 +37,7 @@ from engine.drafters.tree_search import (
     levels_on_device,
 )
 from engine.kernels.eagle_native import Keys
+from engine.methods import chain_size
 from engine.prefix import common_prefix
 from engine.sampling import GumbelNoise
 from engine.tree import DraftTree
@@ -98,8 +101,8 @@ class EagleDrafter:
                 noise: GumbelNoise | None = None, stop: StopRule | None = None) -> DraftTree:
         head = self.head
         n = len(self._tokens)
-        steps, topk = config.num_steps, config.eagle_topk
-        budget = min(config.num_draft_tokens, steps + 1) if topk == 1 else config.num_draft_tokens
+        steps, topk = config.num_steps, config.tree_width
+        budget = min(config.num_draft_tokens, chain_size(steps)) if topk == 1 else config.num_draft_tokens
         sampling = self._random.sampling(config, head.to_target_dist)
         coupled = coupled_scores(config, noise, n, head.vocab_ids, head.kernel)
         if sampling is None and coupled is None and self.on_device and levels_on_device(stop):
@@ -168,3 +171,14 @@ class EagleDrafter:
         """Tokens of the entries from position ``first``: entry p pairs the token at p+1 with the
         feature at p (the root is the token after the last committed position)."""
         return [*self._tokens[first + 1:], root]
+
+
+def load_head(found: Checked, target, tokenizer) -> DraftBundle:
+    """The eagle / eagle3 registrations' load: a checked EAGLE head (engine/drafters/draft_loader.py)
+    as a drafter on ``target``, with the target features its kind reads."""
+    spec, weights, hot = found.parts
+    head = EagleHead(spec, weights, target, hot_token_ids=hot)
+    features = feature_spec(spec.kind, spec.capture_layers() if spec.kind == "eagle3" else ())
+    vocab = f", {head.vocab_size} draft tokens" if head.vocab_ids is not None else ""
+    return DraftBundle(spec.kind, lambda: EagleDrafter(head, spec.kind), features,
+                       f"{kind_label(spec.kind)} head {found.label}{vocab}")

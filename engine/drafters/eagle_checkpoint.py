@@ -94,7 +94,8 @@ def read_head(config: Mapping[str, Any], state: Mapping[str, torch.Tensor], *, k
             raise DraftLoadError(f"{source} is a full language model, not an EAGLE head; use --method standalone")
         raise DraftLoadError(f"{source} is not an EAGLE head (no fc.weight with layers.0.* or midlayer.* weights)")
     if kind is not None and kind != found:
-        raise DraftLoadError(f"{source} holds an {_label(found)} head, not {_label(kind)}; use --method {found}")
+        raise DraftLoadError(f"{source} holds an {kind_label(found)} head, not {kind_label(kind)}; "
+                             f"use --method {found}")
     spec = _spec_from_config(config, weights, found, target, source)
     _check_weights(spec, weights, target, source)
     weights.pop("embed_tokens.weight", None)  # a frozen copy of the target's: always use the target's
@@ -102,7 +103,7 @@ def read_head(config: Mapping[str, Any], state: Mapping[str, torch.Tensor], *, k
     return spec, weights
 
 
-def _label(kind: HeadKind) -> str:
+def kind_label(kind: HeadKind) -> str:
     return {"eagle": "EAGLE-1/2", "eagle3": "EAGLE-3"}[kind]
 
 
@@ -196,10 +197,10 @@ def _check_weights(spec: HeadSpec, weights: Mapping[str, torch.Tensor], target: 
     missing = [k for k in required if k not in weights]
     if missing:
         raise DraftLoadError(f"{source} is missing {', '.join(missing[:3])}"
-                             f"{' …' if len(missing) > 3 else ''}; it is not a complete {_label(spec.kind)} head")
+                             f"{' …' if len(missing) > 3 else ''}; it is not a complete {kind_label(spec.kind)} head")
     unknown = sorted(k for k in weights if k not in required and k not in optional)
     if unknown:
-        raise DraftLoadError(f"{source} has weights an {_label(spec.kind)} head does not have "
+        raise DraftLoadError(f"{source} has weights an {kind_label(spec.kind)} head does not have "
                              f"({', '.join(unknown[:3])}); is it the right file?")
     for key, shape in {**required, **optional}.items():
         if key in weights and tuple(weights[key].shape) != shape:

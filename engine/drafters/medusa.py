@@ -20,9 +20,9 @@ whose own lm_head is that copy, the target's layer runs it (no second copy in me
 
 Trees (engine.tree.DraftTree) are paths of ranks: (r1..rd) takes head 0's rank-r1 candidate, then
 head 1's rank-r2 one below it, and so on. ``dynamic`` (the default) keeps the ``num_draft_tokens - 1``
-best nodes of the Cartesian tree of each head's top-k (``eagle_topk``) ranked by the product of the
-heads' probabilities, found best first; ``topk 1`` is a chain of ``num_steps`` drafts (capped by the
-number of heads), grown by the tree search every drafter shares so a sampled chain carries its
+best nodes of the Cartesian tree of each head's top-k (``tree_width``, SGLang's ``eagle_topk``) ranked
+by the product of the heads' probabilities, found best first; ``topk 1`` is a chain of ``num_steps``
+drafts (capped by the number of heads), grown by the tree search every drafter shares so a sampled chain carries its
 distributions for rejection sampling. ``static`` is the Medusa paper's 63-node tree
 (``mc_sim_7b_63``) trimmed to ``num_draft_tokens``. Both are verified like every tree, so greedy
 output equals plain greedy decoding and sampling keeps the target's distribution (coupled
@@ -41,6 +41,7 @@ import torch.nn.functional as F
 
 from engine.config import SpecConfig
 from engine.drafters.base import heads_take_fast_products
+from engine.drafters.draft_loader import Checked, DraftBundle, feature_spec
 from engine.drafters.medusa_checkpoint import MedusaSpec, MedusaWeights
 from engine.drafters.tree_search import (
     Candidates,
@@ -206,8 +207,8 @@ class MedusaDrafter:
             paths = static_paths(drafts, depth, heads.vocab_size)
             width = [1 + max((p[-1] for p in paths if len(p) == d + 1), default=0) for d in range(depth)]
             return _tree(root, self._ranked(logits, width, coupled), paths)
-        if config.eagle_topk > 1:
-            ranked = self._ranked(logits, [config.eagle_topk] * depth, coupled)
+        if config.tree_width > 1:
+            ranked = self._ranked(logits, [config.tree_width] * depth, coupled)
             return _tree(root, ranked, cartesian_paths([lp for _, lp in ranked], drafts))
         logp = torch.log_softmax(logits, dim=-1)
 
@@ -320,3 +321,15 @@ def static_paths(drafts: int, depth: int, vocab: int) -> list[tuple[int, ...]]:
             out.append(path)
             kept.add(path)
     return out
+
+
+def load_heads(found: Checked, target, tokenizer) -> DraftBundle:
+    """The medusa registration's load: checked Medusa heads (engine/drafters/draft_loader.py) as a
+    drafter on ``target``'s last hidden state."""
+    spec, weights = found.parts
+    heads = MedusaHeads(spec, weights, target)
+    vocab = f", {spec.head_vocab} draft tokens" if spec.head_vocab != spec.vocab_size else ""
+    layout = {"medusa": "Medusa", "vllm": "vLLM Medusa"}[spec.layout]
+    return DraftBundle("medusa", lambda: MedusaDrafter(heads), feature_spec("medusa"),
+                       f"{layout} heads {found.label} ({spec.num_heads} heads of {spec.num_layers} "
+                       f"block{'s' if spec.num_layers != 1 else ''}{vocab})")

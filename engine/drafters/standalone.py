@@ -19,7 +19,16 @@ from collections.abc import Sequence
 import torch
 
 from engine.config import SpecConfig
+from engine.drafters.draft_loader import (
+    Checked,
+    DraftBundle,
+    DraftLoadError,
+    check_same_tokenizer,
+    draft_tokenizer,
+    standalone_config,
+)
 from engine.drafters.tree_search import Candidates, DraftRandom, StopRule, check_topk, coupled_scores, grow_tree
+from engine.methods import chain_size
 from engine.prefix import common_prefix
 from engine.sampling import GumbelNoise
 from engine.tree import DraftTree
@@ -92,8 +101,8 @@ class StandaloneDrafter:
                 noise: GumbelNoise | None = None, stop: StopRule | None = None) -> DraftTree:
         model, cache = self.model, self.cache
         n = len(self._tokens)
-        steps, topk = config.num_steps, config.eagle_topk
-        budget = min(config.num_draft_tokens, steps + 1) if topk == 1 else config.num_draft_tokens
+        steps, topk = config.num_steps, config.tree_width
+        budget = min(config.num_draft_tokens, chain_size(steps)) if topk == 1 else config.num_draft_tokens
         need = n + 1 + steps * topk + 8
         if cache.capacity < need:
             cache.grow(need + 256)
@@ -132,3 +141,19 @@ class StandaloneDrafter:
         slot_of_row.update({row: slots[c] for row, c in enumerate(chosen, start=1) if c in slots})
         self._last = (tree, slot_of_row)
         return tree
+
+
+def load_model_draft(found: Checked, target, tokenizer) -> DraftBundle:
+    """The standalone registration's load: a checked small model (engine/drafters/draft_loader.py)
+    with ``tokenizer``'s vocabulary, built on ``target``'s device and dtype."""
+    from engine.models.llama_config import UnsupportedModelError
+
+    draft_config, model_class = standalone_config(found.config, found.label)
+    check_same_tokenizer(draft_tokenizer(found.path, found.label), tokenizer, found.label)
+    try:
+        model = model_class(draft_config, found.state, dtype=target.dtype, device=target.device, consume=True)
+    except UnsupportedModelError as e:
+        raise DraftLoadError(f"draft {found.label}: {e}") from None
+    vocab = target.config.vocab_size
+    return DraftBundle("standalone", lambda: StandaloneDrafter(model, vocab), None,
+                       f"standalone draft {found.label} ({draft_config.num_layers} layers)")

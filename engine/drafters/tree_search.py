@@ -7,8 +7,8 @@ keeps the k best as the next frontier. Finally the best ``num_draft_tokens - 1``
 candidates are verified.
 
 SGLang's knobs keep their meaning: ``num_steps`` is the number of levels (the first comes from
-the root's own output, so ``num_steps - 1`` tree forwards), ``eagle_topk`` the branching, and
-``num_draft_tokens`` the tree size with the root. ``topk 1`` is a chain of ``num_steps`` drafts.
+the root's own output, so ``num_steps - 1`` tree forwards), ``tree_width`` (SGLang's ``eagle_topk``)
+the branching, and ``num_draft_tokens`` the tree size with the root. ``topk 1`` is a chain of ``num_steps`` drafts.
 
 With coupled sampling (temperature > 0, the default; engine/sampling.py) the children of a node
 are the top-k of the drafter's processed log-probabilities plus the Gumbel noise the target will
@@ -331,6 +331,6 @@ def coupled_scores(config: SpecConfig, noise: GumbelNoise | None, first_position
 def check_topk(config: SpecConfig, vocab_size: int, drafter: str) -> None:
     """Refuse a branching wider than the drafter's vocabulary: a level could not hold that many
     distinct children, and each further level would score top-k squared candidates for nothing."""
-    if config.eagle_topk > vocab_size:
+    if config.tree_width > vocab_size:
         raise ConfigError(f"eagle_topk={config.eagle_topk} is more than the {drafter}'s vocabulary of "
                           f"{vocab_size} tokens; use eagle_topk {vocab_size} or less")

@@ -14,7 +14,8 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 
-from engine.config import METHODS, ConfigError
+from engine import methods as registry
+from engine.config import ConfigError
 
 DEFAULT = ""  # the baseline against the method in force
 
@@ -34,8 +35,8 @@ def parse_pair(text: str, methods: Sequence[str] = ()) -> str:
     if len(names) != 2:
         raise ConfigError(f"compare takes two methods, e.g. 'compare medusa,eagle3'; got {text.strip()!r}")
     for name in names:
-        if name not in METHODS:
-            raise ConfigError(f"compare: unknown method {name!r}; methods: {', '.join(METHODS)}")
+        if registry.get(name) is None:
+            raise ConfigError(f"compare: unknown method {name!r}; methods: {', '.join(registry.names())}")
         if methods and name not in methods:
             raise ConfigError(f"compare: {name} cannot run in this session (have: {', '.join(methods)}); "
                               "EAGLE, Medusa and standalone need their draft: specchat run --draft PATH")

@@ -86,9 +86,9 @@ def _real_factory(options: RunOptions, config: SpecConfig) -> SessionLoader:
     # every head shipped for the model is loaded beside the one in force (its load time was within the
     # noise of loading one; the Medusa heads are ~12 MB), so the settings and the palette can switch
     # to any of those methods while chatting
-    from engine.drafters.draft_loader import SHIPPED_METHODS
+    from engine.drafters.draft_loader import shipped_methods
 
-    extra["also"] = tuple(dict.fromkeys((*extra["also"], *SHIPPED_METHODS)))
+    extra["also"] = tuple(dict.fromkeys((*extra["also"], *shipped_methods())))
     return SessionLoader(target.model, config, target.dtype or "auto", target.device or "auto", extra)
 
 

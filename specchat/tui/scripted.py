@@ -69,6 +69,14 @@ def _add(stats: RunningTally, tree: DraftTree, accepted: Sequence[int], committe
         verify_ms=round(s.verify_ms, 3))
 
 
+def _draft_probs(method: str) -> bool:
+    """Whether ``method``'s drafts carry probabilities (its registration says; n-gram's do not)."""
+    from engine.methods import get
+
+    spec = get(method)
+    return spec is None or spec.draft_probs
+
+
 def _split_multibyte(pieces: list[str]) -> list[str]:
     """Emulate byte-level tokens: a multi-byte character arrives as two tokens, the first adds ""."""
     out: list[str] = []
@@ -139,9 +147,10 @@ def synthetic_answer(
             CommittedToken(id=token_id(p), origin="draft" if i < accept else "target", text=p)
             for i, p in enumerate(committed_pieces)
         )
-        if config.method == "ngram":
+        has_probs = _draft_probs(config.method)
+        if not has_probs:
             probs = [1.0] * len(probs)  # n-gram lookup has no distribution (DraftTree docs)
-        tree = DraftTree(tuple(tokens), tuple(parents), tuple(probs), has_probs=config.method != "ngram")
+        tree = DraftTree(tuple(tokens), tuple(parents), tuple(probs), has_probs=has_probs)
         timing = StepTiming(
             draft_ms=round(draft_ms * (0.6 + 0.1 * tree.num_drafts) * rng.uniform(0.9, 1.1), 3),
             verify_ms=round(verify_ms * (1 + 0.01 * len(tree)) * rng.uniform(0.95, 1.05), 3),
@@ -392,9 +401,9 @@ class ScriptedSession:
     @property
     def methods(self) -> tuple[str, ...]:
         """What this fake engine can run (the refused ones left out, like a session without a draft)."""
-        from engine.config import METHODS
+        from engine.methods import names
 
-        return tuple(m for m in METHODS if m not in self.refuse_methods)
+        return tuple(m for m in names() if m not in self.refuse_methods)
 
     def chat(self, user_text: str) -> Iterator[Event]:
         self.calls.append(("chat", user_text))

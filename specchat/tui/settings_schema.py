@@ -6,7 +6,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from engine.config import DRAFT_KNOBS, METHODS, ConfigError, knobs_for
+from engine import methods
+from engine.config import DRAFT_KNOBS, ConfigError, knobs_for
 from engine.knobs import KNOBS, Knob
 
 FieldKind = Literal["int", "float", "choice", "bool", "text"]
@@ -76,7 +77,7 @@ def applies(name: str, method: str) -> bool:
 
 def why_not(name: str, method: str) -> str:
     """One line: why ``name`` is greyed out for ``method``."""
-    users = [m for m in METHODS if m != "none" and name in knobs_for(m)]
+    users = [m for m in methods.names() if m != "none" and name in knobs_for(m)]
     if method == "none":
         return f"not used by the baseline (no drafter); acts on {', '.join(users)}"
     return f"not used by {method}; acts on {', '.join(users)}"

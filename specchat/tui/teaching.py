@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from engine import methods
 from engine.events import Step
 from engine.tree import DraftTree
 from specchat.tui.token_text import visible
@@ -15,22 +16,10 @@ def _quote(pieces: list[str]) -> str:
     return "‹" + "".join(pieces).replace("\n", "↵") + "›"
 
 
-# Where each drafter's guesses come from, in one plain sentence.
-DRAFT_SOURCES: dict[str, str] = {
-    "ngram": "n-gram drafts are copied from earlier text (the prompt and the answer so far) where the last "
-             "few tokens matched the current ones; they come with no probabilities.",
-    "eagle": "EAGLE drafts come from a small head that reads the target's own hidden state and predicts the "
-             "next tokens; the numbers are its probabilities.",
-    "eagle3": "EAGLE-3 drafts come from a small head fed with several of the target's layers; the numbers are "
-              "its probabilities.",
-    "standalone": "Standalone drafts come from a small language model running on its own; the numbers are its "
-                  "probabilities.",
-    "medusa": "Medusa drafts come from independent heads on the target's last hidden state, one per future "
-              "position: head i guesses the token i+1 places ahead, all heads at once, and the tree is the "
-              "product of their top-k candidates. No head sees the tokens before the position it guesses (unlike "
-              "EAGLE's head, which runs on its own guesses), so the deeper heads miss more; the numbers are the "
-              "heads' probabilities.",
-}
+# Where each drafter's guesses come from, in one plain sentence (each method's registration says it).
+def draft_sources() -> dict[str, str]:
+    return {m.name: m.teaching for m in methods.all_methods() if m.teaching}
+
 
 # The compare view, when method A and method B are both speculative: what the depth table shows.
 COMPARE_DEPTHS = (
@@ -56,7 +45,7 @@ CORPUS_SOURCE = ("These n-gram drafts come from the model's own past answers: no
 def draft_source(method: str, tree: DraftTree | None = None) -> str:
     if tree is not None and tree.source == "corpus":
         return CORPUS_SOURCE
-    return DRAFT_SOURCES.get(method, "")
+    return draft_sources().get(method, "")
 
 
 def explain_step(step: Step, method: str = "", *, prompt_tokens: int = 0) -> str:

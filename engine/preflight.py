@@ -11,7 +11,7 @@ draft) is left to the loader.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -132,7 +132,7 @@ def _check_standalone(model: str | None, draft: str, draft_path: Path, config: L
     from engine.models.resolve import is_embedded
 
     target = None if is_embedded(model) else Path(str(model).strip()).expanduser()
-    if target is not None and target.exists() and _same_model(target, draft_path):
+    if target is not None and target.exists() and _same_model(target, (Path(draft).expanduser(), draft_path)):
         raise DraftLoadError(f"--draft {draft} is the target itself, which cannot draft faster than it answers; "
                              "pick a smaller model of the same family, or --method ngram")
     note = check_standalone(draft_path, draft, config, _target_tokenizer(target))
@@ -140,13 +140,18 @@ def _check_standalone(model: str | None, draft: str, draft_path: Path, config: L
         warn(note)
 
 
-def _same_model(target: Path, draft: Path) -> bool:
-    """The same folder, or a folder whose weights are the target's file (a link, a hard link)."""
-    if target.resolve() == draft.resolve():
-        return True
+def _same_model(target: Path, drafts: Sequence[Path]) -> bool:
+    """Whether a draft is the target: the same folder or GGUF file (by a link or a hard link too; ``drafts``:
+    the path given and the folder it was read from, a GGUF's conversion), or a folder whose weights are
+    the target's file."""
     weights = target / "model.safetensors"
-    theirs = draft / "model.safetensors"
-    return weights.is_file() and theirs.is_file() and weights.samefile(theirs)
+    for draft in drafts:
+        if draft.exists() and target.samefile(draft):
+            return True
+        theirs = draft / "model.safetensors"
+        if weights.is_file() and theirs.is_file() and weights.samefile(theirs):
+            return True
+    return False
 
 
 def _target_tokenizer(target: Path | None) -> Any:

@@ -81,6 +81,7 @@ class MethodSpec:
     sglang: str | None = None  # --speculative-algorithm value; None: SGLang has no such algorithm
     vllm: str | None = None  # speculative_config "method"; None: vLLM has none
     llamacpp: str | None = None  # llama.cpp's --spec-type value; None: llama.cpp has none
+    llamacpp_note: str = ""  # what a llama-server line of it must say ("": nothing of its own)
     # what an SGLang line cannot carry over of these settings (SpecConfig -> notes)
     sglang_notes: Callable[[Any], list[str]] | None = None
     # vLLM's speculative_config fields after "method" for these settings (config, draft, notes) ->

@@ -69,6 +69,11 @@ def draft_methods() -> tuple[str, ...]:
     return tuple(m.name for m in _REGISTRY.values() if m.takes_draft)
 
 
+def llamacpp_methods() -> tuple[str, ...]:
+    """The methods llama.cpp runs too (a ``--spec-type`` of its own)."""
+    return tuple(m.name for m in _REGISTRY.values() if m.llamacpp)
+
+
 def tree_methods() -> tuple[str, ...]:
     """The methods that grow a tree of ``tree_width`` over ``num_steps`` levels."""
     return tuple(m.name for m in _REGISTRY.values() if m.tree)

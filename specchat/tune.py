@@ -28,7 +28,7 @@ from engine.prompts import Prompt, load_prompts
 from specchat.bench import check_prompts_fit, load_sessions, run_ours, weights_modes
 from specchat.bench_report import Row, StepSplit, machine_info
 from specchat.bench_warmup import capture_verify_graphs, size_cache_for
-from specchat.export import EMBEDDED_HUB_ID, launch_line, serving_model
+from specchat.export import EMBEDDED_HUB_ID, SERVERS, launch_line, serving_model
 from specchat.options import ALGORITHMS, UsageError, make_config, spec_overrides
 
 if TYPE_CHECKING:
@@ -433,8 +433,7 @@ def _winner(options: TuneOptions, base: SpecConfig, result: dict[str, Any]) -> d
     draft = options.spec.draft or _shipped_head(model, config.method)
     return {"method": result["method"], "setting": result["setting"], "knobs": result["knobs"],
             "tokens_per_s": result["tokens_per_s"], "speedup": result["speedup"], "settings": settings,
-            "sglang": launch_line("sglang", config, model, draft).to_dict(),
-            "vllm": launch_line("vllm", config, model, draft).to_dict()}
+            **{server: launch_line(server, config, model, draft).to_dict() for server in SERVERS}}
 
 
 def _shipped_head(model: str | None, method: str) -> str | None:
@@ -488,7 +487,7 @@ def print_report(report: dict[str, Any]) -> None:
     for winner in report["winners"].values():
         console.print(f"\n[bold]best {winner['method']}[/]: {winner['setting']}, {winner['tokens_per_s']:.2f} tok/s"
                       + (f" ({winner['speedup']:.2f}x)" if winner["speedup"] else ""))
-        for server in ("sglang", "vllm"):
+        for server in SERVERS:
             line = winner[server]
             console.print(f"{line['server']}:", style="bold")
             console.print(line["command"], markup=False, soft_wrap=True)

@@ -17,7 +17,7 @@ import pytest
 
 from engine.config import SpecConfig
 from specchat.cli import main
-from specchat.export import EMBEDDED_HUB_ID, launch_line, serving_model
+from specchat.export import EMBEDDED_HUB_ID, SERVERS, launch_line, serving_model
 from specchat.options import UsageError, draft_options, load_settings, make_config
 from specchat.tui.headless import SIZE, make_app, make_session, wait_loaded, wait_until
 from specchat.tui.launch import config_from_args
@@ -74,6 +74,54 @@ def test_vllm_lines(config: SpecConfig, spec: dict | None) -> None:
         assert any("vLLM drafts a chain: no top-k tree" in n for n in line.notes)
     else:
         assert any("prompt lookup" in n for n in line.notes)
+
+
+LLAMA = "llama-server -m /m/target.gguf"
+
+
+@pytest.mark.parametrize(("config", "expected"), [
+    (SpecConfig(method="ngram", num_draft_tokens=17, ngram_max_match_window_size=12, adaptive_draft=False),
+     f"{LLAMA} --spec-type ngram-simple --spec-ngram-simple-size-n 12 --spec-ngram-simple-size-m 16 "
+     "--spec-draft-n-max 16"),
+    (_tree("standalone"), f"{LLAMA} --spec-type draft-simple -md /m/draft.gguf --spec-draft-n-max 4"),
+    (_tree("eagle3"), f"{LLAMA} --spec-type draft-eagle3 -md /m/draft.gguf --spec-draft-n-max 4"),
+    (_tree("eagle"), LLAMA),
+    (_tree("medusa"), LLAMA),
+    (SpecConfig(method="none"), LLAMA),
+], ids=["ngram", "standalone", "eagle3", "eagle", "medusa", "none"])
+def test_llamacpp_lines(config: SpecConfig, expected: str) -> None:
+    """llama-server drafts chains: a tree's depth (num_steps) or an n-gram tree's size less its root is the
+    chain's length, said in a note; a method llama.cpp has no drafter for serves plain, and says so."""
+    line = launch_line("llamacpp", config, "/m/target.gguf", "/m/draft.gguf")
+    assert line.command == expected and line.server == "llama.cpp"
+    notes = " ".join(line.notes)
+    if config.method in ("eagle", "medusa"):
+        assert f"llama.cpp has no {config.method} drafter" in notes and "--method ngram, eagle3 or standalone" in notes
+    elif config.method in ("standalone", "eagle3"):
+        assert "llama.cpp drafts a chain: no top-k tree" in notes
+    elif config.method == "ngram":
+        assert "one chain of 16 tokens" in notes
+
+
+def test_llamacpp_reads_gguf_files_a_hub_id_through_hf_and_the_embedded_model_as_its_file(tmp_path: Path) -> None:
+    from engine.models.resolve import embedded_gguf
+
+    chain = SpecConfig(method="ngram", adaptive_draft=False)
+    assert shlex.split(launch_line("llamacpp", chain, None).command)[1:3] == ["-m", str(embedded_gguf()[0])]
+    assert launch_line("llamacpp", chain, "Qwen/Qwen2.5-Coder-1.5B-Instruct-GGUF").command.startswith(
+        "llama-server -hf Qwen/Qwen2.5-Coder-1.5B-Instruct-GGUF ")
+    folder = launch_line("llamacpp", chain, str(tmp_path))  # safetensors: llama.cpp cannot read them
+    assert folder.command.startswith("llama-server -m MODEL.gguf ")
+    assert any("convert_hf_to_gguf.py" in n for n in folder.notes)
+    assert "'/my models/x.gguf'" in launch_line("llamacpp", chain, "/my models/x.gguf").command
+
+
+def test_export_llamacpp_on_the_command_line(capsys) -> None:
+    assert main(["export", "llamacpp", "--method", "standalone", "--draft", "small.gguf",
+                 "--speculative-eagle-topk", "1", "--speculative-num-steps", "3"]) == 0
+    out, err = capsys.readouterr()
+    assert out.strip().endswith("--spec-type draft-simple -md small.gguf --spec-draft-n-max 3")
+    assert "no top-k tree" not in err  # a chain carries over whole
 
 
 def test_medusa_goes_to_vllm_and_sglang_says_it_has_none() -> None:
@@ -170,6 +218,7 @@ def test_settings_accept_numbers_and_a_null_seed(tmp_path: Path) -> None:
     ("Copy vLLM launch line", "vllm serve org/m --speculative-config "),
     ("Copy SGLang launch line", "python -m sglang.launch_server --model-path org/m --speculative-algorithm NGRAM "
                                 "--speculative-num-draft-tokens 5"),
+    ("Copy llama.cpp launch line", "llama-server -hf org/m --spec-type ngram-simple"),
 ])
 async def test_the_palette_copies_the_launch_line_of_the_settings_in_force(title: str, expected: str) -> None:
     session = make_session()
@@ -180,6 +229,7 @@ async def test_the_palette_copies_the_launch_line_of_the_settings_in_force(title
         assert app.apply_setting("num_draft_tokens", "5") is None
         await palette(pilot, title.lower(), title)
         await wait_until(pilot, lambda: app.clipboard.startswith(expected), what="copied")
-        line = launch_line("sglang" if "SGLang" in title else "vllm", app.applied_config, "org/m")
+        server = next(key for key, shown in SERVERS.items() if f"Copy {shown} " in title)
+        line = launch_line(server, app.applied_config, "org/m")
         assert app.clipboard == line.command
         assert any(n.message.startswith(line.command) and "(copied)" in n.title for n in app._notifications)

@@ -24,7 +24,9 @@ EAGLE3 = MethodSpec(
     # the head trained for the embedded model (issue 8), loaded with every session on it so that
     # eagle3 can be chosen mid-chat
     draft=DraftSpec(LOAD, shipped={"smollm2-135m": ASSETS / "eagle3-smollm2-135m"}, preload=True),
-    sglang="EAGLE3", vllm="eagle3",
+    sglang="EAGLE3", vllm="eagle3", llamacpp="draft-eagle3",
+    llamacpp_note="llama.cpp reads an EAGLE-3 draft as a GGUF made by its own converter from the head's "
+                  "checkpoint; the safetensors head specchat runs is not one",
 )
 
 METHODS = (EAGLE, EAGLE3)

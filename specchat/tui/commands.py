@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Protocol, cast
 from textual.command import DiscoveryHit, Hit, Hits, Provider
 from textual.message import Message
 
+from specchat.export import SERVERS
 from specchat.tui.messages import ChangeSetting, OpenSettings
 from specchat.tui.settings_control import SettingsControl
 from specchat.tui.settings_schema import FIELDS, SettingField, example_value, format_value, resolve_name
@@ -26,9 +27,8 @@ SYSTEM_COMMANDS: tuple[tuple[str, str, str], ...] = (
     ("Teaching mode", "Pause after every step and explain it", "toggle_teach"),
     ("Show/hide rejected drafts", "Struck-through refused drafts in the stream", "toggle_rejected"),
     ("Help: how speculative decoding works", "Draft, verify, accept, bonus, tau, knobs", "help"),
-    ("Copy SGLang launch line", "The settings in force as an SGLang launch line, to the clipboard",
-     "copy_launch('sglang')"),
-    ("Copy vLLM launch line", "The settings in force as a vLLM launch line, to the clipboard", "copy_launch('vllm')"),
+    *((f"Copy {shown} launch line", f"The settings in force as a {shown} launch line, to the clipboard",
+       f"copy_launch('{server}')") for server, shown in SERVERS.items()),
     ("Side panels", "Show / hide the draft tree and stats (F6)", "toggle_panels"),
     ("Charts", "Acceptance by depth, tokens per step, the learned verify cost (F9)", "toggle_charts"),
     ("Reopen a saved conversation", "Conversations are saved as you go (Ctrl+O)", "open_sessions"),
@@ -50,7 +50,7 @@ class CopiesLines(Protocol):
 
 
 def copy_launch_line(app: CopiesLines, server: str, config: SpecConfig) -> str:
-    """Copy the launch line of ``server`` (sglang | vllm) for ``config`` and show it, with what does
+    """Copy the launch line of ``server`` (a key of SERVERS) for ``config`` and show it, with what does
     not carry over (a terminal without clipboard support still shows the line to select)."""
     from specchat.export import launch_line
 

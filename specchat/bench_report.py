@@ -156,6 +156,7 @@ class Row:
     identical: int = 0  # equal to the baseline of the same weights
     same_as_reference: int = 0  # equal to the baseline of the first --weights mode
     prompts: int = 0
+    decoded: int = 0  # tokens after each answer's first (an empty answer has none)
     outputs: list[list[int]] = field(default_factory=list)
     split: StepSplit = field(default_factory=StepSplit)
 
@@ -169,10 +170,11 @@ class Row:
 
     @property
     def decode_tokens_per_s(self) -> float | None:
-        """Tokens after the first over the time after the prefill (ours only)."""
-        if self.prefill_seconds is None or self.seconds <= self.prefill_seconds:
+        """Tokens after each answer's first over the time after the prefill (ours only); None where nothing
+        was decoded (answers that stopped at once: no rate, never a negative one)."""
+        if self.prefill_seconds is None or self.seconds <= self.prefill_seconds or not self.decoded:
             return None
-        return (self.tokens - self.prompts) / (self.seconds - self.prefill_seconds)
+        return self.decoded / (self.seconds - self.prefill_seconds)
 
     @property
     def tau(self) -> float | None:
@@ -184,6 +186,7 @@ class Row:
         self.prefill_seconds = None if run.prefill_s is None or self.prefill_seconds is None else (
             self.prefill_seconds + run.prefill_s)
         self.tokens += len(run.tokens)
+        self.decoded += max(len(run.tokens) - 1, 0)
         self.seconds += run.seconds
         self.steps += run.steps
         self.produced += run.produced

@@ -74,3 +74,23 @@ def test_bench_drops_a_conversations_oldest_turns_where_the_flag_says_so(tmp_pat
                  "1", "--context-overflow", "drop_oldest", "--json", str(out)]) == 0
     rows = json.loads(out.read_text())["results"]
     assert all(r["tokens"] > 0 and r["decode_tokens_per_s"] > 0 for r in rows), rows
+
+
+def test_an_answer_that_stops_at_once_makes_no_negative_rate_and_is_said(capsys) -> None:
+    """A prompt the model ends at once (a raw "prompt" row to an instruct model): 0 tokens, and bench's row
+    had decode tok/s below zero beside "identical". Now the rate is absent and one warning says why."""
+    from engine.prompts import Prompt
+    from specchat.bench import Runner, _say_empty_answers
+    from specchat.bench_report import Row, Run
+
+    row = Row("none", "stored")
+    row.add(Run([], 1, 1, 0.02, 0.01), {"stored": [], None: []})
+    row.add(Run([5, 6, 7], 2, 3, 0.05, 0.01), {"stored": [5, 6, 7], None: [5, 6, 7]})
+    assert row.decode_tokens_per_s == pytest.approx(2 / (0.07 - 0.02))  # the empty answer decodes nothing
+    empty = Row("none", "stored")
+    empty.add(Run([], 1, 1, 0.02, 0.01), {"stored": [], None: []})
+    assert empty.decode_tokens_per_s is None and empty.result(empty, "stored")["decode_tokens_per_s"] is None
+    prompts = [Prompt("a", text="hi", where="p.jsonl:1"), Prompt("b", text="ho", where="p.jsonl:2")]
+    _say_empty_answers(prompts, [Runner("none", row, lambda p: None)])  # type: ignore[arg-type,return-value]
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "answered nothing to 1 of 2 prompts (p.jsonl:1)" in err

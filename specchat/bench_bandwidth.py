@@ -88,10 +88,18 @@ def decode_bandwidth_lines(section: dict[str, Any] | None) -> list[str]:
                 shares = " ".join("-" if s is None else f"{s:.0%}" for s in b["share_by_round"])
                 text += f" (best of {len(b['gbps_by_round'])} rounds each; by round {shares})"
             if b["fits_cache"]:
-                text += (f"; its {b['weight_bytes'] / 1e9:.2f} GB of weights fit in the "
+                text += (f"; its {_size(b['weight_bytes'])} of weights fit in the "
                          f"{probe['l3_bytes'] / 2**20:.0f} MiB last-level cache, which reads faster than memory")
         lines.append(text)
     return lines
+
+
+def _size(nbytes: int) -> str:
+    """Bytes for a line: "1.12 GB", "261.8 kB" (a tiny test model's)."""
+    for unit, scale in (("GB", 1e9), ("MB", 1e6)):
+        if nbytes >= scale / 10:
+            return f"{nbytes / scale:.2f} {unit}"
+    return f"{nbytes / 1e3:.1f} kB"
 
 
 def baseline_bandwidth(model: Any, decode_tokens_per_s: float | None, peak_gbps: float | None) -> dict | None:

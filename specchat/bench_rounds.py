@@ -161,8 +161,9 @@ def rounds_table(report: dict[str, Any]) -> Any:
     count = report["rounds"]
     multi = len(report.get("weights") or ()) > 1
     differs = differs_by_design(report)
+    peers = any(rate_key(r["rounds"]) != "decode_tokens_per_s" for r in results)
     table = Table(title=f"decode tok/s by round ({count} rounds; order A B C in odd rounds, C B A in even ones)",
-                  caption="*: tok/s from the request (a peer reports no prefill apart)")
+                  caption="*: tok/s from the request (a peer reports no prefill apart)" if peers else None)
     for col in ("method", *(f"r{i + 1}" for i in range(count)), "best", "median", "spread", "x baseline by round",
                 "best/best", "identical"):
         table.add_column(col, justify="left" if col == "method" else "right", no_wrap=col == "method")

@@ -5,8 +5,8 @@ no faster than (weight bytes) / (read bandwidth). A GPU has a datasheet figure f
 (engine/gpu/bandwidth.py); a CPU, least of all a virtual machine's share of one, has none worth
 trusting: the same 2-core VM read weights at 26 ms a step in one run and 33 ms in the next (issue
 57). So the bench measures the ceiling in the same run, in the same machine state as the rows it
-divides, and reports the baseline as a share of it ("45.7 GB/s = 91% of measured read bandwidth
-50.2 GB/s").
+divides, and reports the baseline as a share of it ("x GB/s = y% of measured read bandwidth
+z GB/s", specchat/bench_bandwidth.py).
 
 What it measures: the best of a few passes of one streaming read, a torch sum over a buffer far
 larger than the last-level cache (so it comes from memory, not the L3), on the thread count the

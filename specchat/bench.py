@@ -56,7 +56,7 @@ class Plan:
     config: SpecConfig  # the flags' settings (loads the sessions; the report's "config")
     configs: dict[str, SpecConfig]  # method -> config, "none" (the baseline) first
     peers: list[str]
-    rounds: int = 1  # times the whole set of rows runs (--rounds)
+    rounds: int  # times the whole set of rows runs (--rounds)
 
     @property
     def multi(self) -> bool:

@@ -71,8 +71,8 @@ def decode_bandwidth(weight_bytes: dict[str, int], results: list[dict[str, Any]]
 
 
 def decode_bandwidth_lines(section: dict[str, Any] | None) -> list[str]:
-    """One line per baseline: "baseline: 45.7 GB/s of weights read = 91.0% of measured read bandwidth
-    50.2 GB/s", with the rounds' shares where there were several, and a word where the weights fit in
+    """One line per baseline: "baseline: x GB/s of weights read = y% of measured read bandwidth
+    z GB/s", with the rounds' shares where there were several, and a word where the weights fit in
     the last-level cache (which reads faster than memory: a share above 100% is no error)."""
     if not section:
         return []

@@ -134,9 +134,8 @@ def disagreements(results: list[dict[str, Any]]) -> str | None:
     noisy = []
     for result in results:
         base = _baseline_of(result, results)
-        if "rounds" not in result or base is None or result is base or (result["method"] == "none" and
-                                                                         result.get("mode")):
-            continue
+        if "rounds" not in result or base is None or (result["method"] == "none" and result.get("mode")):
+            continue  # one round, or a baseline (compared with nothing)
         key = rate_key(result["rounds"])
         ratio = result[dict(RATES)[key]]
         mine, theirs = spread(result["rounds"], key), spread(base["rounds"], key)

@@ -332,7 +332,8 @@ class Session:
             self._drafters.forget()
             self._costs.clear()
 
-    # -- what tests and the bench's warm-up reach into (kept while they do) -----------------------------
+    # -- what tests reach into (kept while they do; the bench and the calibration use the public API above,
+    # tests/test_architecture.py keeps them there) ----------------------------------------------------
     @property
     def _cache(self) -> Any:
         return self._conversation.cache

@@ -3,13 +3,16 @@
 Speedups are ratios of tokens/s measured in this run against the ``none`` baseline, never
 against a number from elsewhere. Runs are interleaved prompt by prompt (baseline, then each
 method, then the peers) so background noise on the machine lands on every row alike, and each
-run is timed alone. Tokens/s counts new tokens (a final stop token excluded) over wall time
-from the request to the last token, prefill included, for every row; our own rows also report
-decode tokens/s (after the prefill), the number the prefill of long prompts would otherwise blur.
+run is timed alone. ``--rounds N`` runs that whole set N times, the order reversed on even rounds
+(bench_rounds.py says why), for machines whose speed moves between runs. Tokens/s counts new
+tokens (a final stop token excluded) over wall time from the request to the last token, prefill
+included, for every row; our own rows also report decode tokens/s (after the prefill), the number
+the prefill of long prompts would otherwise blur.
 
 This module is the runner, read top to bottom in :func:`run_bench`: check the flags, load,
-warm up (bench_warmup.py), time, report (bench_report.py). The peers are in bench_peers.py and
-llamacpp_peer.py, the cost curve in bench_cost.py, the draft-training paths in bench_train.py.
+warm up (bench_warmup.py), time in rounds, report (bench_report.py, bench_rounds.py,
+bench_bandwidth.py). The peers are in bench_peers.py and llamacpp_peer.py, the cost curve in
+bench_cost.py, the draft-training paths in bench_train.py.
 """
 
 from __future__ import annotations
@@ -23,23 +26,22 @@ from typing import TYPE_CHECKING, Any
 from engine.methods import reading
 from engine.outputs import check_outputs
 from engine.prompts import Prompt, load_prompts
-from specchat.bench_plot import BENCH_PLOT, check_plot_path, write_bench_svg
-from specchat.bench_report import (
-    BENCH_JSON,
-    Row,
-    Run,
-    StepSplit,
+from specchat.bench_bandwidth import (
     baseline_bandwidth,
-    machine_info,
-    mode_parts,
+    decode_bandwidth,
     print_bandwidth,
-    print_table,
+    read_probe,
+    weights_read_per_token,
 )
+from specchat.bench_plot import BENCH_PLOT, check_plot_path, write_bench_svg
+from specchat.bench_report import BENCH_JSON, Row, Run, StepSplit, machine_info, mode_parts, print_table
+from specchat.bench_rounds import print_rounds, round_order, row_results
 from specchat.bench_warmup import capture_verify_graphs, graph_report, size_cache_for
 from specchat.options import UsageError, draft_options, make_config
 
 if TYPE_CHECKING:
     from engine.config import SpecConfig
+    from engine.read_bandwidth import ReadBandwidth
     from specchat.command_options import BenchOptions, ModelOptions, TuneOptions
 
 PEERS = ("hf", "llamacpp")
@@ -54,6 +56,7 @@ class Plan:
     config: SpecConfig  # the flags' settings (loads the sessions; the report's "config")
     configs: dict[str, SpecConfig]  # method -> config, "none" (the baseline) first
     peers: list[str]
+    rounds: int  # times the whole set of rows runs (--rounds)
 
     @property
     def multi(self) -> bool:
@@ -63,16 +66,24 @@ class Plan:
 
 @dataclass
 class Runner:
-    """One row of the table and how to answer a prompt for it."""
+    """One row of the table and how to answer a prompt for it, tallying its steps into a split.
+
+    A peer is one more runner: the rounds run it in its turn like any of ours."""
 
     label: str  # shown in the progress bar: the method, with its mode when there are several
-    row: Row
-    run: Callable[[Prompt], Run]
+    name: str  # the row's name: a method, or a peer's row ("llamacpp")
+    mode: str | None  # our rows' weights mode; None for a peer
+    run: Callable[[Prompt, StepSplit], Run]
+
+    def new_row(self) -> Row:
+        """This runner's tallies for one round."""
+        return Row(self.name, self.mode)
 
 
 def run_bench(options: BenchOptions) -> int:
     """Route to the other benchmarks, or: plan, load, warm up, time every prompt, report."""
     check_plot_path(options)  # --plot and --json: refused before any work (engine/outputs.py)
+    check_rounds(options)
     check_outputs([(BENCH_JSON, options.json_out), (BENCH_PLOT, options.plot)], force=options.force)
     if options.random_weights:
         from specchat.gpu_bench import run_random_bench
@@ -95,20 +106,31 @@ def run_bench(options: BenchOptions) -> int:
     check_prompts_fit("bench", sessions[modes[0]], plan.prompts, plan.configs.values())
     hf = _open_hf(options.target, plan, sessions[modes[0]])
     runners = _runners(plan, sessions, hf, llama_peer)
+    probe = read_probe(sessions[modes[0]].model)  # on the engine's threads, before the governor sees a step
     graphs = _warm_up(plan, sessions, hf, llama_peer)
-    _time_prompts(plan.prompts, runners)
-    _say_empty_answers(plan.prompts, runners)
-    report = _report(options, plan, sessions, [r.row for r in runners], graphs)
+    table, probes = _time_rounds(plan.prompts, runners, plan.rounds, probe)
+    _say_empty_answers(plan.prompts, table[0])
+    report = _report(options, plan, sessions, table, graphs, probes)
     if options.json_out:  # first: a stdout that fails (> /dev/full) does not lose the run's results
         BENCH_JSON.write_json(options.json_out, report)
     print_table(report)
-    print_bandwidth(report.get("bandwidth"))
+    print_rounds(report)
+    print_bandwidth(report)
     if options.plot:
         print(f"bench: wrote {write_bench_svg(options.plot, report)}")
     return 0
 
 
 # checking the flags ---------------------------------------------------------------------------
+def check_rounds(options: BenchOptions) -> None:
+    """``--rounds`` alternates the rows of a prompts bench; the other benchmarks time no rows (refused
+    in one line, before any work)."""
+    other = ("--random-weights" if options.random_weights else "--data-engine" if options.data_engine is not None
+             else "--train-speed" if options.train_speed else "--cost-curve" if options.cost_curve else None)
+    if options.rounds > 1 and other:
+        raise UsageError(f"--rounds alternates the rows of a --prompts bench; {other} times no rows (drop --rounds)")
+
+
 def plan_bench(options: BenchOptions, base_config: SpecConfig, modes: list[str]) -> Plan:
     """The prompts, methods and peers from the flags; refuses a bad one in one line, before loading."""
     if not options.prompts:
@@ -122,7 +144,8 @@ def plan_bench(options: BenchOptions, base_config: SpecConfig, modes: list[str])
     for peer in peers:
         if peer not in PEERS:
             raise UsageError(f"unknown peer {peer!r}; available: {', '.join(PEERS)}")
-    return Plan(prompts, modes, base_config, {m: base_config.replace(method=m) for m in methods}, peers)
+    return Plan(prompts, modes, base_config, {m: base_config.replace(method=m) for m in methods}, peers,
+                options.rounds)
 
 
 def weights_modes(target: ModelOptions) -> list[str]:
@@ -278,17 +301,16 @@ def _runners(plan: Plan, sessions: dict[str, Any], hf: Any, llama_peer: Any) -> 
     runners = []
     for mode in plan.modes:
         for method, config in plan.configs.items():
-            row = Row(method, mode)
-            runners.append(Runner(f"{method} [{mode}]" if plan.multi else method, row,
-                                  lambda p, s=sessions[mode], c=config, r=row: run_ours(s, p, c, r.split)))
+            runners.append(Runner(f"{method} [{mode}]" if plan.multi else method, method, mode,
+                                  lambda p, split, s=sessions[mode], c=config: run_ours(s, p, c, split)))
     if hf is not None:
-        runners += [Runner("hf-generate", Row("hf-generate"), lambda p: hf.run(p, lookup=False)),
-                    Runner("hf-prompt-lookup", Row("hf-prompt-lookup"), lambda p: hf.run(p, lookup=True))]
+        runners += [Runner("hf-generate", "hf-generate", None, lambda p, _: hf.run(p, lookup=False)),
+                    Runner("hf-prompt-lookup", "hf-prompt-lookup", None, lambda p, _: hf.run(p, lookup=True))]
     if llama_peer is not None:
         first = sessions[plan.modes[0]]
-        runners += [Runner("llamacpp", Row("llamacpp"), lambda p: llama_peer.run(first, p, lookup=False)),
-                    Runner("llamacpp-prompt-lookup", Row("llamacpp-prompt-lookup"),
-                           lambda p: llama_peer.run(first, p, lookup=True))]
+        runners += [Runner("llamacpp", "llamacpp", None, lambda p, _: llama_peer.run(first, p, lookup=False)),
+                    Runner("llamacpp-prompt-lookup", "llamacpp-prompt-lookup", None,
+                           lambda p, _: llama_peer.run(first, p, lookup=True))]
     return runners
 
 
@@ -310,33 +332,60 @@ def _warm_up(plan: Plan, sessions: dict[str, Any], hf: Any, llama_peer: Any) -> 
     return graphs
 
 
-def _time_prompts(prompts: list[Prompt], runners: list[Runner]) -> None:
-    """Each prompt through every runner in turn, so noise on the machine lands on all rows alike.
+def _time_rounds(prompts: list[Prompt], runners: list[Runner], rounds: int,
+                 probe: Callable[[], ReadBandwidth] | None) -> tuple[list[list[Row]], list[ReadBandwidth]]:
+    """Every prompt through every runner in turn, ``rounds`` times: returns each round's rows (in the
+    runners' order) and, with a ``probe``, the read bandwidth measured at the start of each round.
 
-    Each row counts its answers equal to the baseline's of its own mode (peers: of the first)."""
+    Within a round, each prompt goes through every runner before the next prompt, so noise on the
+    machine lands on all rows alike; round by round the runners' order is reversed (round_order).
+    Each row counts its answers equal to the first round's baseline of its own mode (peers: of the
+    first mode), so a baseline whose answer changed between rounds is counted too."""
     from rich.progress import Progress
 
+    references: list[dict[str | None, list[int]]] = []  # per prompt: the first round's baselines
+    table: list[list[Row]] = []
+    probes: list[ReadBandwidth] = []
     # no auto-refresh thread: a thread waking 10 times a second steals a core from the model
     with Progress(transient=True, auto_refresh=False) as bar:
-        task = bar.add_task("benchmarking", total=len(prompts) * len(runners))
-        for prompt in prompts:
-            baselines: dict[str | None, list[int]] = {}
-            for runner in runners:
-                bar.update(task, description=f"{prompt.id}: {runner.label}")
-                run = runner.run(prompt)
-                row = runner.row
-                if row.name == "none" and row.ours:
-                    baselines[row.weights] = run.tokens
-                    baselines.setdefault(None, run.tokens)  # peers compare with the first baseline
-                row.add(run, baselines)
-                bar.advance(task)
+        task = bar.add_task("benchmarking", total=rounds * len(prompts) * len(runners))
+        for r in range(rounds):
+            where = f"round {r + 1}/{rounds} " if rounds > 1 else ""
+            if probe is not None:
+                bar.update(task, description=f"{where}read bandwidth")
                 bar.refresh()
+                probes.append(probe())
+            rows = [runner.new_row() for runner in runners]
+            for p, prompt in enumerate(prompts):
+                runs: dict[int, Run] = {}
+                for i in round_order(len(runners), r):
+                    bar.update(task, description=f"{where}{prompt.id}: {runners[i].label}")
+                    runs[i] = runners[i].run(prompt, rows[i].split)
+                    bar.advance(task)
+                    bar.refresh()
+                if r == 0:
+                    references.append(_baselines(runners, runs))
+                for i, row in enumerate(rows):
+                    row.add(runs[i], references[p])
+            table.append(rows)
+    return table, probes
 
 
-def _say_empty_answers(prompts: list[Prompt], runners: list[Runner]) -> None:
+def _baselines(runners: list[Runner], runs: dict[int, Run]) -> dict[str | None, list[int]]:
+    """One prompt's baseline answers by mode, and under None the first mode's (what peers compare with)."""
+    baselines: dict[str | None, list[int]] = {}
+    for i, runner in enumerate(runners):
+        if runner.name == "none" and runner.mode is not None:
+            baselines[runner.mode] = runs[i].tokens
+            baselines.setdefault(None, runs[i].tokens)
+    return baselines
+
+
+def _say_empty_answers(prompts: list[Prompt], rows: list[Row]) -> None:
     """One line where the baseline answered nothing (the model stopped at once): those prompts time no
-    decoding, so the rows rest on the others (a raw "prompt" row that an instruct model ends at once)."""
-    base = next(r.row for r in runners if r.row.name == "none" and r.row.ours)
+    decoding, so the rows rest on the others (a raw "prompt" row that an instruct model ends at once).
+    ``rows``: the first round's."""
+    base = next(r for r in rows if r.name == "none" and r.ours)
     empty = [p for p, out in zip(prompts, base.outputs, strict=True) if not out]
     if empty:
         where = ", ".join(p.where or p.id for p in empty[:3]) + (" ..." if len(empty) > 3 else "")
@@ -350,11 +399,12 @@ def _curve_json(curve: dict[int, float]) -> dict[str, float]:
     return {str(n): round(v, 3) for n, v in curve.items()}
 
 
-def _report(options: BenchOptions, plan: Plan, sessions: dict[str, Any], rows: list[Row],
-            graphs: dict[str, dict[str, int]]) -> dict[str, Any]:
-    """The JSON report: machine, model, settings, one result per row, CUDA graphs, bandwidth."""
-    baselines = {row.weights: row for row in rows if row.name == "none" and row.ours}
-    reference = baselines[plan.modes[0]]
+def _report(options: BenchOptions, plan: Plan, sessions: dict[str, Any], table: list[list[Row]],
+            graphs: dict[str, dict[str, int]], probes: list[ReadBandwidth]) -> dict[str, Any]:
+    """The JSON report: machine, model, settings, one result per row (each round's under it, with
+    rounds), CUDA graphs, bandwidth."""
+    results = row_results(table, plan.modes[0])
+    reference = next(r for r in results if r["method"] == "none" and r["mode"] == plan.modes[0])
     first = sessions[plan.modes[0]]
     machine = machine_info(first.model)
     machine["weights"] = {w: {"kernels": getattr(sessions[w].model, "kernels", None),
@@ -363,7 +413,8 @@ def _report(options: BenchOptions, plan: Plan, sessions: dict[str, Any], rows: l
         "machine": machine, "model": first.model_name, "prompts_file": str(options.prompts),
         "dtype": options.target.dtype, "weights": plan.modes, "max_new_tokens": plan.config.max_new_tokens,
         "config": {k: v for k, v in plan.config.to_dict().items() if k != "method"},
-        "results": [row.result(baselines.get(row.weights, reference), plan.modes[0]) for row in rows],
+        **({"rounds": plan.rounds} if plan.rounds > 1 else {}),
+        "results": results,
     }
     shapes = {w: s.measured_cost_shape for w, s in sessions.items() if getattr(s, "measured_cost_shape", None)}
     if shapes:  # the verify-cost curve each session's budget planned with (measured at its first drafted step)
@@ -378,7 +429,11 @@ def _report(options: BenchOptions, plan: Plan, sessions: dict[str, Any], rows: l
     cuda_graphs = graph_report(sessions, graphs)
     if cuda_graphs:
         report["cuda_graphs"] = cuda_graphs
-    bandwidth = baseline_bandwidth(first.model, reference.decode_tokens_per_s, options.peak_bandwidth)
+    bandwidth = baseline_bandwidth(first.model, reference["decode_tokens_per_s"], options.peak_bandwidth)
     if bandwidth is not None:
         report["bandwidth"] = bandwidth
+    weight_bytes = {w: n for w, s in sessions.items() if (n := weights_read_per_token(s.model)) is not None}
+    decode = decode_bandwidth(weight_bytes, results, probes)
+    if decode is not None:
+        report["decode_bandwidth"] = decode
     return report

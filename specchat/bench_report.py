@@ -230,23 +230,6 @@ def mode_parts(mode: str) -> tuple[str, str]:
     return weights, precision or "exact"
 
 
-def baseline_bandwidth(model: Any, decode_tokens_per_s: float | None, peak_gbps: float | None) -> dict | None:
-    """The baseline's fraction of the memory-bandwidth limit: on a GPU (peak looked up by name) or
-    wherever ``--peak-bandwidth`` is given; None for models that are not ours or no decode rate."""
-    from engine.gpu.bandwidth import bandwidth_report, peak_bandwidth_gbps, weight_bytes_per_token
-
-    if not decode_tokens_per_s or not hasattr(model, "layers"):
-        return None
-    device = getattr(model, "device", None)
-    if peak_gbps is None and device is not None and device.type == "cuda":
-        import torch
-
-        peak_gbps = peak_bandwidth_gbps(torch.cuda.get_device_name(device))
-    if peak_gbps is None:
-        return None
-    return bandwidth_report(weight_bytes_per_token(model), 1e3 / decode_tokens_per_s, peak_gbps)
-
-
 def print_table(report: dict[str, Any]) -> None:
     """The results as a rich table (wide when printed to a pipe or a file)."""
     from rich.console import Console
@@ -286,15 +269,13 @@ def results_table(report: dict[str, Any]) -> Any:
         if machine.get("kernel_variant"):
             kernels += f" ({variant_words(machine)})"
         where = f"{machine['cpu']} ({machine['threads']} threads{kernels}{shown})"
-    table = Table(title=f"{report['model']} on {where}")
+    rounds = f", best of {report['rounds']} rounds" if report.get("rounds", 1) > 1 else ""
+    table = Table(title=f"{report['model']} on {where}{rounds}")
     for col in ("method", "tokens/s", "tau", "speedup", "decode tok/s", "decode speedup", "draft|verify ms",
                 "paused", "accept by depth", "identical", "tokens", "seconds"):
         table.add_column(col, justify="left" if col == "method" else "right", no_wrap=col == "method")
     multi = len(report.get("weights") or ()) > 1
-    config = report.get("config") or {}
-    # rejection sampling draws differently from plain sampling, so a drafted answer is another
-    # sample of the same distribution, not the baseline's: no count to show (bench says so above)
-    differs = config.get("temperature", 0) > 0 and config.get("sampling") == "rejection"
+    differs = differs_by_design(report)
     for r in report["results"]:
         table.add_row(
             f"{r['method']} ({r['mode']})" if multi and r.get("mode") else r["method"],
@@ -312,16 +293,16 @@ def results_table(report: dict[str, Any]) -> Any:
     return table
 
 
+def differs_by_design(report: dict[str, Any]) -> bool:
+    """Whether the run's answers may differ from the baseline's by design: rejection sampling draws
+    differently from plain sampling, so a drafted answer is another sample of the same distribution,
+    not the baseline's (no identical count to show; bench says so before it times)."""
+    config = report.get("config") or {}
+    return config.get("temperature", 0) > 0 and config.get("sampling") == "rejection"
+
+
 def depth_cells(shares: list[float] | None, deepest: int = 6) -> str:
     """Acceptance per depth for the table: "71% 42% 20% 8%" (depth 1, 2, ...), "-" for none."""
     if not shares:
         return "-"
     return " ".join(f"{s:.0%}" for s in shares[:deepest]) + ("…" if len(shares) > deepest else "")
-
-
-def print_bandwidth(bandwidth: dict[str, Any] | None) -> None:
-    """One line on the baseline's share of the memory-bandwidth limit, when it is known."""
-    if bandwidth is not None and bandwidth["fraction_of_limit"] is not None:
-        print(f"baseline: {bandwidth['achieved_gbps']:.0f} GB/s of weights streamed, "
-              f"{bandwidth['fraction_of_limit']:.1%} of the {bandwidth['peak_gbps']:.0f} GB/s peak "
-              f"(limit {bandwidth['limit_tokens_per_s']:.0f} tok/s)")

@@ -17,6 +17,7 @@ from specchat.options import MAX_THREADS, Parser, UsageError, add_force_flag, ad
 
 EMBEDDED_MODEL = "smollm2-135m"
 MAX_PROMPTS = 1_000_000  # --limit: more than any prompt file holds, and refuses a negative or 0
+MAX_ROUNDS = 100  # bench --rounds: more than a day of any bench; refuses a typo (1000 for 10)
 
 # command -> (module, function taking the command's options, specchat.command_options.OPTIONS):
 # imported only when that command runs, to keep start-up light
@@ -157,6 +158,9 @@ def build_parser() -> argparse.ArgumentParser:
                             "none with --random-weights)")
     bench.add_argument("--peers", default="", help="comma list of reference implementations: hf, llamacpp")
     bench.add_argument("--limit", type=bounded(int, 1, MAX_PROMPTS), default=None, help="use only the first N prompts")
+    bench.add_argument("--rounds", type=bounded(int, 1, MAX_ROUNDS), default=1, metavar="N",
+                       help="run every row (each method of each mode, and the peers) N times, alternating their "
+                            "order (A B C, then C B A); report each round, the best and the median (default: 1)")
     bench.add_argument("--json", dest="json_out", default=None, help="write results to this JSON file")
     bench.add_argument("--plot", default=None, metavar="FILE.svg",
                        help="also write the table (and the --cost-curve chart) as an SVG image, e.g. for a README")

@@ -136,6 +136,7 @@ class BenchOptions(CommandOptions):
     methods: str | None
     peers: str
     limit: int | None
+    rounds: int  # every row run this many times, in alternated order (bench.py: _time_rounds)
     json_out: str | None
     plot: str | None
     cost_curve: bool

@@ -144,3 +144,43 @@ def test_shipped_heads_record_no_machine_paths() -> None:
         text = json.dumps(json.loads(config.read_text(encoding="utf-8")))
         for marker in ("/root/", "/home/", "/Users/", "/tmp/", "/work/"):
             assert marker not in text, f"{config.relative_to(ROOT)} records a local path ({marker})"
+
+
+# the bench, its warm-up, tune and the calibration time the engine from outside it (issue 57)
+MEASURERS = ("specchat/bench*.py", "specchat/llamacpp_peer.py", "specchat/tune.py", "specchat/gpu_bench.py",
+             "engine/calibrate.py")
+
+
+def _private_reads(source: str) -> list[str]:
+    """Reads of another object's private attribute in ``source``: ``x._name`` (x not self or cls) and
+    ``getattr(x, "_name")``; dunders are no one's private."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        name, owner = None, None
+        if isinstance(node, ast.Attribute):
+            name, owner = node.attr, node.value
+        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in ("getattr", "hasattr"):
+            key = node.args[1] if len(node.args) > 1 else None
+            if isinstance(key, ast.Constant) and isinstance(key.value, str):
+                name, owner = key.value, node.args[0]
+        if name is None or not name.startswith("_") or name.startswith("__"):
+            continue
+        if not (isinstance(owner, ast.Name) and owner.id in ("self", "cls")):
+            found.append(f"{node.lineno}: {ast.unparse(node)}")
+    return found
+
+
+def test_the_private_read_finder_finds_one() -> None:
+    code = "session._cache.k\nmodel._static\ngetattr(s, '_budget')('x')\nself._own\nx.__class__\n"
+    assert sorted(_private_reads(code)) == ["1: session._cache", "2: model._static", "3: getattr(s, '_budget')"]
+
+
+def test_the_bench_and_the_calibration_reach_the_engine_through_its_public_api() -> None:
+    """Once specchat/bench_warmup.py read ``session._cache``, ``session._capture`` and
+    ``model._static``: a refactor of the session broke the bench, and the bench's timings depended
+    on the session's insides. They use ``Session.reserve``, ``capture_verify_graphs`` and
+    ``graph_counts`` now; this keeps every module that times the engine on its public side."""
+    paths = sorted({p for pattern in MEASURERS for p in ROOT.glob(pattern)})
+    assert len(paths) >= 10
+    reads = [f"{p.relative_to(ROOT)}:{r}" for p in paths for r in _private_reads(p.read_text(encoding="utf-8"))]
+    assert not reads, "private reads: " + ", ".join(reads)

@@ -80,7 +80,7 @@ def test_an_answer_that_stops_at_once_makes_no_negative_rate_and_is_said(capsys)
     """A prompt the model ends at once (a raw "prompt" row to an instruct model): 0 tokens, and bench's row
     had decode tok/s below zero beside "identical". Now the rate is absent and one warning says why."""
     from engine.prompts import Prompt
-    from specchat.bench import Runner, _say_empty_answers
+    from specchat.bench import _say_empty_answers
     from specchat.bench_report import Row, Run
 
     row = Row("none", "stored")
@@ -91,6 +91,6 @@ def test_an_answer_that_stops_at_once_makes_no_negative_rate_and_is_said(capsys)
     empty.add(Run([], 1, 1, 0.02, 0.01), {"stored": [], None: []})
     assert empty.decode_tokens_per_s is None and empty.result(empty, "stored")["decode_tokens_per_s"] is None
     prompts = [Prompt("a", text="hi", where="p.jsonl:1"), Prompt("b", text="ho", where="p.jsonl:2")]
-    _say_empty_answers(prompts, [Runner("none", row, lambda p: None)])  # type: ignore[arg-type,return-value]
+    _say_empty_answers(prompts, [row])
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "answered nothing to 1 of 2 prompts (p.jsonl:1)" in err

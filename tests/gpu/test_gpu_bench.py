@@ -67,7 +67,7 @@ def test_weight_bytes_count_every_matrix_once(tiny_config) -> None:
 
 
 def test_bench_bandwidth_line_needs_a_peak_on_cpu(tiny_config) -> None:
-    from specchat.bench_report import baseline_bandwidth
+    from specchat.bench_bandwidth import baseline_bandwidth
 
     _, model = random_model(str(tiny_config), dtype=torch.float32, device="cpu")
     assert baseline_bandwidth(model, 50.0, None) is None  # no GPU name to look up, no flag
@@ -290,7 +290,7 @@ def test_weight_bytes_of_stored_weights(tiny_config) -> None:
     from engine.kernels.stored import StoredLinear
     from engine.models.llama import LlamaModel
     from engine.models.random_init import random_state_dict
-    from specchat.bench_report import baseline_bandwidth
+    from specchat.bench_bandwidth import baseline_bandwidth
 
     _, dense = random_model(str(tiny_config), dtype=torch.float32, device="cpu")
     state = random_state_dict(dense.config, torch.bfloat16, "cpu")

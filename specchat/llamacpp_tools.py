@@ -196,3 +196,17 @@ def parse_bench_json(stdout: str) -> dict[str, float]:
     except (ValueError, StopIteration, KeyError, TypeError) as exc:
         raise UsageError(f"llama-bench printed no tg result ({exc.__class__.__name__})") from None
 
+
+
+def print_tg128(report: dict[str, Any]) -> None:
+    """One line on llama-bench's tg128 against our baseline's decode, best of rounds for each (the
+    comparison issue 57 asks for: plain decoding, ours on the prompts, theirs on no prompt)."""
+    tg = report.get("llamacpp_tg128")
+    if not tg:
+        return
+    best = max(t["tokens_per_s"] for t in tg)
+    rounds = ", ".join(f"{t['tokens_per_s']:.2f} ± {t['stdev']:.2f}" for t in tg)
+    ours = [r for r in report["results"] if r["method"] == "none" and r.get("mode") == report["weights"][0]]
+    decode = ours[0].get("decode_tokens_per_s") if ours else None
+    against = f"; our baseline decodes {decode:.2f} = {decode / best:.2f}x" if decode else ""
+    print(f"llama.cpp llama-bench tg128: {best:.2f} tok/s best of {len(tg)} ({rounds}){against}")

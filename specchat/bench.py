@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import sys
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -37,6 +37,7 @@ from specchat.bench_plot import BENCH_PLOT, check_plot_path, write_bench_svg
 from specchat.bench_report import BENCH_JSON, Row, Run, StepSplit, machine_info, mode_parts, print_table
 from specchat.bench_rounds import print_rounds, round_order, row_results
 from specchat.bench_warmup import capture_verify_graphs, graph_report, size_cache_for
+from specchat.llamacpp_tools import print_tg128
 from specchat.options import UsageError, draft_options, make_config
 
 if TYPE_CHECKING:
@@ -44,7 +45,7 @@ if TYPE_CHECKING:
     from engine.read_bandwidth import ReadBandwidth
     from specchat.command_options import BenchOptions, ModelOptions, TuneOptions
 
-PEERS = ("hf", "llamacpp")
+PEERS = ("hf", "llamacpp", "llamacpp-tools")
 
 
 @dataclass
@@ -101,21 +102,27 @@ def run_bench(options: BenchOptions) -> int:
         return run_cost_curve(load_sessions(options, base_config, modes), options)
     plan = plan_bench(options, base_config, modes)
     llama_peer = _open_llamacpp(options.target, plan)
+    tools = _open_llamacpp_tools(options, plan)
     _say_how_sampling_compares(plan.config)
     sessions = load_sessions(options, plan.config, modes)
     check_prompts_fit("bench", sessions[modes[0]], plan.prompts, plan.configs.values())
     hf = _open_hf(options.target, plan, sessions[modes[0]])
-    runners = _runners(plan, sessions, hf, llama_peer)
+    peers = [p for p in (llama_peer, tools) if p is not None]
+    runners = _runners(plan, sessions, hf, peers)
     probe = read_probe(sessions[modes[0]].model)  # on the engine's threads, before the governor sees a step
-    graphs = _warm_up(plan, sessions, hf, llama_peer)
-    table, probes = _time_rounds(plan.prompts, runners, plan.rounds, probe)
+    graphs = _warm_up(plan, sessions, hf, peers)
+    table, probes = _time_rounds(plan.prompts, runners, plan.rounds, probe,
+                                 [tools.tg128] if tools is not None else [])
     _say_empty_answers(plan.prompts, table[0])
     report = _report(options, plan, sessions, table, graphs, probes)
+    if tools is not None:
+        report["llamacpp_tg128"] = tools.tg
     if options.json_out:  # first: a stdout that fails (> /dev/full) does not lose the run's results
         BENCH_JSON.write_json(options.json_out, report)
     print_table(report)
     print_rounds(report)
     print_bandwidth(report)
+    print_tg128(report)
     if options.plot:
         print(f"bench: wrote {write_bench_svg(options.plot, report)}")
     return 0
@@ -222,6 +229,17 @@ def _open_llamacpp(target: ModelOptions, plan: Plan) -> Any:
     return LlamaCppPeer.open(target.model, plan.config.max_new_tokens, target.threads)
 
 
+def _open_llamacpp_tools(options: BenchOptions, plan: Plan) -> Any:
+    """llama.cpp's own programs on the same GGUF (and the --draft GGUF for draft-simple), found
+    before our model loads: missing programs are refused first."""
+    if "llamacpp-tools" not in plan.peers:
+        return None
+    from specchat.llamacpp_tools import LlamaCppTools
+
+    return LlamaCppTools.open(options.target.model, options.spec.draft, plan.config.max_new_tokens,
+                              options.target.threads)
+
+
 def _open_hf(target: ModelOptions, plan: Plan, session: Any) -> Any:
     """transformers on the fp32 checkpoint of the same model."""
     if "hf" not in plan.peers:
@@ -296,8 +314,8 @@ def run_ours(session: Any, prompt: Prompt, config: SpecConfig, split: StepSplit 
     return Run(tokens, steps, produced, seconds, prefill_s)
 
 
-def _runners(plan: Plan, sessions: dict[str, Any], hf: Any, llama_peer: Any) -> list[Runner]:
-    """Every method on every mode (mode by mode, the baseline first), then the peers' two each."""
+def _runners(plan: Plan, sessions: dict[str, Any], hf: Any, peers: list[Any]) -> list[Runner]:
+    """Every method on every mode (mode by mode, the baseline first), then each peer's rows."""
     runners = []
     for mode in plan.modes:
         for method, config in plan.configs.items():
@@ -306,15 +324,14 @@ def _runners(plan: Plan, sessions: dict[str, Any], hf: Any, llama_peer: Any) -> 
     if hf is not None:
         runners += [Runner("hf-generate", "hf-generate", None, lambda p, _: hf.run(p, lookup=False)),
                     Runner("hf-prompt-lookup", "hf-prompt-lookup", None, lambda p, _: hf.run(p, lookup=True))]
-    if llama_peer is not None:
-        first = sessions[plan.modes[0]]
-        runners += [Runner("llamacpp", "llamacpp", None, lambda p, _: llama_peer.run(first, p, lookup=False)),
-                    Runner("llamacpp-prompt-lookup", "llamacpp-prompt-lookup", None,
-                           lambda p, _: llama_peer.run(first, p, lookup=True))]
+    first = sessions[plan.modes[0]]
+    for peer in peers:  # a llama.cpp peer: its kinds of answer, each a row (peer.kinds, peer.labels())
+        runners += [Runner(label, label, None, lambda p, _, peer=peer, kind=kind: peer.run(first, p, kind))
+                    for kind, label in zip(peer.kinds, peer.labels(), strict=True)]
     return runners
 
 
-def _warm_up(plan: Plan, sessions: dict[str, Any], hf: Any, llama_peer: Any) -> dict[str, dict[str, int]]:
+def _warm_up(plan: Plan, sessions: dict[str, Any], hf: Any, peers: list[Any]) -> dict[str, dict[str, int]]:
     """One short answer per runner, untimed; on CUDA the caches sized and every graph captured.
     A method the session cannot run is refused here (ConfigError, one line), before any timing.
     Returns the graph captures per mode before timing."""
@@ -327,15 +344,17 @@ def _warm_up(plan: Plan, sessions: dict[str, Any], hf: Any, llama_peer: Any) -> 
     graphs = {mode: capture_verify_graphs(sessions[mode]) for mode in plan.modes}  # every bucket, not just those used
     if hf is not None:
         hf.warm(plan.prompts[0])
-    if llama_peer is not None:
-        llama_peer.warm(sessions[plan.modes[0]], plan.prompts[0])
+    for peer in peers:
+        peer.warm(sessions[plan.modes[0]], plan.prompts[0])
     return graphs
 
 
 def _time_rounds(prompts: list[Prompt], runners: list[Runner], rounds: int,
-                 probe: Callable[[], ReadBandwidth] | None) -> tuple[list[list[Row]], list[ReadBandwidth]]:
+                 probe: Callable[[], ReadBandwidth] | None, each_round: Sequence[Callable[[], Any]] = ()
+                 ) -> tuple[list[list[Row]], list[ReadBandwidth]]:
     """Every prompt through every runner in turn, ``rounds`` times: returns each round's rows (in the
-    runners' order) and, with a ``probe``, the read bandwidth measured at the start of each round.
+    runners' order) and, with a ``probe``, the read bandwidth measured at the start of each round;
+    ``each_round``: measurements that take no prompt (llama-bench's tg128), run after the probe.
 
     Within a round, each prompt goes through every runner before the next prompt, so noise on the
     machine lands on all rows alike; round by round the runners' order is reversed (round_order).
@@ -355,6 +374,10 @@ def _time_rounds(prompts: list[Prompt], runners: list[Runner], rounds: int,
                 bar.update(task, description=f"{where}read bandwidth")
                 bar.refresh()
                 probes.append(probe())
+            for measure in each_round:
+                bar.update(task, description=f"{where}llama-bench")
+                bar.refresh()
+                measure()
             rows = [runner.new_row() for runner in runners]
             for p, prompt in enumerate(prompts):
                 runs: dict[int, Run] = {}

@@ -156,7 +156,9 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--methods", default=None,
                        help="comma list; 'none' (baseline) is always run (default: none,ngram with --prompts; "
                             "none with --random-weights)")
-    bench.add_argument("--peers", default="", help="comma list of reference implementations: hf, llamacpp")
+    bench.add_argument("--peers", default="",
+                       help="comma list of reference implementations: hf (transformers), llamacpp "
+                            "(llama-cpp-python), llamacpp-tools (llama.cpp's llama-speculative-simple and llama-bench)")
     bench.add_argument("--limit", type=bounded(int, 1, MAX_PROMPTS), default=None, help="use only the first N prompts")
     bench.add_argument("--rounds", type=bounded(int, 1, MAX_ROUNDS), default=1, metavar="N",
                        help="run every row (each method of each mode, and the peers) N times, alternating their "

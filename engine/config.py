@@ -19,7 +19,7 @@ __all__ = ["METHODS", "ConfigError", "SpecConfig", "knobs_for"]
 
 # a typing aid only: the registry (engine/methods.py) declares the methods, and
 # tests/test_methods.py checks that this Literal names the same ones
-Method = Literal["none", "ngram", "eagle", "eagle3", "standalone", "medusa"]
+Method = Literal["none", "ngram", "eagle", "eagle3", "standalone", "medusa", "dflash"]
 MedusaTree = Literal["dynamic", "static"]
 MEDUSA_TREES: tuple[str, ...] = KNOBS["medusa_tree"].choices
 NgramMatchType = Literal["BFS", "PROB"]

@@ -318,8 +318,8 @@ def draft_source(method: str, draft: str | None, shipped: Mapping[str, Path]) ->
     if head in shipped:
         return str(shipped[head])
     if methods.takes_draft(method):
-        raise LoadError(f"--method {method} needs --draft (an EAGLE or Medusa head folder or hub id, or a "
-                        "small model with the same tokenizer for standalone)")
+        raise LoadError(f"--method {method} needs --draft (the folder or hub id of a {method} draft: a head, a "
+                        "drafter, or for standalone a small model with the same tokenizer)")
     return None
 
 

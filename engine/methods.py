@@ -18,9 +18,10 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 from engine.drafters import eagle_method, medusa_method, ngram_method, none_method, standalone_method
+from engine.drafters.dflash import method as dflash_method
 from engine.method_spec import MethodSpec
 
-__all__ = ["MethodSpec", "all_methods", "chain_size", "draft_methods", "get", "names", "register"]
+__all__ = ["MethodSpec", "all_methods", "chain_drafts", "chain_size", "draft_methods", "get", "names", "register"]
 
 _REGISTRY: dict[str, MethodSpec] = {}
 
@@ -47,7 +48,7 @@ def registered(spec: MethodSpec) -> Iterator[MethodSpec]:
 
 
 for _spec in (*none_method.METHODS, *ngram_method.METHODS, *eagle_method.METHODS, *standalone_method.METHODS,
-              *medusa_method.METHODS):
+              *medusa_method.METHODS, *dflash_method.METHODS):
     register(_spec)
 
 
@@ -106,6 +107,13 @@ def chain_size(num_steps: int) -> int:
     ``num_steps + 1`` tokens, the root included (used where the tree size is left unset, and as the
     most a chain can hold)."""
     return num_steps + 1
+
+
+def chain_drafts(name: str, num_steps: int, num_draft_tokens: int) -> int:
+    """Drafts a server's chain of method ``name`` holds (vLLM's num_speculative_tokens, llama.cpp's
+    --spec-draft-n-max): ``num_steps`` for a tree method (its chain is top-k 1), else the tree size
+    without the root (n-gram's lookup, a block drafter's guesses)."""
+    return num_steps if is_tree(name) else num_draft_tokens - 1
 
 
 def listed(items: tuple[str, ...] | list[str], last: str = "or") -> str:

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from engine import methods
 from engine.config import SpecConfig
 from specchat.cli import main
 from specchat.export import EMBEDDED_HUB_ID, SERVERS, launch_line, serving_model
@@ -34,6 +35,10 @@ def _tree(method: str) -> SpecConfig:
     return SpecConfig(method=method, num_steps=4, eagle_topk=2, num_draft_tokens=6, adaptive_draft=False)
 
 
+# a DFlash block of 16 (SGLang's --speculative-num-draft-tokens; num_steps and top-k do not act on it)
+BLOCK = SpecConfig(method="dflash", num_steps=4, eagle_topk=2, num_draft_tokens=16, adaptive_draft=False)
+
+
 @pytest.mark.parametrize(("config", "expected"), [
     (SpecConfig(method="ngram", num_draft_tokens=16, ngram_max_bfs_breadth=4, adaptive_draft=False),
      f"{SGL} --speculative-algorithm NGRAM --speculative-num-draft-tokens 16 --speculative-ngram-min-bfs-breadth 1 "
@@ -41,8 +46,10 @@ def _tree(method: str) -> SpecConfig:
     (_tree("eagle3"), f"{SGL} --speculative-draft-model-path my/head --speculative-algorithm EAGLE3 {TREE}"),
     (_tree("eagle"), f"{SGL} --speculative-draft-model-path my/head --speculative-algorithm EAGLE {TREE}"),
     (_tree("standalone"), f"{SGL} --speculative-draft-model-path my/head --speculative-algorithm STANDALONE {TREE}"),
+    (BLOCK, f"{SGL} --speculative-draft-model-path my/head --speculative-algorithm DFLASH "
+            "--speculative-num-draft-tokens 16"),
     (SpecConfig(method="none"), SGL),
-], ids=["ngram", "eagle3", "eagle", "standalone", "none"])
+], ids=["ngram", "eagle3", "eagle", "standalone", "dflash", "none"])
 def test_sglang_lines(config: SpecConfig, expected: str) -> None:
     line = launch_line("sglang", config, None, "my/head")
     assert line.command == expected
@@ -57,8 +64,9 @@ def test_sglang_lines(config: SpecConfig, expected: str) -> None:
     (_tree("eagle3"), {"method": "eagle3", "model": "my/head", "num_speculative_tokens": 4}),
     (_tree("eagle"), {"method": "eagle", "model": "my/head", "num_speculative_tokens": 4}),
     (_tree("standalone"), {"method": "draft_model", "model": "my/head", "num_speculative_tokens": 4}),
+    (BLOCK, {"method": "dflash", "model": "my/head", "num_speculative_tokens": 15}),  # the block's guesses
     (SpecConfig(method="none"), None),
-], ids=["ngram", "eagle3", "eagle", "standalone", "none"])
+], ids=["ngram", "eagle3", "eagle", "standalone", "dflash", "none"])
 def test_vllm_lines(config: SpecConfig, spec: dict | None) -> None:
     line = launch_line("vllm", config, "org/model", "my/head")
     words = shlex.split(line.command)  # as the shell hands them to vllm
@@ -72,8 +80,10 @@ def test_vllm_lines(config: SpecConfig, spec: dict | None) -> None:
     assert line.command == f"vllm serve org/model --speculative-config '{json.dumps(spec)}'"
     if config.method in ("eagle", "eagle3", "standalone"):
         assert any("vLLM drafts a chain: no top-k tree" in n for n in line.notes)
-    else:
+    elif config.method == "ngram":
         assert any("prompt lookup" in n for n in line.notes)
+    else:  # a block is a chain already: nothing is lost
+        assert not line.notes
 
 
 LLAMA = "llama-server -m /m/target.gguf"
@@ -85,10 +95,11 @@ LLAMA = "llama-server -m /m/target.gguf"
      "--spec-draft-n-max 16"),
     (_tree("standalone"), f"{LLAMA} --spec-type draft-simple -md /m/draft.gguf --spec-draft-n-max 4"),
     (_tree("eagle3"), f"{LLAMA} --spec-type draft-eagle3 -md /m/draft.gguf --spec-draft-n-max 4"),
+    (BLOCK, f"{LLAMA} --spec-type draft-dflash -md /m/draft.gguf --spec-draft-n-max 15"),
     (_tree("eagle"), LLAMA),
     (_tree("medusa"), LLAMA),
     (SpecConfig(method="none"), LLAMA),
-], ids=["ngram", "standalone", "eagle3", "eagle", "medusa", "none"])
+], ids=["ngram", "standalone", "eagle3", "dflash", "eagle", "medusa", "none"])
 def test_llamacpp_lines(config: SpecConfig, expected: str) -> None:
     """llama-server drafts chains: a tree's depth (num_steps) or an n-gram tree's size less its root is the
     chain's length, said in a note; a method llama.cpp has no drafter for serves plain, and says so."""
@@ -96,9 +107,12 @@ def test_llamacpp_lines(config: SpecConfig, expected: str) -> None:
     assert line.command == expected and line.server == "llama.cpp"
     notes = " ".join(line.notes)
     if config.method in ("eagle", "medusa"):
-        assert f"llama.cpp has no {config.method} drafter" in notes and "--method ngram, eagle3 or standalone" in notes
+        runs = f"--method {methods.listed(methods.llamacpp_methods())}"
+        assert f"llama.cpp has no {config.method} drafter" in notes and runs in notes and "eagle3" in runs
     elif config.method in ("standalone", "eagle3"):
         assert "llama.cpp drafts a chain: no top-k tree" in notes
+    elif config.method == "dflash":
+        assert "top-k tree" not in notes and "its own converter" in notes
     elif config.method == "ngram":
         assert "one chain of 16 tokens" in notes
 

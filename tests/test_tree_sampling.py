@@ -2,10 +2,11 @@
 
 On a 5-token vocabulary the exact joint distribution of the first three answer tokens is
 computed from the target, and a chi-square test compares it with many seeded speculative runs.
-Rejection sampling: EAGLE-3 trees (point-mass drafts), EAGLE-3 and standalone chains whose drafts
-are *sampled* and verified with min(1, p/q). Coupled sampling (one seed per run): EAGLE-3 and
-standalone trees drafted with Gumbel-top-k. The seeds are fixed, so the test is deterministic; a
-wrong residual or acceptance rule shifts the counts far past the threshold.
+Rejection sampling: EAGLE-3 trees (point-mass drafts), EAGLE-3, standalone and DFlash chains whose
+drafts are *sampled* and verified with min(1, p/q). Coupled sampling (one seed per run): EAGLE-3 and
+standalone trees drafted with Gumbel-top-k, a DFlash block with Gumbel-top-1 per position. The seeds
+are fixed, so the test is deterministic; a wrong residual or acceptance rule shifts the counts far
+past the threshold.
 """
 
 from __future__ import annotations
@@ -86,6 +87,25 @@ def standalone_factory():
     return (lambda: StandaloneDrafter(draft, V)), None
 
 
+@functools.cache
+def dflash_factory():
+    """A random z-lab-layout DFlash drafter (tests/dflash_drafts.py) for the 5-token target."""
+    import tempfile
+    from pathlib import Path
+
+    from dflash_drafts import write_dflash
+
+    from engine.drafters.draft_loader import load_draft
+
+    cfg = {**family_config("llama"), "num_hidden_layers": 6, "vocab_size": V}
+    folder = write_dflash(Path(tempfile.mkdtemp(prefix="specchat-dflash-")), cfg, block=4, seed=2)
+    b = load_draft(str(folder), target(), TinyTokenizer(vocab_size=V))
+    return b.factory, b.features
+
+
+FACTORIES = {"eagle3": eagle3_factory, "standalone": standalone_factory, "dflash": dflash_factory}
+
+
 CASES = [
     # (sampling, drafter, topk, steps, draft tokens, temperature, top_p, top_k)
     ("rejection", "eagle3", 2, 3, 6, 1.0, 1.0, 0),  # a tree: point-mass drafts
@@ -94,13 +114,16 @@ CASES = [
     ("coupled", "eagle3", 2, 3, 6, 1.0, 1.0, 0),  # Gumbel-top-k tree
     # Gumbel-top-k tree from a draft model, top-p and top-k
     pytest.param("coupled", "standalone", 2, 2, 5, 0.8, 0.9, 3, marks=pytest.mark.slow),
+    # a DFlash block: every draft sampled from its own position's row, one forward (topk/steps unused)
+    ("rejection", "dflash", 1, 1, 4, 1.0, 1.0, 0),
+    ("coupled", "dflash", 1, 1, 4, 0.8, 0.9, 3),  # Gumbel-top-1 per position, top-p and top-k
 ]
 
 
 @pytest.mark.parametrize(("sampling", "method", "topk", "steps", "tokens", "temperature", "top_p", "top_k"), CASES)
 def test_speculative_sampling_keeps_the_target_distribution(sampling, method, topk, steps, tokens, temperature,
                                                              top_p, top_k) -> None:
-    factory, features = eagle3_factory() if method == "eagle3" else standalone_factory()
+    factory, features = FACTORIES[method]()
     config = SpecConfig(method=method, eagle_topk=topk, num_steps=steps, num_draft_tokens=tokens,
                         max_new_tokens=NEW, temperature=temperature, top_p=top_p, top_k=top_k, seed=1234,
                         adaptive_draft=False, sampling=sampling)

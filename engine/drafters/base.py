@@ -15,7 +15,7 @@ to ``propose``, never set on the drafter from outside.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 
@@ -26,6 +26,28 @@ if TYPE_CHECKING:
     from engine.drafters.tree_search import StopRule
     from engine.sampling import GumbelNoise
 
+
+
+def head_codes(stored: bool) -> str:
+    """How a draft head's matrices are kept on a target with stored weights: "q4" (the default),
+    "q8" or "stored" (the checkpoint's own values), from ``SPECCHAT_HEAD_WEIGHTS``; "stored" on any
+    other target. Drafts are verified, so the codes' rounding never reaches the answer, and bytes
+    are a head's price on a CPU (engine/drafters/eagle_head.py has the measurements)."""
+    import os
+
+    return os.environ.get("SPECCHAT_HEAD_WEIGHTS", "q4") if stored else "stored"
+
+
+def head_matrix(weight: torch.Tensor, codes: str, stored: bool, dtype: torch.dtype, device: torch.device) -> Any:
+    """A draft head's matrix as our products take it: quantized to ``codes`` (q4/q8, where the width
+    is a multiple of the 32-k groups) and kept as stored rows on a stored-weights target, else a
+    dense tensor of ``dtype`` on ``device`` (engine/models/layer.py's as_weight)."""
+    from engine.kernels.weights import QuantRows
+    from engine.models.layer import as_weight
+
+    if codes in ("q4", "q8") and weight.shape[-1] % 32 == 0:
+        weight = QuantRows.quantize_q4(weight) if codes == "q4" else QuantRows.quantize_q8(weight)
+    return as_weight(weight, stored, dtype, device)
 
 
 def heads_take_fast_products(ops) -> bool:

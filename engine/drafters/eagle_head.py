@@ -24,16 +24,15 @@ from typing import TYPE_CHECKING, Any
 import torch
 import torch.nn.functional as F
 
-from engine.drafters.base import heads_take_fast_products
+from engine.drafters.base import head_codes, head_matrix, heads_take_fast_products
 from engine.drafters.eagle_checkpoint import HeadSpec
 from engine.drafters.tree_search import Level, Picks
 from engine.gpu.rms_norm import rms_norm
 from engine.kernels.eagle_native import Keys, NativeHead
 from engine.kernels.linear import Linear
 from engine.kernels.stored import StoredLinear
-from engine.kernels.weights import QuantRows
 from engine.models.kv_cache import KVCache
-from engine.models.layer import as_weight, interleave_rows, make_linear
+from engine.models.layer import interleave_rows, make_linear
 from engine.models.rope import RotaryTable, apply_rotary_interleaved, interleave_halves
 
 if TYPE_CHECKING:
@@ -66,14 +65,11 @@ class EagleHead:
         def w(key: str) -> torch.Tensor:
             return weights[key].to(device=dev, dtype=dt)
 
-        codes = os.environ.get("SPECCHAT_HEAD_WEIGHTS", "q4") if stored else "stored"
+        codes = head_codes(stored)
         q8 = codes in ("q8", "q4")
 
         def matrix(key: str, heads: int = 0) -> Any:
-            t = weights[key]
-            if q8 and t.shape[-1] % 32 == 0:
-                t = QuantRows.quantize_q4(t) if codes == "q4" else QuantRows.quantize_q8(t)
-            t = as_weight(t, stored, dt, dev)
+            t = head_matrix(weights[key], codes, stored, dt, dev)
             return interleave_rows(t, heads, hd) if heads else t
 
         def maybe(key: str) -> torch.Tensor | None:

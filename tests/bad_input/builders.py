@@ -136,6 +136,26 @@ def head(name: str, *, hidden: int | None = None, kind: str = "eagle3", pickle: 
     return make
 
 
+def dflash(name: str, *, target: dict[str, Any] | None = None, ids: list[int] | None = None,
+           config: dict[str, Any] | None = None) -> Make:
+    """A DFlash drafter in the z-lab layout for the tiny model (2 layers: it reads the outputs of layers
+    0 and 1 unless ``ids`` says otherwise); ``target``: fields of another model it was made for;
+    ``config``: config.json fields changed (None removes one; ``dflash_config`` is replaced whole)."""
+    def make(w: Where) -> None:
+        from dflash_drafts import write_dflash, zlab_config
+
+        model = json.loads((w.model / "config.json").read_text())
+        made_for = {**model, **(target or {})}
+        cfg = zlab_config(made_for, ids=ids or [0, 1])
+        for key, value in (config or {}).items():
+            if value is None:
+                cfg.pop(key, None)
+            else:
+                cfg[key] = value
+        write_dflash(w.tmp / name, made_for, ids=ids or [0, 1], config=cfg)
+    return make
+
+
 def write_tiny_model(folder: Path) -> Path:
     """A complete tiny Llama folder (config.json, model.safetensors, a byte-level BPE tokenizer), built
     without transformers: random weights of the shape the config says."""

@@ -68,7 +68,7 @@ LATE = "issue 50: refused clearly, but only after the target model loaded"
 BOUNDS = "issue 50: knob bounds"
 STEPS_BOUND = r"argument --speculative-num-steps: must be an integer from 1 to 32"  # 99999 levels a step: a hang
 NEW = "new in the bad-input suite: "
-NO_DRAFT = r"--draft is for eagle/eagle3/standalone/medusa; drop it or "  # a draft no method of the command runs
+NO_DRAFT = r"--draft is for eagle/eagle3/standalone/medusa/dflash; drop it or "  # a draft no method of the command runs
 GGUF_BAD = r"(is not a (readable )?GGUF file|cannot be read)"  # a damaged GGUF, named by our reader or gguf-py
 
 GLOBAL = [
@@ -299,6 +299,30 @@ GENERATE = [
          f"generate {TMP}/m.gguf --prompt hi --method standalone --draft {TMP}/link.gguf", r"is the target itself",
          files=(b.tiny_gguf("m.gguf"), b.symlink("link.gguf", "m.gguf"))),
     case("generate-eagle3-without-draft", f"generate {M} --prompt hi --method eagle3", r"needs --draft"),
+    # DFlash drafters made for another target, or not runnable: refused from their files, before the target loads
+    case("generate-dflash-without-draft", f"generate {M} --prompt hi --method dflash",
+         r"--method dflash needs --draft"),
+    case("generate-dflash-other-width", f"generate {M} --prompt hi --method dflash --draft {TMP}/d",
+         r"d has hidden size 64 but the target has 32; this drafter was made for another model",
+         files=(b.dflash("d", target={"hidden_size": 64}),)),
+    case("generate-dflash-other-width-inferred", f"generate {M} --prompt hi --draft {TMP}/d",
+         r"hidden size 64 but the target has 32", files=(b.dflash("d", target={"hidden_size": 64}),)),
+    case("run-dflash-other-vocabulary", f"run {M} --draft {TMP}/d", r"vocabulary size 1000 but the target has",
+         files=(b.dflash("d", target={"vocab_size": 1000}),)),
+    case("generate-dflash-other-layer-count", f"generate {M} --prompt hi --draft {TMP}/d",
+         r"made for a target of 36 layers; the target has 2", files=(b.dflash("d", target={"num_hidden_layers": 36}),)),
+    case("generate-dflash-layers-beyond", f"generate {M} --prompt hi --draft {TMP}/d",
+         r"target_layer_ids \[0, 5\] name layers the target does not have \(it has 2\)",
+         files=(b.dflash("d", ids=[0, 5], config={"num_target_layers": None}),)),
+    case("generate-dflash-no-mask-token", f"generate {M} --prompt hi --draft {TMP}/d", r"names no mask_token_id",
+         files=(b.dflash("d", config={"dflash_config": {"target_layer_ids": [0, 1]}}),)),
+    case("generate-dflash-sliding-window", f"generate {M} --prompt hi --draft {TMP}/d",
+         r"is a drafter with sliding-window layers; specchat runs DFlash drafters",
+         files=(b.dflash("d", config={"layer_types": ["sliding_attention", "full_attention"]}),)),
+    case("generate-dflash-as-eagle3", f"generate {M} --prompt hi --method eagle3 --draft {TMP}/d",
+         r"holds a dflash draft, not an eagle3 draft; use --method dflash", files=(b.dflash("d"),)),
+    case("generate-eagle-head-as-dflash", f"generate {M} --prompt hi --method dflash --draft {TMP}/h",
+         r"h is not a dflash draft", files=(b.head("h"),)),
     case("generate-head-wrong-width", f"generate {M} --prompt hi --method eagle3 --draft {TMP}/h",
          r"hidden size 64", files=(b.head("h", hidden=64),)),
     case("generate-pickle-head", f"generate {M} --prompt hi --method eagle --draft {TMP}/h", r"--allow-pickle",

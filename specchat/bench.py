@@ -33,6 +33,7 @@ from specchat.bench_report import (
     machine_info,
     mode_parts,
     print_bandwidth,
+    print_payoffs,
     print_table,
 )
 from specchat.bench_warmup import capture_verify_graphs, graph_report, size_cache_for
@@ -102,6 +103,7 @@ def run_bench(options: BenchOptions) -> int:
     if options.json_out:  # first: a stdout that fails (> /dev/full) does not lose the run's results
         BENCH_JSON.write_json(options.json_out, report)
     print_table(report)
+    print_payoffs(report)
     print_bandwidth(report.get("bandwidth"))
     if options.plot:
         print(f"bench: wrote {write_bench_svg(options.plot, report)}")

@@ -128,7 +128,8 @@ def _check(source: str, target_config: Any, *, method: str | None, allow_pickle:
     ``stored``: the target keeps its weights as stored, and so does the draft: a GGUF draft is read
     in place, its blocks kept, not converted to fp32 safetensors. Why: a standalone draft model
     streams its weights once a level; as fp32 the Qwen2.5-Coder 0.5B (a 491 MB file) read ~2 GB a
-    level, where its 1.5B target reads ~1.1 GB a whole step."""
+    level, where its 1.5B target reads ~1.1 GB a whole step. The header check reads a GGUF's tensor
+    names and shapes in place too (nothing converted before the target loads)."""
     from engine.models.checkpoint import CheckpointError, load_state_dict, read_config, read_state_header
     from engine.models.gguf_convert import GGUFConversionError
     from engine.models.resolve import ModelResolutionError, resolve_model
@@ -138,14 +139,14 @@ def _check(source: str, target_config: Any, *, method: str | None, allow_pickle:
                              f"not {method!r}")
     try:
         resolved = resolve_model(source, revision=revision, allow_pickle=allow_pickle,
-                                 weights="stored" if stored and not header else "fp32")
+                                 weights="stored" if stored or header else "fp32")
         config = read_config(resolved.path)
         medusa = is_medusa_config(config)
         read_state = read_state_header if header else load_state_dict
         if resolved.gguf is not None:
-            from engine.models.gguf_weights import load_gguf_state
+            from engine.models.gguf_weights import gguf_state_header, load_gguf_state
 
-            state = load_gguf_state(resolved.gguf)[1]
+            state = gguf_state_header(resolved.gguf) if header else load_gguf_state(resolved.gguf)[1]
         else:
             state = (read_medusa_state(resolved.path, allow_pickle=allow_pickle, header=header) if medusa
                      else read_state(resolved.path, allow_pickle=allow_pickle))

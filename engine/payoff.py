@@ -79,7 +79,11 @@ def draft_payoff(plain_ms: float, draft_ms: Callable[[int], float], verify_ms: C
     ``verify_ms(n)`` V(n) (the module docstring's names); chains of 1 to ``max_depth`` drafts."""
     best: tuple[float, int] | None = None
     for depth in range(1, max(max_depth, 1) + 1):
-        needed = break_even((draft_ms(depth) + verify_ms(depth + 1)) / plain_ms - 1.0, depth)
+        extra = (draft_ms(depth) + verify_ms(depth + 1)) / plain_ms - 1.0
+        # solved only where it needs less than the best so far (chain_gain rises with a): a few solves
+        if best is not None and chain_gain(best[0], depth) <= extra:
+            continue
+        needed = break_even(extra, depth)
         if needed is not None and (best is None or needed < best[0]):
             best = (needed, depth)
     return DraftPayoff(draft_share=draft_ms(1) / plain_ms, needed=None if best is None else best[0],

@@ -38,6 +38,23 @@ def test_the_break_even_acceptance_keeps_exactly_the_drafts_it_must(extra: float
         assert a is not None and 0.0 <= a < 1.0 and chain_gain(a, depth) == pytest.approx(extra, abs=1e-9)
 
 
+@given(st.floats(0.0, 5.0), st.floats(0.0, 2.0), st.floats(0.0, 0.5), st.integers(1, 12))
+def test_the_needed_acceptance_is_the_least_over_chain_lengths(intercept, per_level, slope, max_depth) -> None:
+    def verify(n: int) -> float:
+        return 10.0 * (1.0 + slope * (n - 1))
+
+    def draft(d: int) -> float:
+        return intercept + per_level * 10.0 * d
+
+    every = [(a, d) for d in range(1, max_depth + 1)
+             if (a := break_even((draft(d) + verify(d + 1)) / 10.0 - 1.0, d)) is not None]
+    payoff = draft_payoff(10.0, draft, verify, reached=0.5, max_depth=max_depth)
+    if not every:
+        assert payoff.needed is None and payoff.depth == 0
+    else:
+        assert payoff.needed == pytest.approx(min(every)[0], abs=1e-9)
+
+
 def test_the_qwen_pair_needs_49_percent_with_one_draft() -> None:
     """The module docstring's example: a level at 45% of a target step, V(2) = 1.04 V(1)."""
     def verify(n: int) -> float:

@@ -49,7 +49,7 @@ from engine.acceptance import AcceptanceModel, ConfidenceModel, contested_childr
 from engine.costs import CostModel, LevelCost
 from engine.drafters.tree_search import Candidates, StopRule
 from engine.events import DraftPayoff
-from engine.payoff import draft_payoff
+from engine.payoff import chain_step_ms, draft_payoff
 from engine.tree import DraftTree
 
 _GATE_WINDOW = 32  # drafted steps the gate judges together (a ratio of sums)
@@ -349,14 +349,9 @@ class DraftBudget:
         for depth in range(1, max_levels + 1):
             path *= self.drafted.get(depth, True)
             expected += path
-            rates.append(expected / self._step_ms(self.draft_cost, depth))
+            rates.append(expected / chain_step_ms(self.draft_cost.estimate, self.cost.estimate, depth))  # type: ignore[arg-type]
         best = max(rates)
         return max(depth for depth, rate in enumerate(rates, start=1) if rate >= (1.0 - _DEPTH_TIE) * best)
-
-    def _step_ms(self, drafting: LevelCost, depth: int) -> float:
-        """A drafted step's price with ``depth`` levels: drafting them (``drafting``'s line) and verifying
-        depth + 1 tokens (the verify curve). Both measured (draft_depth and payoff check first)."""
-        return drafting.estimate(depth) + self.cost.estimate(depth + 1)  # type: ignore[operator]
 
     def reached(self) -> float | None:
         """The acceptance per draft of the last drafted steps' chains (engine/payoff.py); None until

@@ -73,13 +73,18 @@ def break_even(extra: float, depth: int) -> float | None:
     return min(max(a, 0.0), 1.0)
 
 
+def chain_step_ms(draft_ms: Callable[[int], float], verify_ms: Callable[[int], float], depth: int) -> float:
+    """A drafted step's price with a chain of ``depth`` drafts: D(depth) + V(depth + 1)."""
+    return draft_ms(depth) + verify_ms(depth + 1)
+
+
 def draft_payoff(plain_ms: float, draft_ms: Callable[[int], float], verify_ms: Callable[[int], float],
                  reached: float, max_depth: int) -> DraftPayoff:
     """The payoff of drafting at acceptance ``reached``: ``plain_ms`` is V(1), ``draft_ms(d)`` D(d),
     ``verify_ms(n)`` V(n) (the module docstring's names); chains of 1 to ``max_depth`` drafts."""
     best: tuple[float, int] | None = None
     for depth in range(1, max(max_depth, 1) + 1):
-        extra = (draft_ms(depth) + verify_ms(depth + 1)) / plain_ms - 1.0
+        extra = chain_step_ms(draft_ms, verify_ms, depth) / plain_ms - 1.0
         # solved only where it needs less than the best so far (chain_gain rises with a): a few solves
         if best is not None and chain_gain(best[0], depth) <= extra:
             continue

@@ -162,17 +162,16 @@ def llamacpp_line(config: SpecConfig, model: str | None, draft: str | None = Non
                      f"(for llama.cpp export --method {methods.listed(methods.llamacpp_methods())})")
         return LaunchLine("llama.cpp", " ".join(parts), notes)
     parts.append(f"--spec-type {method.llamacpp}")
+    drafts = methods.chain_drafts(config.method, config.num_steps, config.num_draft_tokens)
     if method.takes_draft:
         parts.append(f"-md {shlex.quote(_draft_for(config, draft, notes))}")
         if method.llamacpp_note:
             notes.append(method.llamacpp_note)
-        drafts = methods.chain_drafts(config.method, config.num_steps, config.num_draft_tokens)
         if method.tree and config.eagle_topk > 1:
             notes.append(f"llama.cpp drafts a chain: no top-k tree, so eagle_topk={config.eagle_topk} and "
                          f"num_draft_tokens={config.num_draft_tokens} do not carry over; --spec-draft-n-max = "
                          f"num_steps = {drafts} (tune with --grid eagle_topk=1 to measure the chain)")
     else:  # n-gram: one chain looked up by a fixed-length n-gram
-        drafts = config.num_draft_tokens - 1
         size_n = config.ngram_max_match_window_size
         parts += [f"--spec-ngram-simple-size-n {size_n}", f"--spec-ngram-simple-size-m {drafts}"]
         notes.append(f"llama.cpp's ngram-simple drafts one chain of {drafts} tokens (num_draft_tokens - 1) after a "

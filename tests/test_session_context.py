@@ -112,8 +112,9 @@ def test_knobs_by_method():
     assert "ngram_min_match_window_size" in knobs_for("ngram") and "eagle_topk" not in knobs_for("ngram")
     for method in ("eagle", "eagle3", "standalone", "medusa"):
         assert {"num_steps", "eagle_topk", "num_draft_tokens"} <= set(knobs_for(method))
-    assert set(METHOD_KNOBS) == {"none", "ngram", "eagle", "eagle3", "standalone", "medusa"}
+    assert set(METHOD_KNOBS) == {"none", "ngram", "eagle", "eagle3", "standalone", "medusa", "dflash"}
     assert "medusa_tree" in knobs_for("medusa") and "medusa_tree" not in knobs_for("eagle3")
+    assert knobs_for("dflash") == ("num_draft_tokens", "adaptive_draft")  # a block: its size, not a tree's shape
 
 
 def test_ngram_drafts_say_they_have_no_probabilities():

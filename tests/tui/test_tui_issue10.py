@@ -11,6 +11,7 @@ from textual.widgets import Input, OptionList, ProgressBar
 
 from engine.config import SpecConfig
 from engine.events import Finished, PrefillProgress, RunningStats
+from engine.methods import draft_methods
 from specchat.themes import THEMES, contrast_ratio
 from specchat.tui import headless
 from specchat.tui.headless import (
@@ -38,7 +39,7 @@ NGRAM = SpecConfig(method="ngram", num_draft_tokens=8)
 def ngram_session(**kw) -> ScriptedSession:
     kw.setdefault("config", NGRAM)
     kw.setdefault("refuse_methods", {m: f"method {m!r} is not available (load a draft with --draft)"
-                                     for m in ("eagle", "eagle3", "standalone", "medusa")})
+                                     for m in draft_methods()})
     return ScriptedSession(demo_answers(kw["config"]), **kw)
 
 

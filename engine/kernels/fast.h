@@ -10,6 +10,8 @@
 #include <immintrin.h>
 #include <stdint.h>
 
+#include "scales.h"
+
 #define PANEL 16
 #define PF_PANELS 2 /* how many panels ahead a tile prefetches codes and scales (fast.c says why) */
 #define VNNI_TARGETS "avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi,avx2,fma"
@@ -27,11 +29,16 @@ static inline __attribute__((always_inline)) VNNI __m512i q8_transpose(void) {
                            51, 35, 19, 3, 50, 34, 18, 2, 49, 33, 17, 1, 48, 32, 16, 0);
 }
 
-/* Sixteen scales (or offsets) of a panel's group: fp32, or (hs) the fp16 copy the GGUF kinds'
- * scales round-trip through exactly, widened exactly: the same floats from half the bytes. */
-static inline __attribute__((always_inline)) VNNI __m512 group_scales(const void *p, long i, int hs) {
-    return hs ? _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)((const uint16_t *)p + i)))
-              : _mm512_loadu_ps((const float *)p + i);
+/* The sixteen scales (or offsets) of group g of a panel stored as hs says (scales.h): fp32; the
+ * fp16 copy the GGUF kinds' scales round-trip through exactly, widened exactly; or a K-quant's
+ * factor times its int8 sub-scale, one exact product. The same floats from fewer bytes. */
+static inline __attribute__((always_inline)) VNNI __m512 group_scales(const void *p, long g, int hs) {
+    const char *at = (const char *)p + scales_row_at(g, hs);
+    if (hs >= SCALES_FACTORED) {
+        const __m512 f = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)((const char *)p + scales_factor_at(g, hs))));
+        return _mm512_mul_ps(f, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)at))));
+    }
+    return hs ? _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)at)) : _mm512_loadu_ps((const float *)at);
 }
 
 /* Group g (32 k) of a panel's codes as eight registers, wv[j] pairing with activation bytes
@@ -69,7 +76,7 @@ g32_prefetch(const int q4, const void *codes, const void *sc, const void *of, lo
     const long ng = K / 32;
     const char *nc = (const char *)codes + PF_PANELS * (q4 ? K * PANEL / 2 : K * PANEL) + g * (q4 ? 256 : 512);
     for (int l = 0; l < (q4 ? 4 : 8); l++) _mm_prefetch(nc + 64 * l, _MM_HINT_T0);
-    const long ahead = (PF_PANELS * ng + g) * PANEL * (hs ? 2 : 4);
+    const long ahead = PF_PANELS * scales_panel_bytes(ng, hs) + scales_row_at(g, hs);
     _mm_prefetch((const char *)sc + ahead, _MM_HINT_T0);
     if (of) _mm_prefetch((const char *)of + ahead, _MM_HINT_T0);
 }

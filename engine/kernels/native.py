@@ -84,7 +84,7 @@ class NativeKernel:
         self.eagle_head_forward.restype = _i
         self._lib.dequantize_rows.restype = _i
         self._lib.corpus_tree.restype = _l
-        self._lib.stored_linear_fast.argtypes = [*_SIGNATURES["stored_linear"], _i]  # and half
+        self._lib.stored_linear_fast.argtypes = [*_SIGNATURES["stored_linear"], _i]  # and the scale form
         self._lib.stored_linear_fast.restype = _i
         self._lib.fast_variant.argtypes = [_i]
         self._lib.attention_variant.argtypes = [_i]
@@ -178,11 +178,11 @@ class NativeKernel:
         """The fast precision's product (fast.c), arguments as :meth:`stored_linear`; False when
         this weight's kind or this CPU has no fast kernel (nothing was written)."""
         m, k = x.shape
-        half = weight.scales16 is not None  # the exact fp16 copies: fewer bytes, the same floats
+        hs = weight.fast_format  # compact copies of the scales (scales.h): fewer bytes, the same floats
         rc = self._lib.stored_linear_fast(
             x.data_ptr(), m, k, weight.kind_id, weight.group, weight.codes.data_ptr(),
-            ptr(weight.scales16 if half else weight.scales), ptr(weight.offsets16 if half else weight.offsets),
-            weight.n, ptr(bias), out.data_ptr(), out.stride(0), int(accumulate), torch.get_num_threads(), int(half),
+            ptr(weight.fast_scales if hs else weight.scales), ptr(weight.fast_offsets if hs else weight.offsets),
+            weight.n, ptr(bias), out.data_ptr(), out.stride(0), int(accumulate), torch.get_num_threads(), hs,
         )
         if rc == -2:
             raise MemoryError("the fast kernel could not allocate its activation buffers")

@@ -32,7 +32,7 @@ _p, _l, _f = ctypes.c_void_p, ctypes.c_long, ctypes.c_float
 
 class _Part(ctypes.Structure):
     _fields_ = [("kind", _l), ("group", _l), ("n", _l), ("codes", _p), ("scales", _p), ("offsets", _p),
-                ("fast_scales", _p), ("fast_offsets", _p), ("fast_format", _l)]
+                ("compact_scales", _p), ("compact_offsets", _p), ("scale_form", _l)]
 
 
 class _Lin(ctypes.Structure):
@@ -63,8 +63,8 @@ def _describe(lin: Linear | StoredLinear) -> _Lin | None:
         out.bias = ptr(lin._bias)
         out.nparts = len(lin.parts)
         for i, part in enumerate(lin.parts):
-            out.parts[i] = _Part(part.kind_id, part.group, part.n, ptr(part.codes), ptr(part.scales),
-                                 ptr(part.offsets), ptr(part.fast_scales), ptr(part.fast_offsets), part.fast_format)
+            out.parts[i] = _Part(part.kind_id, part.group, part.n, ptr(part.codes), ptr(part.scales), ptr(part.offsets),
+                                 ptr(part.compact_scales), ptr(part.compact_offsets), part.scale_form)
         return out
     if lin._kernel is None or lin._packed is None:
         return None

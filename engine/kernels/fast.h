@@ -29,18 +29,6 @@ static inline __attribute__((always_inline)) VNNI __m512i q8_transpose(void) {
                            51, 35, 19, 3, 50, 34, 18, 2, 49, 33, 17, 1, 48, 32, 16, 0);
 }
 
-/* The sixteen scales (or offsets) of group g of a panel stored as hs says (scales.h): fp32; the
- * fp16 copy the GGUF kinds' scales round-trip through exactly, widened exactly; or a K-quant's
- * factor times its int8 sub-scale, one exact product. The same floats from fewer bytes. */
-static inline __attribute__((always_inline)) VNNI __m512 group_scales(const void *p, long g, int hs) {
-    const char *at = (const char *)p + scales_row_at(g, hs);
-    if (hs >= SCALES_FACTORED) {
-        const __m512 f = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)((const char *)p + scales_factor_at(g, hs))));
-        return _mm512_mul_ps(f, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)at))));
-    }
-    return hs ? _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)at)) : _mm512_loadu_ps((const float *)at);
-}
-
 /* Group g (32 k) of a panel's codes as eight registers, wv[j] pairing with activation bytes
  * 4j..4j+3 (four k per column lane, the layout vpdpbusd and an AMX B tile both read): q4 codes
  * (0..15) by one mask per nibble; q8 codes as signed bytes, transposed from 16 bytes per k. */

@@ -38,19 +38,6 @@ static inline AVX2F __m256i q8_four_k(const int8_t *cb, int half) {
     return _mm256_set_m128i(_mm_unpackhi_epi16(a, b), _mm_unpacklo_epi16(a, b));
 }
 
-/* Columns half*8..+7 of group g's scales (or offsets) in the forms fast.h's group_scales reads, to
- * the same floats: fp32, the exact fp16 copy widened, or factor * sub-scale (scales.h). */
-static inline __attribute__((always_inline)) AVX2F __m256 scales8(const void *p, long g, int half, int hs) {
-    const char *at = (const char *)p + scales_row_at(g, hs);
-    if (hs >= SCALES_FACTORED) {
-        const char *f = (const char *)p + scales_factor_at(g, hs) + half * 16;
-        const __m256 sub = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(at + half * 8))));
-        return _mm256_mul_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)f)), sub);
-    }
-    return hs ? _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(at + half * 16)))
-              : _mm256_loadu_ps((const float *)at + half * 8);
-}
-
 /* Word w of a q4 half-panel (8 columns, eight k each) as two registers of four k per column
  * lane: the even-k codes (low nibbles) and the odd-k ones, as the activations are stored. */
 static inline __attribute__((always_inline)) AVX2F void q4_word(const uint32_t *cw, long w, __m256i *lo, __m256i *hi) {

@@ -1,6 +1,7 @@
 /*
- * Where a panel's scales (and offsets) lie in the forms the fast tiles read, the `hs` argument
- * every tile takes (weights.py's StoredPanels.fast_format writes it):
+ * The forms a panel's scales (and offsets) are read in by every quant kernel, exact (stored.c)
+ * and fast (fast*.c), named by the `hs` argument each tile takes (weights.py's
+ * StoredPanels.scale_form writes it), and the two loaders that read them:
  *   SCALES_F32 (0): fp32, [ng][16] per panel (ng = K / group);
  *   SCALES_F16 (1): the exact fp16 copy, [ng][16];
  *   SCALES_FACTORED + s (s >= 0): a K-quant's own factoring (Q4_K: d * sc and dmin * m, Q6_K:
@@ -9,11 +10,13 @@
  *     (float)sub, which weights.py checked, at load, equals the fp32 scale bit for bit: the same
  *     floats from about a quarter of the bytes (Q4_K 4.6 bits a weight instead of 6, Q6_K 8.6
  *     instead of 10).
- * Each ISA's loader (fast.h's group_scales, fast_avx2.c's scales8) reads all three through these
- * offsets, so the tiles differ only in vector width.
+ * group_scales (16 lanes: the AVX-512 and AMX tiles) and scales8 (8 lanes: the AVX2 and AVX-VNNI
+ * tiles) read all three, so no tile has a scale reader of its own and one test covers the logic.
  */
 #ifndef SPECCHAT_SCALES_H
 #define SPECCHAT_SCALES_H
+
+#include <immintrin.h>
 
 #define SCALES_H_PANEL 16 /* the panel width (PANEL in fast.h and fast_avx2.c) */
 #define SCALES_F32 0
@@ -41,6 +44,31 @@ static inline long scales_row_at(long g, int hs) {
 /* Byte offset in its panel of the factor row of group g's super-block (factored only). */
 static inline long scales_factor_at(long g, int hs) {
     return (g >> (hs - SCALES_FACTORED)) * scales_super_bytes(hs);
+}
+
+/* The sixteen scales (or offsets) of group g of a panel stored as hs says: fp32; the fp16 copy the
+ * GGUF kinds' scales round-trip through exactly, widened exactly; or a K-quant's factor times its
+ * int8 sub-scale, one exact product. The same floats from fewer bytes. (AVX512F only, so that the
+ * exact and the fast kernels' targets both inline it.) */
+static inline __attribute__((always_inline, target("avx512f"))) __m512 group_scales(const void *p, long g, int hs) {
+    const char *at = (const char *)p + scales_row_at(g, hs);
+    if (hs >= SCALES_FACTORED) {
+        const __m256i f = _mm256_loadu_si256((const __m256i *)((const char *)p + scales_factor_at(g, hs)));
+        return _mm512_mul_ps(_mm512_cvtph_ps(f), _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)at))));
+    }
+    return hs ? _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)at)) : _mm512_loadu_ps((const float *)at);
+}
+
+/* Columns half*8..+7 of group g's scales (or offsets): group_scales on 8 lanes, the same floats. */
+static inline __attribute__((always_inline, target("avx2,f16c"))) __m256 scales8(const void *p, long g, int half, int hs) {
+    const char *at = (const char *)p + scales_row_at(g, hs);
+    if (hs >= SCALES_FACTORED) {
+        const char *f = (const char *)p + scales_factor_at(g, hs) + half * 16;
+        const __m256 sub = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(at + half * 8))));
+        return _mm256_mul_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)f)), sub);
+    }
+    return hs ? _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(at + half * 16)))
+              : _mm256_loadu_ps((const float *)at + half * 8);
 }
 
 #endif

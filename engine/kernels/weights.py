@@ -199,16 +199,17 @@ class StoredPanels:
     codes: torch.Tensor  # [n_pad/16, k, 16] (q4: [n_pad/16, k/8, 16] int32, eight k per word)
     scales: torch.Tensor | None  # [n_pad/16, k/group, 16] float32
     offsets: torch.Tensor | None
-    # Compact copies of the scales and offsets, which the fast products read (the same floats once
-    # rebuilt, fewer bytes a step), stored as fast_format says (scales.h): 1 (SCALES_F16): fp16
+    # Compact copies of the scales and offsets, which both products read (the same floats once
+    # rebuilt, fewer bytes a step), stored as scale_form says (scales.h): 1 (SCALES_F16): fp16
     # copies [n_pad/16, k/group, 16], where every value is exactly an fp16 (the GGUF kinds with
     # fp16 scales: a third fewer bytes for Q4_1 layers); SCALES_FACTORED + s: a K-quant's factored
     # form, per panel a row of bytes (per super-block of 2**s groups an fp16 factor row, then int8
     # sub-scale rows), where it rebuilds every fp32 value bit for bit (Q4_K: 4.6 bits a weight
-    # instead of 6; Q6_K: 8.6 instead of 10). 0 (None, None): the fast products read the fp32 ones.
-    fast_scales: torch.Tensor | None = None
-    fast_offsets: torch.Tensor | None = None
-    fast_format: int = 0
+    # instead of 6; Q6_K: 8.6 instead of 10). 0 (None, None): the products read the fp32 ones,
+    # which are kept in every case for to_rows (the row form has no panel layout to rebuild from).
+    compact_scales: torch.Tensor | None = None
+    compact_offsets: torch.Tensor | None = None
+    scale_form: int = 0
 
     @property
     def kind_id(self) -> int:
@@ -241,16 +242,14 @@ class StoredPanels:
 
     @property
     def nbytes(self) -> int:
-        """Bytes the exact products read (codes, fp32 scales and offsets)."""
+        """Bytes one product reads, in either precision: the codes, and the compact copies of the
+        scales and offsets where there are some, else the fp32 ones."""
+        if self.scale_form and self.compact_scales is not None:
+            return _nbytes(self.codes, self.compact_scales, self.compact_offsets)
         return _nbytes(self.codes, self.scales, self.offsets)
 
-    @property
-    def fast_nbytes(self) -> int:
-        """Bytes the fast products read: the compact copies of the scales where there are some."""
-        return self.nbytes if not self.fast_format else _nbytes(self.codes, self.fast_scales, self.fast_offsets)
 
-
-SCALES_F16, SCALES_FACTORED = 1, 2  # StoredPanels.fast_format (scales.h)
+SCALES_F16, SCALES_FACTORED = 1, 2  # StoredPanels.scale_form (scales.h)
 _FastCopies = tuple[torch.Tensor | None, torch.Tensor | None, int]
 
 

@@ -13,6 +13,9 @@ a weight for the same numbers. A weight matrix is held as
   eight k to a 32-bit word per column (code[k+i] in bits 4i..4i+3): one shift and one mask
   take a code out of eight columns at once.
 
+The kernels read the scales and offsets from compact copies where the same floats come from fewer
+bytes (fp16 copies, or a K-quant's own factoring; ``StoredPanels.scale_form``, ``scales.h``).
+
 The decoded value is bit-for-bit the float32 that gguf-py's ``dequantize`` (today's fp32 path)
 gives; see ``stored.c`` for why ``fma(scale, code, offset)`` equals its ``scale * code + offset``.
 This module is the format only; ``stored.py`` holds the layer that multiplies by it.
@@ -62,7 +65,7 @@ class QuantRows:
     @classmethod
     def quantize_q8(cls, weight: torch.Tensor, group: int = 32) -> QuantRows:
         """Symmetric 8-bit codes with one scale per ``group`` k (Q8_0's recipe, the scale an fp16
-        value as there, so the fast products read it from an fp16 copy): a quarter of fp32's
+        value as there, so the products read it from an fp16 copy): a quarter of fp32's
         bytes. Lossy, so only for weights whose exact values do not matter to the output (a draft
         head's: drafts are verified)."""
         w = weight.float()

@@ -7,6 +7,9 @@ scale/offset per block), no fp32 copy is made, and the kernels decode blocks in 
 Each format's unpacking is written from the GGML block layouts; the per-block scale and offset
 are computed in float32 exactly as gguf-py's reference ``dequantize`` computes them, so that
 ``QuantRows.dequantize()`` equals the reference bit for bit (the tests check every format).
+Q4_K and Q6_K also hand over their scales as the file factors them (an fp16 ``d`` per 256 k times
+a small integer per group), which the kernels read instead of the fp32 products: fewer bytes a
+step for the same floats (weights.py checks the factoring before it relies on it).
 Q5_0 (which Q4_K_M files use where a row is no multiple of 256) is kept as 8-bit codes. Formats
 without a stored kernel (Q5_1, Q5_K, Q2_K, IQ*, ...) are dequantized to fp32 with gguf-py:
 they work, without the memory saving.

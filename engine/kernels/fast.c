@@ -313,8 +313,7 @@ int stored_linear_fast(const float *x, long M, long K, int kind, long group, con
     const int q4 = kind == KIND_Q4;
     if ((kind != KIND_Q4 && kind != KIND_Q8) || group <= 0 || K % group || group % (q4 ? 8 : 4) || !fast_supported())
         return -1;
-    if (hs < 0 || (hs >= SCALES_FACTORED && (hs - SCALES_FACTORED > 8 || (K / group) % (1L << (hs - SCALES_FACTORED)))))
-        return -1; /* no such scale form, or super-blocks that do not tile the row */
+    if (!scales_form_fits(K / group, hs)) return -1;
     const int vnni = variant == 512, g32 = vnni && group == 32, tiles_amx = g32 && amx && M >= AMX_MIN_ROWS;
     const int rows_max = g32 ? G32_ROWS : vnni ? FAST_ROWS : FAST_AVX2_ROWS;
     const long ng = K / group;

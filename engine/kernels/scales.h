@@ -4,7 +4,7 @@
  * StoredPanels.scale_form writes it), and the two loaders that read them:
  *   SCALES_F32 (0): fp32, [ng][16] per panel (ng = K / group);
  *   SCALES_F16 (1): the exact fp16 copy, [ng][16];
- *   SCALES_FACTORED + s (s >= 0): a K-quant's own factoring (Q4_K: d * sc and dmin * m, Q6_K:
+ *   SCALES_FACTORED + s (s >= 0): a K-quant's own factoring (Q4_K: d * sc and (-dmin) * m, Q6_K:
  *     d * sc) for super-blocks of 2^s groups: per super-block one factor row (fp16 [16]), then
  *     the super-block's sub-scale rows (int8 [2^s][16]). A group's scale is (float)factor *
  *     (float)sub, which weights.py checked, at load, equals the fp32 scale bit for bit: the same
@@ -22,6 +22,13 @@
 #define SCALES_F32 0
 #define SCALES_F16 1
 #define SCALES_FACTORED 2
+
+/* Whether a row of ng groups can be read in form hs: a known form, factored super-blocks of at most
+ * 256 groups that tile the row. */
+static inline int scales_form_fits(long ng, int hs) {
+    if (hs < SCALES_FACTORED) return hs >= 0;
+    return hs - SCALES_FACTORED <= 8 && ng % (1L << (hs - SCALES_FACTORED)) == 0;
+}
 
 /* Bytes of one factored super-block: the factor row, then 2^s sub-scale rows. */
 static inline long scales_super_bytes(int hs) {
@@ -50,25 +57,28 @@ static inline long scales_factor_at(long g, int hs) {
  * GGUF kinds' scales round-trip through exactly, widened exactly; or a K-quant's factor times its
  * int8 sub-scale, one exact product. The same floats from fewer bytes. (AVX512F only, so that the
  * exact and the fast kernels' targets both inline it.) */
-static inline __attribute__((always_inline, target("avx512f"))) __m512 group_scales(const void *p, long g, int hs) {
+static inline __attribute__((always_inline, target("avx512f"))) __m512
+group_scales(const void *p, long g, int hs) {
     const char *at = (const char *)p + scales_row_at(g, hs);
     if (hs >= SCALES_FACTORED) {
         const __m256i f = _mm256_loadu_si256((const __m256i *)((const char *)p + scales_factor_at(g, hs)));
-        return _mm512_mul_ps(_mm512_cvtph_ps(f), _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)at))));
+        const __m512 sub = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)at)));
+        return _mm512_mul_ps(_mm512_cvtph_ps(f), sub);
     }
     return hs ? _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)at)) : _mm512_loadu_ps((const float *)at);
 }
 
 /* Columns half*8..+7 of group g's scales (or offsets): group_scales on 8 lanes, the same floats. */
-static inline __attribute__((always_inline, target("avx2,f16c"))) __m256 scales8(const void *p, long g, int half, int hs) {
-    const char *at = (const char *)p + scales_row_at(g, hs);
+static inline __attribute__((always_inline, target("avx2,f16c"))) __m256
+scales8(const void *p, long g, int half, int hs) {
+    const long lane_bytes = hs >= SCALES_FACTORED ? 1 : hs == SCALES_F16 ? 2 : 4;
+    const char *at = (const char *)p + scales_row_at(g, hs) + half * 8 * lane_bytes;
     if (hs >= SCALES_FACTORED) {
         const char *f = (const char *)p + scales_factor_at(g, hs) + half * 16;
-        const __m256 sub = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(at + half * 8))));
+        const __m256 sub = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)at)));
         return _mm256_mul_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)f)), sub);
     }
-    return hs ? _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(at + half * 16)))
-              : _mm256_loadu_ps((const float *)at + half * 8);
+    return hs ? _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)at)) : _mm256_loadu_ps((const float *)at);
 }
 
 #endif

@@ -5,9 +5,10 @@
  * Why: the fp32 kernel (skinny.c) streams 4 bytes per weight and sits at the memory roofline;
  * the embedded model's real weights are 4.5-8.5 bits. Here each 16-column panel is stored as
  * small integer codes plus one fp32 scale (and offset) per group of 16/32 k and per column (read
- * from a compact form where one gives the same floats: scales.h), repacked at load so that the 16 columns of one k are adjacent (q4: the 16 columns of eight
- * consecutive k, as one 32-bit word per column: code[k+i] in bits 4i..4i+3, so a code comes out
- * of its word with a shift and a mask, no byte shuffles). A panel is decoded chunk by
+ * from a compact form where one gives the same floats: scales.h), repacked at load so that the
+ * 16 columns of one k are adjacent (q4: the 16 columns of eight consecutive k, as one 32-bit
+ * word per column: code[k+i] in bits 4i..4i+3, so a code comes out of its word with a shift and
+ * a mask, no byte shuffles). A panel is decoded chunk by
  * chunk (KC values of k) into an L1-resident fp32 buffer, once for all rows, then the same
  * register tile as skinny.c runs over it (tile.h).
  *

@@ -30,6 +30,7 @@ import torch
 PANEL = 16  # output columns per panel (fixed by stored.c)
 KIND_IDS = {"f32": 0, "f16": 1, "bf16": 2, "q8": 3, "q4": 4}
 _FLOAT_VIEWS = {"f16": torch.float16, "bf16": torch.bfloat16}
+SCALES_F16, SCALES_FACTORED = 1, 2  # StoredPanels.scale_form: fp16 copies; factored, + log2(groups a factor)
 
 
 @dataclass
@@ -230,8 +231,8 @@ class StoredPanels:
             codes = _pack_q4_words(codes)
         scales = _to_panels(rows.scales, n_pad) if rows.scales is not None else None
         offsets = _to_panels(rows.offsets, n_pad) if rows.offsets is not None else None
-        fast = _factored_copies(rows, n_pad) or _half_copies(rows.kind, scales, offsets)
-        return cls(rows.kind, rows.group, n, k, codes, scales, offsets, *fast)
+        compact = _factored_copies(rows, n_pad) or _half_copies(rows.kind, scales, offsets)
+        return cls(rows.kind, rows.group, n, k, codes, scales, offsets, *compact)
 
     def to_rows(self) -> QuantRows:
         codes = self.codes
@@ -252,12 +253,11 @@ class StoredPanels:
         return _nbytes(self.codes, self.scales, self.offsets)
 
 
-SCALES_F16, SCALES_FACTORED = 1, 2  # StoredPanels.scale_form (scales.h)
-_FastCopies = tuple[torch.Tensor | None, torch.Tensor | None, int]
+_ScaleCopies = tuple[torch.Tensor | None, torch.Tensor | None, int]
 
 
-def _half_copies(kind: str, scales: torch.Tensor | None, offsets: torch.Tensor | None) -> _FastCopies:
-    """fp16 copies of a quant kind's panel scales and offsets, both or neither (then format 0)."""
+def _half_copies(kind: str, scales: torch.Tensor | None, offsets: torch.Tensor | None) -> _ScaleCopies:
+    """fp16 copies of a quant kind's panel scales and offsets, both or neither (then form 0)."""
     scales16 = _exact_half(scales) if kind in ("q4", "q8") else None
     offsets16 = _exact_half(offsets)
     if scales16 is None or (offsets is not None and offsets16 is None):
@@ -265,7 +265,7 @@ def _half_copies(kind: str, scales: torch.Tensor | None, offsets: torch.Tensor |
     return scales16, offsets16, SCALES_F16
 
 
-def _factored_copies(rows: QuantRows, n_pad: int) -> _FastCopies | None:
+def _factored_copies(rows: QuantRows, n_pad: int) -> _ScaleCopies | None:
     """The factored copies (scales.h) of a K-quant's scales and offsets, both or None: None also
     where the rows carry no factoring or it does not rebuild every fp32 value bit for bit, so the
     answers never rest on what the reader assumed of the file."""

@@ -42,6 +42,7 @@ from engine.drafters.base import Drafter, NoDrafter
 from engine.drafters.tree_search import cancellable
 from engine.drafting import Drafters
 from engine.events import (
+    Candidate,
     CommittedToken,
     ConfigApplied,
     Event,
@@ -107,6 +108,8 @@ class SpecLoop:
         self.threads = threads
         self.cancel = cancel
         self.take_pending = take_pending
+        # candidates per position a Step reports of a block drafted in one pass (Step.block); 0: none
+        self.block_candidates = 0
 
     # -- the answer --------------------------------------------------------------------------------
     def run(self, prompt: list[int], override: SpecConfig | None, dropped_turns: int, model_name: str
@@ -286,9 +289,19 @@ class SpecLoop:
                     accepted=answer.verdict.accepted, bonus=answer.verdict.bonus, committed=tuple(committed),
                     text=text, timing=answer.timing, stats=answer.tally.snapshot(),
                     config_version=self.drafters.version, proposed=answer.proposed,
-                    draft_paused=not answer.drafted, draft_levels=answer.levels, draft_width=answer.width)
+                    draft_paused=not answer.drafted, draft_levels=answer.levels, draft_width=answer.width,
+                    block=self.block_guesses(tree))
         answer.index += 1
         return step
+
+    def block_guesses(self, tree: DraftTree) -> tuple[tuple[Candidate, ...], ...]:
+        """Every position of the block ``tree`` was drafted from, its best candidates with their text,
+        when the session was asked for them (Session.report_blocks) and the drafter drafted a block."""
+        if not self.block_candidates or tree.block is None:
+            return ()
+        piece = self.tokenizer.piece
+        return tuple(tuple(Candidate(t, piece(t), round(p, 6)) for t, p in row)
+                     for row in tree.block.top(self.block_candidates))
 
 
 def refused(message: str) -> Iterator[Event]:

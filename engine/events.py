@@ -117,7 +117,7 @@ class Step:
     # top-k the adaptive budget drafted such a drafter with: the configured eagle_topk (a tree) or 1
     # (a chain), whichever has been paying more (engine/adaptive.py); 0 for other drafters
     draft_width: int = 0
-    # a block drafted in one pass (a block drafter such as DFlash: one forward guessed every position
+    # a block drafted in one pass (a block drafter: one forward guessed every position
     # at once, each blind to the guesses before it): block[j] holds the drafter's best candidates for
     # the token j + 1 places after the root, best first. Every position the drafter filled, the ones
     # the budget pruned from the tree too. () for drafters that grow level by level, and where the

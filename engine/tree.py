@@ -17,7 +17,7 @@ import torch
 
 
 class BlockRows(Protocol):
-    """A block drafted in one pass, position by position: what a block drafter (DFlash) keeps of its
+    """A block drafted in one pass, position by position: what a block drafter keeps of its
     one forward so the step's event can show every position's guesses (engine/step.py asks for them
     only where a consumer wants them: a top-k is a pass over the block's rows)."""
 

@@ -1,6 +1,6 @@
 """A block drafted in one pass, drawn position by position (the tree panel's rows for ``Step.block``).
 
-A block drafter (DFlash) fills every position after the root in one forward, each position guessed
+A block drafter fills every position after the root in one forward, each position guessed
 without seeing the guesses before it, so the panel shows the block as the drafter saw it: one row
 per position with its best candidates and their probabilities, the row's fate in the same glyphs
 and colours as a tree's nodes:

@@ -234,3 +234,21 @@ def test_export_prints_the_servers_block_lines() -> None:
     assert "--speculative-algorithm DFLASH" in launch_line("sglang", config, None, "d").command
     assert '"method": "dflash"' in launch_line("vllm", config, None, "d").command
     assert "--spec-type draft-dflash" in launch_line("llamacpp", config, None, "d").command
+
+
+@pytest.mark.parametrize("theme", ["dark", "light", "colourblind"])
+async def test_the_block_view_reads_at_4_5_to_1_in_every_theme(theme) -> None:
+    from tests.tui.test_tui_issue10 import _segments_below_contrast
+
+    app = app_for(session(CONFIG), ui=ui_settings(theme=theme, save_sessions=False))
+    async with app.run_test(size=(120, 40)) as pilot:
+        await wait_loaded(pilot)
+        await send(pilot, PROMPT)
+        await wait_idle(pilot)
+        panel = app.chat_screen.tree
+        history = list(panel.history)
+        panel.browse(_telling(history) - (len(history) - 1))
+        await pilot.pause()
+        assert any("✗" in line for line in panel.view.lines)
+        bad = _segments_below_contrast(app)
+    assert not bad, f"{theme}: text below 4.5:1: " + "; ".join(bad[:12])

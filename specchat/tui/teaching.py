@@ -25,7 +25,8 @@ def draft_sources() -> dict[str, str]:
 COMPARE_DEPTHS = (
     "The table gives each method's accepted share at depth 1, 2, 3...: of the steps whose tree reached that "
     "depth, how many kept a drafted token there. Medusa's heads guess every position at once from one hidden "
-    "state, each blind to the tokens before its position, so its share falls quickly with depth; EAGLE's head "
+    "state, and a block drafter fills a whole block in one pass, each position blind to the tokens before it, "
+    "so their share falls quickly with depth; EAGLE's head "
     "drafts level by level on its own guesses and keeps the deep levels useful for longer. Each method's "
     "speed-up is against the baseline, run on the same prompt from the same cache state."
 )

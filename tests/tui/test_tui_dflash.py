@@ -252,3 +252,37 @@ async def test_the_block_view_reads_at_4_5_to_1_in_every_theme(theme) -> None:
         assert any("✗" in line for line in panel.view.lines)
         bad = _segments_below_contrast(app)
     assert not bad, f"{theme}: text below 4.5:1: " + "; ".join(bad[:12])
+
+
+async def test_a_tree_grown_from_a_block_is_drawn_as_a_tree_with_the_blocks_rows_under_it() -> None:
+    """A DDTree-style step (branches chosen from the block's per-position candidates): the tree as
+    EAGLE's are drawn, then one row per position of the block (no second ★: the tree has it)."""
+    from engine.events import Candidate, CommittedToken, Finished, Started
+    from engine.tree import DraftTree
+    from specchat.tui.headless import make_app
+    from specchat.tui.scripted import ScriptedSession
+
+    texts = ("◆", "a", "b", "c", "d")
+    # root -> a (accepted) -> c, d (refused); root -> b (a sibling of the kept one: never reached)
+    tree = DraftTree((0, 1, 2, 3, 4), (-1, 0, 0, 1, 1), (1.0, 0.6, 0.3, 0.5, 0.2))
+    block = ((Candidate(1, "a", 0.6), Candidate(2, "b", 0.3)), (Candidate(3, "c", 0.5), Candidate(4, "d", 0.2)),
+             (Candidate(5, "e", 0.4), Candidate(6, "f", 0.1)))
+    step = Step(index=1, tree=tree, tree_text=texts, accepted=(1,), bonus=7,
+                committed=(CommittedToken(1, "draft", "a"), CommittedToken(7, "target", "g")), text="ag", block=block)
+    first = Step(index=0, tree=DraftTree.root_only(0), tree_text=("◆",), bonus=0,
+                 committed=(CommittedToken(0, "target", "◆"),), text="◆")
+    answer = [Started(config=CONFIG.to_dict(), drafter="dflash"), first, step, Finished(text="◆ag", tokens=3)]
+    app = make_app(ScriptedSession([answer], config=CONFIG), ui=ui_settings(save_sessions=False))
+    async with app.run_test(size=(120, 40)) as pilot:
+        await wait_loaded(pilot)
+        await send(pilot, "x")
+        await wait_idle(pilot)
+        panel = app.chat_screen.tree
+        panel.browse(-0)
+        lines = panel.view.lines
+        assert lines[:6] == ["◆ ‹◆›", "├─✓ ‹a›  0.60", "│ ├─✗ ‹c›  0.50", "│ ├─✗ ‹d›  0.20",
+                             "│ └─★ ‹g›  correction", "└─· ‹b›  0.30"]
+        assert lines[6:] == ["", "the block, position by position:", "1 ✓ ‹a› 0.60  ‹b› 0.30",
+                             "2 ✗ ‹c› 0.50  ‹d› 0.20", "3 · ‹e› 0.40  ‹f› 0.10  not checked"]
+        assert "3 guesses in one pass · a tree of 4" in str(panel.query_one("#tree-title").render())
+        assert "grew a tree of 4 tokens from each position's best guesses" in explain_step(step, "dflash")

@@ -10,7 +10,7 @@ and colours as a tree's nodes:
     2 ✗ ‹·sat› 0.40  ‹·ran› 0.30  ‹·is› 0.10    the first position the target refused
       ★ ‹·ran›  correction · its guess 2          the target's own token, and where the drafter ranked it
     3 · ‹·on› 0.30  ‹·in› 0.20  ‹·at› 0.10       never reached
-    4 · ‹·the› 0.22  ...  not checked           pruned by the adaptive budget before the verify
+    4 · ‹·the› 0.22  ...  not checked           not in the verified tree (the budget cut it)
 
 A candidate the tree held at that depth takes its node's state; the others are dimmed. Nothing
 here names a method: what is drawn is the event's data (engine/events.py, ``Step.block``).
@@ -40,7 +40,8 @@ def ordinal_guess(row: tuple[Candidate, ...], token: int) -> str:
 
 def row_state(step: Step, depth: int) -> str:
     """The fate of the block's position ``depth`` (1-based): accepted, refused (the first position
-    the target turned down), unreached, or pruned (the budget cut it before the verify)."""
+    the target turned down), unreached, or pruned (deeper than the verified tree: the adaptive budget
+    cut it, or a tree grown from the block left it out)."""
     kept = step.accepted_len
     if depth <= kept:
         return "accepted"

@@ -25,6 +25,7 @@ next lives in one :class:`AnswerState`; what outlives an answer lives in the ses
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 import time
 from collections.abc import Callable, Generator, Iterator
@@ -285,12 +286,15 @@ class SpecLoop:
         text = "".join(c.text for c in committed)
         answer.text.append(text)
         tree = answer.tree
+        block = self.block_guesses(tree)
+        if tree.block is not None:  # the event carries its rows as data: the drafter's tensor stays here
+            tree = dataclasses.replace(tree, block=None)
         step = Step(index=answer.index, tree=tree, tree_text=tuple(self.tokenizer.piece(t) for t in tree.tokens),
                     accepted=answer.verdict.accepted, bonus=answer.verdict.bonus, committed=tuple(committed),
                     text=text, timing=answer.timing, stats=answer.tally.snapshot(),
                     config_version=self.drafters.version, proposed=answer.proposed,
                     draft_paused=not answer.drafted, draft_levels=answer.levels, draft_width=answer.width,
-                    block=self.block_guesses(tree))
+                    block=block)
         answer.index += 1
         return step
 

@@ -286,3 +286,29 @@ async def test_a_tree_grown_from_a_block_is_drawn_as_a_tree_with_the_blocks_rows
                              "2 ✗ ‹c› 0.50  ‹d› 0.20", "3 · ‹e› 0.40  ‹f› 0.10  not checked"]
         assert "3 guesses in one pass · a tree of 4" in str(panel.query_one("#tree-title").render())
         assert "grew a tree of 4 tokens from each position's best guesses" in explain_step(step, "dflash")
+
+
+def test_the_event_carries_the_blocks_rows_as_data_never_the_drafters_tensor() -> None:
+    """A step's tree reaches the UI (a pipe, the tree history) without the block's [rows, vocab]
+    log-probabilities: Step.block holds what the panel draws."""
+    steps = [e for e in session(CONFIG).chat(PROMPT) if isinstance(e, Step)]
+    assert steps[1].block and all(s.tree.block is None for s in steps)
+
+
+async def test_a_recorded_dflash_answer_replays_its_blocks(tmp_path) -> None:
+    from specchat.tui.headless import replay_app
+
+    path = tmp_path / "dflash.jsonl"
+    live = app_for(session(CONFIG), record=str(path))
+    async with live.run_test(size=(120, 40)) as pilot:
+        await wait_loaded(pilot)
+        await send(pilot, PROMPT)
+        await wait_idle(pilot)
+        shown = [e.step.block for e in live.chat_screen.tree.history]
+    replay = replay_app(path)
+    async with replay.run_test(size=(120, 40)) as pilot:
+        await wait_loaded(pilot)
+        await wait_idle(pilot)
+        history = list(replay.chat_screen.tree.history)
+        assert [e.step.block for e in history] == shown and any(shown)
+        assert replay.chat_screen.tree.view.lines[1].startswith("1 ")

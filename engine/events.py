@@ -95,6 +95,23 @@ class PrefillProgress:
 
 
 @dataclass(frozen=True)
+class DraftPayoff:
+    """Whether drafting can pay on this machine, in the adaptive budget's prices (engine/payoff.py
+    derives it): what drafting one level costs against a plain target step, the acceptance per draft
+    a chain would need for a drafted step to commit tokens faster than a plain step, and the
+    acceptance the drafter's verified chains reached lately."""
+
+    draft_share: float = 0.0  # drafting a chain of one draft, over a plain step's time
+    needed: float | None = None  # acceptance per draft that pays at the best chain length; None: none below 1 does
+    depth: int = 0  # that chain length (0: none pays)
+    reached: float = 0.0  # acceptance per draft of its verified chains lately (kept / tried)
+
+    @property
+    def pays(self) -> bool:
+        return self.needed is not None and self.reached >= self.needed
+
+
+@dataclass(frozen=True)
 class Step:
     """One speculative step: draft a tree, verify it with one target forward, commit."""
 
@@ -117,6 +134,9 @@ class Step:
     # top-k the adaptive budget drafted such a drafter with: the configured eagle_topk (a tree) or 1
     # (a chain), whichever has been paying more (engine/adaptive.py); 0 for other drafters
     draft_width: int = 0
+    # the adaptive budget's reckoning of whether drafting can pay here (refreshed now and then while it
+    # drafts, kept while paused); None before it has measured enough, and for the baseline
+    payoff: DraftPayoff | None = None
     # a block drafted in one pass (a block drafter: one forward guessed every position
     # at once, each blind to the guesses before it): block[j] holds the drafter's best candidates for
     # the token j + 1 places after the root, best first. Every position the drafter filled, the ones
@@ -187,6 +207,8 @@ def event_from_dict(data: dict[str, Any]) -> Event:
         payload["timing"] = StepTiming(**payload.get("timing", {}))
         payload["block"] = tuple(tuple(Candidate(**c) for c in row) for row in payload.get("block", ()))
         payload["stats"] = _stats(payload.get("stats", {}))
+        payoff = payload.get("payoff")
+        payload["payoff"] = DraftPayoff(**payoff) if isinstance(payoff, dict) else payoff
         return Step(**payload)
     raise ValueError(f"unknown event kind {kind!r}")
 

@@ -294,7 +294,7 @@ class SpecLoop:
                     text=text, timing=answer.timing, stats=answer.tally.snapshot(),
                     config_version=self.drafters.version, proposed=answer.proposed,
                     draft_paused=not answer.drafted, draft_levels=answer.levels, draft_width=answer.width,
-                    block=block)
+                    payoff=answer.budget.payoff, block=block)
         answer.index += 1
         return step
 

@@ -534,4 +534,5 @@ def subtree(tree: DraftTree, keep: list[int]) -> DraftTree:
         proposals=proposals,
         has_probs=tree.has_probs,
         source=tree.source,
+        block=tree.block,
     )

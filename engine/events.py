@@ -26,6 +26,15 @@ class CommittedToken:
 
 
 @dataclass(frozen=True)
+class Candidate:
+    """One of the drafter's guesses for a position of a block drafted in one pass (``Step.block``)."""
+
+    id: int
+    text: str  # its decoded piece, so a consumer needs no tokenizer
+    prob: float  # the drafter's probability for it at that position
+
+
+@dataclass(frozen=True)
 class StepTiming:
     draft_ms: float = 0.0
     verify_ms: float = 0.0
@@ -128,6 +137,12 @@ class Step:
     # the adaptive budget's reckoning of whether drafting can pay here (refreshed now and then while it
     # drafts, kept while paused); None before it has measured enough, and for the baseline
     payoff: DraftPayoff | None = None
+    # a block drafted in one pass (a block drafter: one forward guessed every position
+    # at once, each blind to the guesses before it): block[j] holds the drafter's best candidates for
+    # the token j + 1 places after the root, best first. Every position the drafter filled, the ones
+    # the budget pruned from the tree too. () for drafters that grow level by level, and where the
+    # session was not asked for it (Session.report_blocks: the top-k costs a pass over the block)
+    block: tuple[tuple[Candidate, ...], ...] = ()
 
     @property
     def accepted_len(self) -> int:
@@ -166,6 +181,8 @@ def event_to_dict(event: Event) -> dict[str, Any]:
     data = asdict(event)
     if isinstance(event, Step):
         data["tree"] = event.tree.to_dict()
+        if not event.block:  # most steps: a trace line stays as it was
+            del data["block"]
     return data
 
 
@@ -188,6 +205,7 @@ def event_from_dict(data: dict[str, Any]) -> Event:
         payload["accepted"] = tuple(payload.get("accepted", ()))
         payload["committed"] = tuple(CommittedToken(**c) for c in payload.get("committed", ()))
         payload["timing"] = StepTiming(**payload.get("timing", {}))
+        payload["block"] = tuple(tuple(Candidate(**c) for c in row) for row in payload.get("block", ()))
         payload["stats"] = _stats(payload.get("stats", {}))
         payoff = payload.get("payoff")
         payload["payoff"] = DraftPayoff(**payoff) if isinstance(payoff, dict) else payoff

@@ -78,6 +78,9 @@ class MethodSpec:
     # "module:attribute" of the drafter class of a method that takes no draft (the session's defaults)
     drafter: str = ""
     draft_probs: bool = True  # its drafts carry the drafter's probabilities (n-gram's do not)
+    # its drafter fills a whole block in one forward, every position at once (each blind to the guesses
+    # before it), so its steps can show each position's candidates (Step.block): the tree panel, teaching
+    block: bool = False
     sglang: str | None = None  # --speculative-algorithm value; None: SGLang has no such algorithm
     vllm: str | None = None  # speculative_config "method"; None: vLLM has none
     llamacpp: str | None = None  # llama.cpp's --spec-type value; None: llama.cpp has none

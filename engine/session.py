@@ -81,6 +81,15 @@ class Session:
                               drafters=self._drafters, picker=self._picker, budgets=self._costs, threads=threads,
                               cancel=self._cancel, take_pending=self._take_pending)
 
+    def report_blocks(self, candidates: int) -> None:
+        """From the next step on, a step drafted as a block in one pass (a block drafter) carries its
+        ``candidates`` best guesses at every position (Step.block; 0: none, the default). The app asks
+        for them (its tree panel and teaching mode show them); bench and generate do not, so they do
+        not pay for a top-k over the block's rows."""
+        if candidates < 0:
+            raise ValueError("candidates must be >= 0")
+        self._loop.block_candidates = candidates
+
     # -- settings ---------------------------------------------------------------------------------
     @property
     def config(self) -> SpecConfig:

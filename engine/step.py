@@ -25,6 +25,7 @@ next lives in one :class:`AnswerState`; what outlives an answer lives in the ses
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 import time
 from collections.abc import Callable, Generator, Iterator
@@ -42,6 +43,7 @@ from engine.drafters.base import Drafter, NoDrafter
 from engine.drafters.tree_search import cancellable
 from engine.drafting import Drafters
 from engine.events import (
+    Candidate,
     CommittedToken,
     ConfigApplied,
     Event,
@@ -107,6 +109,8 @@ class SpecLoop:
         self.threads = threads
         self.cancel = cancel
         self.take_pending = take_pending
+        # candidates per position a Step reports of a block drafted in one pass (Step.block); 0: none
+        self.block_candidates = 0
 
     # -- the answer --------------------------------------------------------------------------------
     def run(self, prompt: list[int], override: SpecConfig | None, dropped_turns: int, model_name: str
@@ -282,14 +286,26 @@ class SpecLoop:
         text = "".join(c.text for c in committed)
         answer.text.append(text)
         tree = answer.tree
+        block = self.block_guesses(tree)
+        if tree.block is not None:  # the event carries its rows as data: the drafter's tensor stays here
+            tree = dataclasses.replace(tree, block=None)
         step = Step(index=answer.index, tree=tree, tree_text=tuple(self.tokenizer.piece(t) for t in tree.tokens),
                     accepted=answer.verdict.accepted, bonus=answer.verdict.bonus, committed=tuple(committed),
                     text=text, timing=answer.timing, stats=answer.tally.snapshot(),
                     config_version=self.drafters.version, proposed=answer.proposed,
                     draft_paused=not answer.drafted, draft_levels=answer.levels, draft_width=answer.width,
-                    payoff=answer.budget.payoff)
+                    payoff=answer.budget.payoff, block=block)
         answer.index += 1
         return step
+
+    def block_guesses(self, tree: DraftTree) -> tuple[tuple[Candidate, ...], ...]:
+        """Every position of the block ``tree`` was drafted from, its best candidates with their text,
+        when the session was asked for them (Session.report_blocks) and the drafter drafted a block."""
+        if not self.block_candidates or tree.block is None:
+            return ()
+        piece = self.tokenizer.piece
+        return tuple(tuple(Candidate(t, piece(t), round(p, 6)) for t, p in row)
+                     for row in tree.block.top(self.block_candidates))
 
 
 def refused(message: str) -> Iterator[Event]:

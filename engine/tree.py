@@ -11,9 +11,19 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import torch
+
+
+class BlockRows(Protocol):
+    """A block drafted in one pass, position by position: what a block drafter keeps of its
+    one forward so the step's event can show every position's guesses (engine/step.py asks for them
+    only where a consumer wants them: a top-k is a pass over the block's rows)."""
+
+    def top(self, k: int) -> list[list[tuple[int, float]]]:
+        """Per position after the root (row j: the token j + 1 places after it), the ``k`` most likely
+        target ids with their probabilities, best first."""
 
 
 @dataclass(frozen=True)
@@ -32,6 +42,9 @@ class DraftTree:
 
     ``source`` names where a drafter with several sources took this tree from ("corpus": the
     n-gram drafter's corpus of the model's own answers; "" otherwise), for the UI.
+
+    ``block``, where present, is the block a block drafter filled in one pass (its per-position
+    distributions, :class:`BlockRows`), which the tree was made from; pruning keeps it whole.
     """
 
     tokens: tuple[int, ...]
@@ -41,6 +54,7 @@ class DraftTree:
     proposals: Mapping[int, torch.Tensor] | None = field(default=None, compare=False, repr=False)
     has_probs: bool = field(default=True, compare=False)  # metadata: equal trees stay equal
     source: str = field(default="", compare=False)
+    block: BlockRows | None = field(default=None, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         n = len(self.tokens)

@@ -19,6 +19,8 @@ if TYPE_CHECKING:
 
 # the method used when the user names none (the loader may know better; see the report to issue 3)
 DEFAULT_METHOD = "ngram"
+# guesses per position the app shows of a block drafted in one pass (the tree panel, teaching mode)
+BLOCK_CANDIDATES = 3
 
 
 def config_from_args(options: RunOptions, default_method: str | None = DEFAULT_METHOD) -> SpecConfig:
@@ -68,8 +70,10 @@ class SessionLoader:
     def __call__(self, progress):
         from engine.loader import load_session  # imported where the model lives
 
-        return load_session(self.model, self.config, progress=progress, dtype=self.dtype, device=self.device,
-                            **self.options)
+        session = load_session(self.model, self.config, progress=progress, dtype=self.dtype, device=self.device,
+                               **self.options)
+        session.report_blocks(BLOCK_CANDIDATES)  # the app shows a block's every position; bench never pays for it
+        return session
 
 
 def _real_factory(options: RunOptions, config: SpecConfig) -> SessionLoader:

@@ -130,6 +130,38 @@ async def scenario_settings(size: tuple[int, int] = SIZE, theme: str = "light") 
         return await settled_screenshot(pilot, "specchat · settings")
 
 
+def block_method() -> str:
+    """The first registered method whose drafter fills a block in one pass (its registration says)."""
+    from engine import methods
+
+    return next(m.name for m in methods.all_methods() if m.block)
+
+
+async def scenario_block(size: tuple[int, int] = SIZE, theme: str = "dark", teach: bool = False) -> str:
+    """A scripted answer of a block drafter, the tree panel browsed back to a block with accepted and
+    refused positions (at a narrow size F6 stacks the panels under the chat); ``teach``: teaching mode
+    paused on the fourth step instead."""
+    config = CONFIG.replace(method=block_method(), num_draft_tokens=8)
+    app = make_app(make_session(config=config), ui=ui_settings(theme=theme, save_sessions=False), teach=teach)
+    async with app.run_test(size=size) as pilot:
+        await wait_loaded(pilot)
+        app.submit_prompt("What is speculative decoding?")
+        tree = app.chat_screen.tree
+        if teach:
+            for n in range(1, 5):
+                await wait_until(pilot, lambda n=n: app.gate_waiting and len(tree.history) == n, what=f"step {n}")
+                if n < 4:
+                    await pilot.press("f8")
+            return await settled_screenshot(pilot, "specchat · teaching a block")
+        await wait_idle(pilot)
+        entries = list(tree.history)
+        best = max(range(len(entries)), key=lambda i: (bool(entries[i].step.rejected), entries[i].step.accepted_len))
+        tree.browse(best - (len(entries) - 1))
+        if size[0] < 100:
+            await pilot.press("f6")
+        return await settled_screenshot(pilot, "specchat · a block drafted in one pass")
+
+
 def cut_answers(config: SpecConfig = CONFIG) -> list[list]:
     """The demo answers as an engine with the adaptive budget reports them: the drafter proposed a
     full tree of ``num_draft_tokens`` and the budget verified the scripted (smaller) tree."""

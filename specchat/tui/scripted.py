@@ -26,6 +26,7 @@ from typing import Any
 from engine.answer_stats import RunningTally
 from engine.config import ConfigError, SpecConfig
 from engine.events import (
+    Candidate,
     CommittedToken,
     ConfigApplied,
     Event,
@@ -75,6 +76,37 @@ def _draft_probs(method: str) -> bool:
 
     spec = get(method)
     return spec is None or spec.draft_probs
+
+
+def _drafts_a_block(method: str) -> bool:
+    """Whether ``method``'s drafter fills a block in one pass (its registration says)."""
+    from engine.methods import get
+
+    spec = get(method)
+    return spec is not None and spec.block
+
+
+Rows = tuple[tuple[Candidate, ...], ...]
+
+
+def _block_rows(rng: random.Random, texts: list[str], truth: str, refused: int) -> tuple[list[float], Rows]:
+    """A block drafter's chain (``texts``: root first) as its one pass saw it: each position's guess
+    with two others, the confidence falling along the block; at the refused position the true piece
+    (depth ``refused``) is sometimes the drafter's second guess. Returns the chain's probabilities
+    (root first) and the rows."""
+    probs = [1.0]
+    rows = []
+    for depth, text in enumerate(texts[1:], start=1):
+        p = round(0.92 * 0.82 ** (depth - 1) * rng.uniform(0.85, 1.0), 4)
+        probs.append(p)
+        others = [d for d in _DECOYS if d not in (text, truth)]
+        rng.shuffle(others)
+        second = truth if depth == refused and truth and truth != text and rng.random() < 0.6 else others.pop()
+        q = round(min(0.9 * p, (1 - p) * rng.uniform(0.3, 0.7)), 4)  # the rest of the probability, shared
+        r = round(min(q, 1 - p - q) * rng.uniform(0.3, 0.8), 4)
+        rows.append((Candidate(token_id(text), text, p), Candidate(token_id(second), second, q),
+                     Candidate(token_id(others[0]), others[0], r)))
+    return probs, tuple(rows)
 
 
 def _split_multibyte(pieces: list[str]) -> list[str]:
@@ -133,9 +165,11 @@ def synthetic_answer(
             config = hot_swap[1]
             version += 1
             events.append(ConfigApplied(version=version, config=config.to_dict()))
-        depth_cap = max(1, config.num_steps)
-        topk = max(1, config.eagle_topk)
+        block = _drafts_a_block(config.method)
         budget = max(1, config.num_draft_tokens - 1)
+        # a block drafter's chain fills the block (its num_steps and top-k do not act on it)
+        depth_cap = budget if block else max(1, config.num_steps)
+        topk = 1 if block else max(1, config.eagle_topk)
         remaining = len(pieces) - pos
         # how many drafts the target will accept this step (0 .. depth_cap), biased towards 1..3
         accept = min(rng.choice((0, 1, 1, 2, 2, 3, 3, 4, 5, 5)), depth_cap, budget, remaining - 1)
@@ -150,6 +184,10 @@ def synthetic_answer(
         has_probs = _draft_probs(config.method)
         if not has_probs:
             probs = [1.0] * len(probs)  # n-gram lookup has no distribution (DraftTree docs)
+        rows: Rows = ()
+        if block:
+            probs, rows = _block_rows(rng, texts, pieces[pos + accept] if pos + accept < len(pieces) else "",
+                                      accept + 1)
         tree = DraftTree(tuple(tokens), tuple(parents), tuple(probs), has_probs=has_probs)
         timing = StepTiming(
             draft_ms=round(draft_ms * (0.6 + 0.1 * tree.num_drafts) * rng.uniform(0.9, 1.1), 3),
@@ -169,6 +207,7 @@ def synthetic_answer(
                 timing=timing,
                 stats=running,
                 config_version=version,
+                block=rows,
             )
         )
         root, root_text = committed[-1].id, committed[-1].text

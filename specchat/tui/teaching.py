@@ -25,7 +25,8 @@ def draft_sources() -> dict[str, str]:
 COMPARE_DEPTHS = (
     "The table gives each method's accepted share at depth 1, 2, 3...: of the steps whose tree reached that "
     "depth, how many kept a drafted token there. Medusa's heads guess every position at once from one hidden "
-    "state, each blind to the tokens before its position, so its share falls quickly with depth; EAGLE's head "
+    "state, and a block drafter fills a whole block in one pass, each position blind to the tokens before it, "
+    "so their share falls quickly with depth; EAGLE's head "
     "drafts level by level on its own guesses and keeps the deep levels useful for longer. Each method's "
     "speed-up is against the baseline, run on the same prompt from the same cache state."
 )
@@ -80,11 +81,14 @@ def explain_step(step: Step, method: str = "", *, prompt_tokens: int = 0) -> str
         lines.append(f"the target produced one token the ordinary way, {_quote([own])} ({t.verify_ms:.1f} ms).")
         return " ".join(lines)
     who = f"The {method} drafter" if method and method != "none" else "The drafter"
-    shape = "a chain" if tree.is_chain else "a tree"
-    lines.append(
-        f"{who} proposed {shape} of {_plural(drafts, 'token')} over {_plural(tree.max_depth, 'level')} "
-        f"in {t.draft_ms:.1f} ms."
-    )
+    if step.block:
+        lines.append(_block_drafted(step, who))
+    else:
+        shape = "a chain" if tree.is_chain else "a tree"
+        lines.append(
+            f"{who} proposed {shape} of {_plural(drafts, 'token')} over {_plural(tree.max_depth, 'level')} "
+            f"in {t.draft_ms:.1f} ms."
+        )
     source = draft_source(method, tree)
     if source:
         lines.append(source[0].upper() + source[1:])
@@ -103,16 +107,60 @@ def explain_step(step: Step, method: str = "", *, prompt_tokens: int = 0) -> str
     elif rejected:
         lines.append(
             f"refused {', '.join('‹' + r + '›' for r in rejected)} at the next position, "
-            f"and put its own token {_quote([own])} there instead (a correction)."
+            f"and put its own token {_quote([own])} there instead (a correction{_ranked(step)})."
         )
     else:
         lines.append(f"and, the drafts having run out, added its own next token {_quote([own])} for free "
                      "(the bonus token).")
+    if step.block:
+        lines.append(_block_outcome(step))
     lines.append(
         f"Result: {_plural(n_commit, 'token')} for one target forward"
         + (f"; tau so far {step.stats.tau:.2f}." if step.stats.steps else ".")
     )
     return " ".join(lines)
+
+
+def _block_drafted(step: Step, who: str) -> str:
+    """How a block drafter's step began: every position filled in one forward (and the tree grown
+    from the positions' candidates, where it is one)."""
+    n, tree = len(step.block), step.tree
+    ms = f"{step.timing.draft_ms:.1f} ms"
+    if not tree.is_chain:
+        return (f"{who} filled a block of {_plural(n, 'position')} in one pass and grew a tree of "
+                f"{_plural(tree.num_drafts, 'token')} from each position's best guesses ({ms}).")
+    return f"{who} filled a block of {_plural(n, 'guess', 'guesses')} in one pass ({ms}): every position at once."
+
+
+def _block_outcome(step: Step) -> str:
+    """What this block shows: how many of its guesses the target kept, and how the drafter's
+    confidence fell along it (each position guessed blind to the ones before it)."""
+    n, kept = len(step.block), step.accepted_len
+    if kept == 0:
+        head = f"This block: {_plural(n, 'guess', 'guesses')} in one pass, none accepted."
+    elif kept == n:
+        head = f"This block: {_plural(n, 'guess', 'guesses')} in one pass, every one accepted."
+    else:
+        first = "only the first" if kept == 1 else f"the first {kept}"
+        head = f"This block: {_plural(n, 'guess', 'guesses')} in one pass, {first} accepted."
+    best = [row[0].prob for row in step.block if row]
+    if len(best) > 1 and best[-1] < best[0]:
+        head += (f" Its confidence went from {best[0]:.2f} at position 1 to {best[-1]:.2f} at position "
+                 f"{len(best)}.")
+    return head
+
+
+def _ranked(step: Step) -> str:
+    """``; the drafter's guess 2 there, 0.30`` where the target's token was among the block's
+    candidates at the refused position."""
+    kept = step.accepted_len
+    if not step.block or kept >= len(step.block):
+        return ""
+    rank = next((r for r, c in enumerate(step.block[kept]) if c.id == step.bonus), None)
+    if rank is None:
+        return ""
+    cand = step.block[kept][rank]
+    return f"; it was the drafter's guess {rank + 1} there, {cand.prob:.2f}"
 
 
 HELP_MARKDOWN = """\
@@ -150,6 +198,13 @@ runs autoregressively, feeding each guess back in, so its deep guesses know the 
 Compare them on your own prompt: `compare medusa,eagle3` in the palette (or
 `specchat run --compare medusa,eagle3`), then F3; the table under the panes shows the accepted
 share at each depth for both.
+
+**Block drafting** — a block drafter fills every position after the root in *one* forward pass:
+a few layers that read the target's own hidden states guess position 1, 2, 3... all at once. One
+pass for the whole block is what makes it cheap, and also why its later guesses land less often:
+each position is guessed without seeing the guesses before it. The tree panel then shows the
+block position by position, each with its best candidates and their probabilities; a tree grown
+from those candidates is drawn above them.
 
 **Prefill** — before the first step the target reads the whole prompt in one pass (in chunks for a
 long prompt; Esc stops it). That one-off cost produces the first token and is shown as its own step.

@@ -65,3 +65,14 @@ async def test_snapshot_teaching(tmp_path, size):
 @pytest.mark.parametrize("size", SIZES)
 async def test_snapshot_settings(tmp_path, size):
     check(f"settings-{size}", await screenshots.scenario_settings(size=SIZES[size]), tmp_path)
+
+
+@pytest.mark.parametrize("size", SIZES)
+async def test_snapshot_block(tmp_path, size):
+    """The tree panel's view of a block drafted in one pass (a block method of the registry, scripted)."""
+    check(f"block-{size}", await screenshots.scenario_block(size=SIZES[size]), tmp_path)
+
+
+async def test_snapshot_teaching_a_block(tmp_path):
+    check("teaching-block-120x40", await screenshots.scenario_block(size=(120, 40), theme="colourblind", teach=True),
+          tmp_path)

@@ -17,6 +17,7 @@ per-position top-k (DDTree) starts from.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -44,11 +45,22 @@ from engine.tree import DraftTree
 @dataclass(frozen=True)
 class BlockDraft:
     """What one block forward guessed: ``logp`` [rows, vocab] float32 log-probabilities over the
-    drafter's vocabulary (``DFlashRunner.to_target`` maps indices to target ids), row j for the
-    token j + 1 places after the anchor, which sits at ``position``."""
+    drafter's vocabulary (``vocab_ids`` maps indices to target ids; None: the target's own), row j
+    for the token j + 1 places after the anchor, which sits at ``position``. It is the tree's
+    ``block`` (engine/tree.py's BlockRows), so a step can show every position's guesses."""
 
     position: int
     logp: torch.Tensor
+    vocab_ids: torch.Tensor | None = None
+
+    def top(self, k: int) -> list[list[tuple[int, float]]]:
+        """Each row's ``k`` most likely target ids and their probabilities, best first (asked only
+        where a step's event should carry them: the UI's tree panel and teaching mode)."""
+        values, index = self.logp.topk(min(k, self.logp.shape[-1]), dim=-1)
+        if self.vocab_ids is not None:
+            index = self.vocab_ids[index.to(self.vocab_ids.device)]
+        return [list(zip(ids, probs, strict=True))
+                for ids, probs in zip(index.tolist(), values.exp().tolist(), strict=True)]
 
 
 class DFlashDrafter:
@@ -115,7 +127,7 @@ class DFlashDrafter:
 
         tree, _, _ = grow_tree(root, levels[0], expand, runner.to_target, num_steps=drafts, topk=1,
                                num_draft_tokens=drafts + 1, sampling=sampling, coupled=coupled)
-        return tree
+        return dataclasses.replace(tree, block=block)
 
     # -- the block -------------------------------------------------------------------------------
     def block(self, root: int, rows: int) -> BlockDraft:
@@ -129,7 +141,7 @@ class DFlashDrafter:
         features = None if not have else self._pending[0] if len(self._pending) == 1 else torch.cat(self._pending)
         hidden = self.runner.forward(features, self.cache, root)
         self._pending = []
-        self.last_block = BlockDraft(n, self.runner.log_probs(hidden[1: rows + 1]))
+        self.last_block = BlockDraft(n, self.runner.log_probs(hidden[1: rows + 1]), self.runner.vocab_ids)
         return self.last_block
 
     def _levels(self, logp: torch.Tensor, *, picked: bool) -> list[Level]:

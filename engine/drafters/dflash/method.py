@@ -18,7 +18,7 @@ DFLASH = MethodSpec(
     teaching="DFlash drafts a whole block in one pass: a small model that reads several of the target's layers "
              "fills every position after the last token at once. Each position is guessed without seeing the "
              "guesses before it, so the later positions are accepted less often; the numbers are its probabilities.",
-    knobs=("num_draft_tokens",), features="layers",
+    knobs=("num_draft_tokens",), features="layers", block=True,
     draft=DraftSpec(f"{_HERE}.drafter:load_drafter", claims=f"{_HERE}.checkpoint:is_dflash_config",
                     read=f"{_HERE}.checkpoint:read_dflash"),
     sglang="DFLASH", vllm="dflash", llamacpp="draft-dflash",

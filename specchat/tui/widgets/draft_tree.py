@@ -28,6 +28,7 @@ from textual.widgets import Static
 
 from engine.events import Step
 from specchat.tui.token_text import visible
+from specchat.tui.widgets.block_view import Line, block_lines, block_shape
 from specchat.tui.widgets.repaint import StickyHeight, repaint, update_static
 
 NodeState = str  # "root" | "accepted" | "rejected" | "unreached"
@@ -77,20 +78,41 @@ class DraftTreeView(StickyHeight):
         if step is None:
             self.lines = []
             return Content("no step yet", [Span(0, 11, ".tree--unreached")])
+        lines = self._block(step) if step.block and step.tree.is_chain else self._tree(step)
+        if step.block and not step.tree.is_chain:  # a tree grown from a block: the block under it
+            lines += [[("", "")], [("the block, position by position:", ".tree--prob")], *self._block(step, own=False)]
+        return self._content(lines)
+
+    def _own(self, step: Step) -> tuple[str, str]:
+        """The target's own token after the accepted path: its text, and "correction" where it refused
+        the drafts at that position or "bonus" where the drafts ran out."""
+        last = step.accepted[-1] if step.accepted else 0
+        refused = any(p == last for p in step.tree.parents)
+        return (step.committed[-1].text if step.committed else "", "correction" if refused else "bonus")
+
+    def _root(self, step: Step) -> Line:
+        texts = step.tree_text
+        return [("", ""), (f"{self.GLYPH['root']} ‹{visible(texts[0]) if texts else '?'}›", ".tree--root")]
+
+    def _block(self, step: Step, own: bool = True) -> list[Line]:
+        """The block drafted in one pass, one row per position (widgets/block_view.py); with ``own``,
+        the root first and the target's token after the position it took."""
+        text, kind = self._own(step)
+        mine = (text, kind, step.bonus) if own and step.committed else None
+        rows = block_lines(step, self.states, own=mine)
+        return [self._root(step), *rows] if own else rows
+
+    def _tree(self, step: Step) -> list[Line]:
         tree = step.tree
         texts = step.tree_text
         children = tree.children()
         last = step.accepted[-1] if step.accepted else 0
-        bonus_text = step.committed[-1].text if step.committed else ""
-        rows: list[tuple[str, str, str, str]] = []  # (guide, glyph+token, prob, state)
+        bonus_text, own = self._own(step)
+        has_probs = tree.has_probs
+        rows: list[Line] = [self._root(step)]
 
         def label(i: int) -> str:
             return f"‹{visible(texts[i]) if i < len(texts) else '?'}›"
-
-        # the target's own token: a "correction" where it refused the drafts at that position,
-        # a "bonus" where the drafts ran out (every draft on the path accepted, nothing deeper)
-        own = "correction" if children[last] else "bonus"
-        has_probs = tree.has_probs
 
         def walk(node: int, guide: str) -> None:
             kids: list[int | None] = list(children[node])
@@ -98,39 +120,35 @@ class DraftTreeView(StickyHeight):
                 kids.append(None)  # the target's token, drawn as the last child of the accepted path
             for n, kid in enumerate(kids):
                 end = n == len(kids) - 1
-                branch = "└─" if end else "├─"
+                branch = (guide + ("└─" if end else "├─"), ".tree--guide")
                 if kid is None:
-                    rows.append((guide + branch, f"{self.GLYPH['bonus']} ‹{visible(bonus_text)}›", own,
-                                 "bonus"))
+                    rows.append([branch, (f"{self.GLYPH['bonus']} ‹{visible(bonus_text)}›", ".tree--bonus"),
+                                 (f"  {own}", ".tree--prob")])
                     continue
                 state = self.states[kid]
-                rows.append((guide + branch, f"{self.GLYPH[state]} {label(kid)}",
-                             f"{tree.draft_probs[kid]:.2f}" if has_probs else "", state))
+                prob = f"  {tree.draft_probs[kid]:.2f}" if has_probs else ""
+                rows.append([branch, (f"{self.GLYPH[state]} {label(kid)}", f".tree--{state}"), (prob, ".tree--prob")])
                 walk(kid, guide + ("  " if end else "│ "))
 
-        rows.append(("", f"{self.GLYPH['root']} {label(0)}", "", "root"))
         walk(0, "")
+        return rows
 
+    def _content(self, rows: list[Line]) -> Content:
+        """The lines as one Content with a span per styled segment (``self.lines``: their plain text)."""
         parts: list[str] = []
         spans: list[Span] = []
-        lines: list[str] = []
         offset = 0
-        for guide, body, prob, state in rows:
-            segments = (
-                (guide, ".tree--guide"),
-                (body, f".tree--{state}"),
-                (f"  {prob}" if prob else "", ".tree--prob"),
-            )
+        for row in rows:
             line = ""
-            for text, style in segments:
+            for text, style in row:
                 if text:
-                    spans.append(Span(offset, offset + len(text), style))
+                    if style:
+                        spans.append(Span(offset, offset + len(text), style))
                     offset += len(text)
                     line += text
-            lines.append(line)
             parts.append(line)
             offset += 1  # the newline
-        self.lines = lines
+        self.lines = parts
         return Content("\n".join(parts), spans, strip_control_codes=False)
 
 
@@ -252,8 +270,9 @@ class DraftTreePanel(Vertical, can_focus=True):
                 where = (f"◀ {back} step{'s' if back != 1 else ''} back · End: live", "italic")
             what = "prefill" if step.index == 0 else f"step {step.index}"
             drafts = step.tree.num_drafts
-            shape = (f"{drafts} draft{'s' if drafts != 1 else ''} · depth {step.tree.max_depth}"
-                     if not step.draft_paused else "drafting paused")
+            shape = block_shape(step) if step.block else (
+                f"{drafts} draft{'s' if drafts != 1 else ''} · depth {step.tree.max_depth}"
+                if not step.draft_paused else "drafting paused")
             # the n-gram drafter's other source, last: the line may wrap in a narrow panel
             origin = " · from past answers" if step.tree.source == "corpus" and drafts else ""
             update_static(title, Content.assemble(

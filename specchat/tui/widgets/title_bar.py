@@ -7,10 +7,12 @@ from typing import ClassVar
 from textual.content import Content
 from textual.widgets import Static
 
-from engine.config import SpecConfig
+from engine.config import SpecConfig, method_knobs
 from specchat.tui.app_status import AppStatus
 from specchat.tui.settings_schema import format_value
 from specchat.tui.widgets.repaint import update_static
+
+_TREE_KNOBS = (("num_steps", "steps"), ("eagle_topk", "topk"), ("num_draft_tokens", "tokens"))
 
 
 def config_summary(cfg: SpecConfig) -> str:
@@ -19,8 +21,10 @@ def config_summary(cfg: SpecConfig) -> str:
     elif cfg.method == "ngram":
         knobs = (f"ngram · window {cfg.ngram_min_match_window_size}-{cfg.ngram_max_match_window_size} "
                  f"· tokens {cfg.num_draft_tokens}")
-    else:
-        knobs = f"{cfg.method} · steps {cfg.num_steps} · topk {cfg.eagle_topk} · tokens {cfg.num_draft_tokens}"
+    else:  # the tree knobs the method reads (a block drafter reads the tree size only)
+        reads = method_knobs(cfg.method)
+        knobs = " · ".join([cfg.method, *(f"{label} {getattr(cfg, name)}" for name, label in _TREE_KNOBS
+                                          if name in reads)])
     # the sampling scheme only where it differs from the default (coupled: the baseline's sample)
     scheme = " rejection" if cfg.sampling == "rejection" else ""
     sampling = "greedy" if cfg.greedy else f"T {cfg.temperature:g} top-p {cfg.top_p:g}{scheme}"

@@ -149,11 +149,12 @@ class SpecConfig:
         that act on the method and that SGLang has (engine/knobs.py names its flags)."""
         if self.method == "none":
             return []
-        algorithm = methods.get(self.method).sglang  # type: ignore[union-attr]  # validated
-        if algorithm is None:  # SGLang has no such algorithm (Medusa; vLLM has: specchat/export.py says so)
+        spec = methods.get(self.method)
+        if spec is None or spec.sglang is None:  # SGLang has no such algorithm (Medusa; vLLM has: export says so)
             raise KeyError(self.method)
-        args = [f"{KNOBS['method'].sglang} {algorithm}"]
-        return args + [f"{KNOBS[n].sglang} {getattr(self, n)}" for n in method_knobs(self.method) if KNOBS[n].sglang]
+        args = [f"{KNOBS['method'].sglang} {spec.sglang}"]
+        knobs = spec.knobs if spec.sglang_knobs is None else spec.sglang_knobs
+        return args + [f"{KNOBS[n].sglang} {getattr(self, n)}" for n in knobs if KNOBS[n].sglang]
 
 
 def _not_below(name: str, value: int, other: str, low: int) -> None:

@@ -84,6 +84,9 @@ class MethodSpec:
     llamacpp_note: str = ""  # what a llama-server line of it must say ("": nothing of its own)
     # what an SGLang line cannot carry over of these settings (SpecConfig -> notes)
     sglang_notes: Callable[[Any], list[str]] | None = None
+    # the knobs its SGLang algorithm takes (None: every knob of ``knobs`` SGLang has a flag for); a
+    # knob left out is specchat's own for this method (a block drafter's tree width, where SGLang verifies chains)
+    sglang_knobs: tuple[str, ...] | None = None
     # vLLM's speculative_config fields after "method" for these settings (config, draft, notes) ->
     # dict; None: the draft-chain form (model, num_speculative_tokens = num_steps), specchat/export.py
     vllm_config: Callable[[Any, str | None, list[str]], dict[str, Any]] | None = None

@@ -98,8 +98,9 @@ class SpecConfig:
         for knob in KNOBS.values():
             knob.check(getattr(self, knob.name))
         drafts = self.num_draft_tokens - 1
-        if "eagle_topk" in method_knobs(self.method) and self.eagle_topk > drafts:
-            # a wider level could not be kept, yet each further level would score topk² candidates
+        if methods.is_tree(self.method) and self.eagle_topk > drafts:
+            # a wider level could not be kept, yet each further level would score topk² candidates (a
+            # block drafter's tree scores no levels: a width past its node budget is never reached)
             raise ConfigError(f"eagle_topk={self.eagle_topk} is more than the tree holds: num_draft_tokens="
                               f"{self.num_draft_tokens} leaves room for {drafts} drafts; use eagle_topk {drafts} "
                               "or less, or raise num_draft_tokens")

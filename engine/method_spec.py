@@ -106,3 +106,10 @@ class MethodSpec:
     @property
     def takes_draft(self) -> bool:
         return self.draft is not None
+
+    @property
+    def one_pass_tree(self) -> bool:
+        """It reads the tree width but grows no levels: its tree is searched over what one drafter
+        forward gave (a block drafter's DDTree), so the adaptive budget chooses chain or tree for it
+        (engine/adaptive.py, WidthChoice), never a depth to save forwards."""
+        return not self.tree and "eagle_topk" in self.knobs

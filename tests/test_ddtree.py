@@ -215,3 +215,22 @@ def test_the_block_keeps_each_positions_candidates_for_the_app() -> None:
     values, index = block.logp.topk(3, dim=-1)
     assert offers.ids == index.tolist() and offers.logp == values.tolist()
     assert torch.all(values[:, :-1] >= values[:, 1:])
+
+
+def test_the_budget_chooses_chain_or_tree_and_prunes_what_one_forward_gave() -> None:
+    """With the adaptive budget a DDTree method is asked for the configured width or a chain (its
+    WidthChoice, as for EAGLE's trees: both measured first, the tree first), never for levels, and
+    verifies a subtree of what the one forward proposed; a step at width 1 is the chain."""
+    config = SpecConfig(method="dflash", eagle_topk=3, num_draft_tokens=12, max_new_tokens=60)
+    before = bundle("z-lab", VOCAB, 8).factory().runner.forwards
+    steps, drafter, proposed = _steps(config)
+    drafted = [s for s in steps[1:] if not s.draft_paused]
+    assert drafted and drafter.runner.forwards - before == len(proposed) == len(drafted)
+    assert {s.draft_width for s in drafted} <= {1, 3} and drafted[0].draft_width == 3
+    assert all(s.draft_levels == 0 for s in steps)
+    for step, tree in zip(drafted, proposed, strict=True):
+        assert len(step.tree) <= len(tree) and step.proposed == len(tree)
+        assert set(step.tree.tokens) <= set(tree.tokens)
+        if step.draft_width == 1:
+            assert tree.is_chain
+    assert tokens_of_steps(steps) == plain(VOCAB, config, [3, 4, 5, 6])

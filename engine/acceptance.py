@@ -118,6 +118,19 @@ def first_children(tree: DraftTree) -> dict[int, int]:
     return first
 
 
+def first_child_run(tree: DraftTree, accepted: tuple[int, ...]) -> tuple[int, int]:
+    """The chain inside a verified tree, the one a top-1 drafter grows (each node's first child, its
+    likeliest): (drafts kept along it, drafts tried on it: the kept ones, and the first refused one
+    where the chain went on past the last kept)."""
+    first = first_children(tree)
+    kept, node = 0, 0
+    for i in accepted:
+        if first.get(node) != i:
+            break
+        kept, node = kept + 1, i
+    return kept, kept + (node in first)
+
+
 def contested_children(tree: DraftTree) -> frozenset[int]:
     """First children whose parent has other children too, for a drafter without probabilities
     (a drafter that gives its own is judged by them: none are contested)."""

@@ -28,6 +28,12 @@ starts landing again is back within a pause. For a drafter that pays a forward p
 a weak EAGLE-3 head drafts one level in ~2 ms instead of five in ~9 ms, since deeper levels would
 mostly be pruned or rejected anyway).
 
+The budget also reckons, from the same prices, whether the drafter can pay on this machine at all
+(:meth:`DraftBudget.reckon_payoff`, engine/payoff.py: the acceptance per token a chain would need,
+against the one it reaches); where it cannot, the gate's pauses grow longer, and the Step events
+say why, for bench and the TUI. A paused step is a plain step: the drafters catch up when
+drafting resumes.
+
 Pruning a tree to a subtree that contains the root never changes what greedy verification
 outputs, and keeps the target distribution under sampling: this is a speed choice only.
 """
@@ -39,9 +45,11 @@ import statistics
 from collections import deque
 from dataclasses import dataclass, field
 
-from engine.acceptance import AcceptanceModel, ConfidenceModel, contested_children, first_children
+from engine.acceptance import AcceptanceModel, ConfidenceModel, contested_children, first_child_run
 from engine.costs import CostModel, LevelCost
 from engine.drafters.tree_search import Candidates, StopRule
+from engine.events import DraftPayoff
+from engine.payoff import chain_step_ms, draft_payoff
 from engine.tree import DraftTree
 
 _GATE_WINDOW = 32  # drafted steps the gate judges together (a ratio of sums)
@@ -56,6 +64,11 @@ _GATE_MARGIN = 1.0  # drafting must keep at least this share of plain decoding's
 _DEPTH_TIE = 0.03
 _CHEAP_DRAFT = 0.05  # drafting cheaper than this share of a plain step is never paused
 _MIN_PAUSE, _MAX_PAUSE = 4, 128  # steps without drafting after a losing drafted step
+# the longest pause while the cost model also says the drafter cannot pay at the acceptance it reaches
+# (DraftGate.cannot_pay says why)
+_HOPELESS_PAUSE = 1024
+_REACHED_WINDOW = 64  # drafted steps the acceptance a drafter reached is read over (engine/payoff.py)
+_PAYOFF_EVERY = 8  # judged drafted steps between two reckonings of the payoff (and at every pause)
 # drafted steps pruned to the root alone in a row before the likeliest draft is verified anyway
 # (DraftBudget.prune says why); a 2-node verify costs 0.1-0.4 of a step here, so ~1-2% at worst
 _EXPLORE = 16
@@ -257,6 +270,16 @@ class DraftGate:
         self.settling = True
         return True
 
+    def cannot_pay(self) -> None:
+        """The pause just taken was also the cost model's verdict (engine/payoff.py: the acceptance this
+        drafter reaches is below what its costs need): the pauses go on doubling past ``_MAX_PAUSE``,
+        to ``_HOPELESS_PAUSE``. Why: each retry drafts a probe of ``_GATE_PROBE`` + 1 steps that lose,
+        and pays the drafter's catch-up over the paused tokens (a draft model reads them in one
+        forward), so a drafter that cannot pay on this machine, retried after every 128 paused steps,
+        drafted 9 of every 137 steps for nothing (at 1024, 9 of 1033); one that reaches its needed
+        acceptance is retried as before."""
+        self.next_pause = min(_HOPELESS_PAUSE, 2 * self.pause)
+
 
 class DraftBudget:
     """Chooses whether to draft (:class:`DraftGate`) and how much of each proposed tree to verify."""
@@ -277,6 +300,13 @@ class DraftBudget:
         self.width = WidthChoice()
         self._bare = 0  # drafted steps pruned to the root alone in a row
         self.plain: deque[float] = deque(maxlen=_PLAIN_WINDOW)  # the last undrafted steps' ms
+        # whether drafting can pay here (engine/payoff.py), reckoned now and then while it drafts
+        self.payoff: DraftPayoff | None = None
+        self._trials: deque[tuple[int, int]] = deque(maxlen=_REACHED_WINDOW)  # (kept, tried) per drafted step
+        self._drafting: deque[float] = deque(maxlen=_GATE_WINDOW)  # judged steps' drafting ms (lookups' price)
+        self._max_levels = 0  # the most levels asked of a drafter that pays per level (draft_depth)
+        self._deepest = 0  # the deepest proposal of a drafter that does not
+        self._since_payoff = 0
 
     @property
     def draft_cost(self) -> LevelCost:
@@ -311,6 +341,7 @@ class DraftBudget:
         prompts, EAGLE-3): 1.184x -> 1.232x (calibration as measured) and 1.267x -> 1.323x (forced
         steep), levels asked 1.4-1.6 -> 2.0-2.1; a static chain of 2 gave 1.250x in the first run.
         """
+        self._max_levels = max_levels
         if max_levels <= 1 or not self.draft_cost.ms or self.cost.estimate(1) is None:
             return max_levels
         rates = []
@@ -318,10 +349,34 @@ class DraftBudget:
         for depth in range(1, max_levels + 1):
             path *= self.drafted.get(depth, True)
             expected += path
-            ms = self.draft_cost.estimate(depth) + self.cost.estimate(depth + 1)  # type: ignore[operator]
-            rates.append(expected / ms)
+            rates.append(expected / chain_step_ms(self.draft_cost.estimate, self.cost.estimate, depth))  # type: ignore[arg-type]
         best = max(rates)
         return max(depth for depth, rate in enumerate(rates, start=1) if rate >= (1.0 - _DEPTH_TIE) * best)
+
+    def reached(self) -> float | None:
+        """The acceptance per draft of the last drafted steps' chains (engine/payoff.py); None until
+        ``_GATE_PROBE`` drafts were tried."""
+        kept, tried = sum(k for k, _ in self._trials), sum(t for _, t in self._trials)
+        return kept / tried if tried >= _GATE_PROBE else None
+
+    def reckon_payoff(self) -> DraftPayoff | None:
+        """Whether drafting can pay here at the acceptance reached (engine/payoff.py), from the verify
+        curve and the drafter's own measured cost: a chain's level line where levels were timed (a
+        tree's where chains were not: dearer, so never a false "pays"), else the judged steps' mean
+        drafting time (a lookup's costs the same at any length). None before both are measured."""
+        plain, reached = self._plain_ms(), self.reached()
+        if plain is None or reached is None or self.cost.estimate(1) is None:
+            return None
+        line = next((c for c in (self.draft_costs.get(1), self.draft_costs.get(self.width.current))
+                     if c is not None and c.line() is not None), None)
+        if line is not None:
+            return draft_payoff(plain, line.estimate, self.cost.estimate, reached,  # type: ignore[arg-type]
+                                self._max_levels or 1)
+        if not self._drafting:
+            return None
+        flat = statistics.fmean(self._drafting)
+        return draft_payoff(plain, lambda _: flat, self.cost.estimate, reached,  # type: ignore[arg-type]
+                            max(self._deepest, 1))
 
     def stop_rule(self) -> StopRule | None:
         """For a drafter that pays per level: stop growing once the next level is worth less than it
@@ -356,6 +411,7 @@ class DraftBudget:
         self._proposed = (tree, None, contested)
         if len(tree) == 1:
             return tree
+        self._deepest = max(self._deepest, tree.max_depth)
         # path probability of each node = product of conditional acceptances along its path: by the
         # drafter's own probability where it gives one (a head knows which of its drafts are shaky),
         # else by depth and rank
@@ -414,13 +470,24 @@ class DraftBudget:
             self.confidence.observe(tree, accepted)
         if draft_ms is None:
             self.plain.append(verify_ms)
-        else:
-            judged = self.gate.observe(len(accepted) + 1, draft_ms, verify_ms, self._plain_ms())
-            if levels and judged:  # a settling step's catch-up is not the price of its levels
-                self.draft_cost.observe(levels, draft_ms)
-            if width and judged:
-                chain = self._own_chain(tree, accepted, draft_ms, verify_ms, levels) if width > 1 else None
-                self.width.observe(width, len(accepted) + 1, draft_ms, verify_ms, chain)
+            return
+        self._trials.append(first_child_run(tree, accepted))
+        judged = self.gate.observe(len(accepted) + 1, draft_ms, verify_ms, self._plain_ms())
+        if not judged:  # a settling step's catch-up is not the price of its levels
+            return
+        self._drafting.append(draft_ms)
+        if levels:
+            self.draft_cost.observe(levels, draft_ms)
+        if width:
+            chain = self._own_chain(tree, accepted, draft_ms, verify_ms, levels) if width > 1 else None
+            self.width.observe(width, len(accepted) + 1, draft_ms, verify_ms, chain)
+        self._since_payoff += 1
+        paused = self.gate.pause > 0  # this step's verdict was a pause
+        if paused or self._since_payoff >= _PAYOFF_EVERY:
+            self._since_payoff = 0
+            self.payoff = self.reckon_payoff()
+            if paused and self.payoff is not None and not self.payoff.pays:
+                self.gate.cannot_pay()
 
     def _own_chain(self, tree: DraftTree, accepted: tuple[int, ...], draft_ms: float, verify_ms: float,
                    levels: int) -> tuple[int, float, float]:
@@ -428,12 +495,7 @@ class DraftBudget:
         accepted nodes while each is its parent's first child (siblings are in rank order), for
         the chain's drafting cost of the same levels (the tree's own where chains have not been
         timed) and the verify curve's price of levels + 1 nodes at this step's speed."""
-        first = first_children(tree)
-        tokens = 1
-        for i in accepted:
-            if first.get(tree.parents[i]) != i:
-                break
-            tokens += 1
+        tokens = 1 + first_child_run(tree, accepted)[0]
         chain_cost = self.draft_costs.get(1)
         chain_draft = chain_cost.estimate(levels) if chain_cost is not None and levels else None
         tree_price, chain_price = self.cost.estimate(len(tree)), self.cost.estimate(levels + 1)

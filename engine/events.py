@@ -86,6 +86,23 @@ class PrefillProgress:
 
 
 @dataclass(frozen=True)
+class DraftPayoff:
+    """Whether drafting can pay on this machine, in the adaptive budget's prices (engine/payoff.py
+    derives it): what drafting one level costs against a plain target step, the acceptance per draft
+    a chain would need for a drafted step to commit tokens faster than a plain step, and the
+    acceptance the drafter's verified chains reached lately."""
+
+    draft_share: float = 0.0  # drafting a chain of one draft, over a plain step's time
+    needed: float | None = None  # acceptance per draft that pays at the best chain length; None: none below 1 does
+    depth: int = 0  # that chain length (0: none pays)
+    reached: float = 0.0  # acceptance per draft of its verified chains lately (kept / tried)
+
+    @property
+    def pays(self) -> bool:
+        return self.needed is not None and self.reached >= self.needed
+
+
+@dataclass(frozen=True)
 class Step:
     """One speculative step: draft a tree, verify it with one target forward, commit."""
 
@@ -108,6 +125,9 @@ class Step:
     # top-k the adaptive budget drafted such a drafter with: the configured eagle_topk (a tree) or 1
     # (a chain), whichever has been paying more (engine/adaptive.py); 0 for other drafters
     draft_width: int = 0
+    # the adaptive budget's reckoning of whether drafting can pay here (refreshed now and then while it
+    # drafts, kept while paused); None before it has measured enough, and for the baseline
+    payoff: DraftPayoff | None = None
 
     @property
     def accepted_len(self) -> int:
@@ -169,6 +189,8 @@ def event_from_dict(data: dict[str, Any]) -> Event:
         payload["committed"] = tuple(CommittedToken(**c) for c in payload.get("committed", ()))
         payload["timing"] = StepTiming(**payload.get("timing", {}))
         payload["stats"] = _stats(payload.get("stats", {}))
+        payoff = payload.get("payoff")
+        payload["payoff"] = DraftPayoff(**payoff) if isinstance(payoff, dict) else payoff
         return Step(**payload)
     raise ValueError(f"unknown event kind {kind!r}")
 

@@ -302,7 +302,8 @@ class SpecLoop:
                     accepted=answer.verdict.accepted, bonus=answer.verdict.bonus, committed=tuple(committed),
                     text=text, timing=answer.timing, stats=answer.tally.snapshot(),
                     config_version=self.drafters.version, proposed=answer.proposed,
-                    draft_paused=not answer.drafted, draft_levels=answer.levels, draft_width=answer.width)
+                    draft_paused=not answer.drafted, draft_levels=answer.levels, draft_width=answer.width,
+                    payoff=answer.budget.payoff)
         answer.index += 1
         return step
 

@@ -34,7 +34,16 @@ from specchat.bench_bandwidth import (
     weights_read_per_token,
 )
 from specchat.bench_plot import BENCH_PLOT, check_plot_path, write_bench_svg
-from specchat.bench_report import BENCH_JSON, Row, Run, StepSplit, machine_info, mode_parts, print_table
+from specchat.bench_report import (
+    BENCH_JSON,
+    Row,
+    Run,
+    StepSplit,
+    machine_info,
+    mode_parts,
+    print_payoffs,
+    print_table,
+)
 from specchat.bench_rounds import print_rounds, round_order, row_results
 from specchat.bench_warmup import capture_verify_graphs, graph_report, size_cache_for
 from specchat.llamacpp_tools import print_tg128
@@ -120,6 +129,7 @@ def run_bench(options: BenchOptions) -> int:
     if options.json_out:  # first: a stdout that fails (> /dev/full) does not lose the run's results
         BENCH_JSON.write_json(options.json_out, report)
     print_table(report)
+    print_payoffs(report)
     print_rounds(report)
     print_bandwidth(report)
     print_tg128(report)

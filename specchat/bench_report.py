@@ -99,6 +99,7 @@ class StepSplit:
     corpus_accepted: int = 0  # drafts accepted on those steps
     accepted: int = 0  # drafts accepted on all steps
     depths: Any = None  # engine.answer_stats.RunningTally: attempts and accepts per depth
+    payoff: Any = None  # engine.events.DraftPayoff: the budget's last word on whether drafting pays here
 
     def add(self, step: Any) -> None:
         from engine.answer_stats import RunningTally
@@ -118,6 +119,8 @@ class StepSplit:
         if self.depths is None:
             self.depths = RunningTally()
         self.depths.add_step(step.tree, step.accepted, 0, 0, step.timing)
+        if step.payoff is not None:
+            self.payoff = step.payoff
 
     def accept_by_depth(self) -> list[float]:
         """Of the steps whose tree reached depth d (d = 1, 2, ...), the share that accepted a draft there."""
@@ -139,7 +142,40 @@ class StepSplit:
             "corpus_draft_share": (round(self.corpus_accepted / self.accepted, 3)
                                    if self.corpus_steps and self.accepted else None),
             "accept_by_depth": self.accept_by_depth(),
+            "payoff": payoff_fields(self.payoff),
         }
+
+
+def payoff_fields(payoff: Any) -> dict[str, Any] | None:
+    """The budget's reckoning of whether drafting pays here (engine/payoff.py), as the JSON reports it."""
+    if payoff is None:
+        return None
+    needed = None if payoff.needed is None else round(payoff.needed, 3)
+    return {"draft_share": round(payoff.draft_share, 3), "needed": needed, "depth": payoff.depth,
+            "reached": round(payoff.reached, 3), "pays": payoff.pays}
+
+
+def cannot_pay_line(method: str, payoff: dict[str, Any] | None) -> str | None:
+    """One line for a row whose drafter cannot pay on this machine, saying why in the cost model's
+    terms (engine/payoff.py); None for a row that pays or was not reckoned."""
+    if payoff is None or payoff["pays"]:
+        return None
+    cost = f"its draft step costs {payoff['draft_share']:.0%} of a target step"
+    if payoff["needed"] is None:
+        need = "no acceptance pays (even drafts that are always kept lose to plain decoding)"
+    else:
+        chain = f"a chain of {payoff['depth']}" if payoff["depth"] > 1 else "one draft a step"
+        need = f"it would need an acceptance of {payoff['needed']:.0%} per token ({chain})"
+    return f"{method} cannot pay here: {cost}, {need}, it reached {payoff['reached']:.0%}"
+
+
+def print_payoffs(report: dict[str, Any]) -> None:
+    """A line per row whose drafter cannot pay here (the adaptive budget then keeps it paused)."""
+    for r in report["results"]:
+        line = cannot_pay_line(f"{r['method']} ({r['mode']})" if len(report.get("weights") or ()) > 1
+                               else r["method"], r.get("payoff"))
+        if line:
+            print(line)
 
 
 @dataclass

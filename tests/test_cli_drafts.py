@@ -64,6 +64,10 @@ def test_bench_runs_every_draft_method_against_the_baseline(tiny, tmp_path: Path
         assert 0 <= rows[kind]["chain_share"] <= 1 and rows["ngram"]["chain_share"] is None
         # verified tokens a step: the root alone for the baseline, more where drafts went through
         assert rows["none"]["mean_tree_tokens"] == 1 and rows[kind]["mean_tree_tokens"] >= 1
+        # whether drafting can pay here: never reckoned for the baseline; for a drafter, once measured
+        assert rows["none"]["payoff"] is None
+        assert rows[kind]["payoff"] is None or set(rows[kind]["payoff"]) == {"draft_share", "needed", "depth",
+                                                                             "reached", "pays"}
         shapes = json.loads(out.read_text())["cost_shapes"]  # what the budget planned with
         assert len(shapes) == 1 and next(iter(shapes.values()))["1"] == 1
 

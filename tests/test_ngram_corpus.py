@@ -273,7 +273,7 @@ def test_the_bench_row_says_how_much_the_corpus_drafted() -> None:
 
     def step(tree: DraftTree, accepted: tuple[int, ...]) -> SimpleNamespace:
         return SimpleNamespace(timing=StepTiming(draft_ms=0.1, verify_ms=4.0), draft_levels=0, draft_paused=False,
-                               draft_width=0, tree=tree, accepted=accepted)
+                               draft_width=0, tree=tree, accepted=accepted, payoff=None)
 
     split = StepSplit()
     split.add(step(DraftTree((1, 2, 3), (-1, 0, 1), (1.0, 0.6, 0.5), source="corpus"), (1,)))

@@ -120,3 +120,40 @@ def test_a_draft_with_another_tokenizer_is_refused(tmp_path: Path) -> None:
     write_tiny(draft_dir, eos_token="<|endoftext|>")  # other stop token: another vocabulary in effect
     with pytest.raises(DraftLoadError, match="different tokenizer"):
         load_draft(str(draft_dir), target.model, target.tokenizer)
+
+
+@pytest.mark.parametrize("weights", ["stored", "fp32"])
+def test_a_gguf_draft_keeps_its_weights_as_stored_like_its_target(tmp_path: Path, weights: str) -> None:
+    """A GGUF draft for a target on stored weights is read in place, its blocks kept, and drafts in the
+    fast precision where this CPU has it (drafts are verified); under an fp32 target it is upcast as
+    the target is. On main the draft was always upcast: the Qwen2.5-Coder 0.5B then streamed ~2 GB a
+    level where its 1.5B target streams ~1.1 GB a whole step, so it could never pay."""
+    from test_gguf_convert import write_tiny_gguf
+
+    from engine.loader import load_model
+
+    write_tiny_gguf(tmp_path / "target.gguf")
+    write_tiny_gguf(tmp_path / "draft.gguf")
+    target = load_model(str(tmp_path / "target.gguf"), device="cpu", weights=weights)
+    bundle = load_draft(str(tmp_path / "draft.gguf"), target.model, target.tokenizer)
+    draft = bundle.factory().model
+    assert target.model.weights == weights and draft.weights == weights
+    assert draft.precision == ("fast" if weights == "stored" and draft.fast_available else "exact")
+    assert bool(draft.stored_kinds) == (weights == "stored")  # GGUF blocks kept, not upcast
+
+
+def test_checking_a_gguf_draft_before_the_load_converts_nothing(tmp_path: Path, monkeypatch) -> None:
+    """The pre-flight check reads the draft GGUF's header in place: no fp32 safetensors appear (it
+    used to convert the whole file, ~2 GB for the Qwen2.5-Coder 0.5B, before a load that now reads
+    the blocks as stored)."""
+    from test_gguf_convert import write_tiny_gguf
+
+    from engine.drafters.draft_loader import check_draft
+    from engine.preflight import target_config
+
+    monkeypatch.setenv("SPECCHAT_CACHE_DIR", str(tmp_path / "cache"))
+    write_tiny_gguf(tmp_path / "target.gguf")
+    write_tiny_gguf(tmp_path / "draft.gguf")
+    kind, folder = check_draft(str(tmp_path / "draft.gguf"), target_config(str(tmp_path / "target.gguf")))
+    assert kind == "standalone" and (folder / "config.json").is_file()
+    assert not list((tmp_path / "cache").rglob("*.safetensors"))

@@ -179,6 +179,10 @@ class MedusaDrafter:
         self._hidden = self._last_hidden(features) if len(history) else None
 
     def observe(self, committed: Sequence[int], features: torch.Tensor | None = None) -> None:
+        """Keep the last committed row's hidden state: a view of the session's feature store (the
+        rows stay valid until the store is cut below them, which truncate() and reset() follow),
+        read by the next :meth:`propose`. Why not a copy: while the adaptive budget pauses drafting,
+        a step should do what a plain step does, and a copy per step was the one thing left."""
         if features is None or features.shape[0] != len(committed):
             raise ValueError("the Medusa drafter needs one target hidden state per committed token")
         if len(committed):
@@ -187,7 +191,7 @@ class MedusaDrafter:
     def _last_hidden(self, features: torch.Tensor) -> torch.Tensor:
         """The last row's final hidden state: its last ``hidden_size`` columns, so rows that also
         carry other captured layers in front (a session feeding EAGLE-3 too) read the same."""
-        return features[-1, -self.heads.spec.hidden_size:].clone()
+        return features[-1, -self.heads.spec.hidden_size:]
 
     def truncate(self, length: int) -> None:
         """The cache was cut back: the last hidden state is stale until the session's next ``reset``."""

@@ -19,8 +19,9 @@ it matches one token only, whichever of the two has been drafting better in this
 (engine/drafters/ngram_source.py).
 
 Both structures are kept incrementally: the drafter mirrors the tokens in the target cache
-(``reset`` / ``observe`` / ``truncate``) and inserts only what is new. Only the structure of the
-mode in use is updated eagerly; the other catches up the first time its mode is used. See
+(``reset`` / ``observe`` / ``truncate``) and inserts only what is new, when the next proposal
+needs it (so a step the adaptive budget keeps plain inserts nothing), into the structure of the
+mode that proposal uses; the other catches up the first time its mode is used. See
 docs/NGRAM.md for the design and the measured costs (``scripts/bench_ngram.py``).
 """
 
@@ -108,8 +109,8 @@ class NgramDrafter:
     def reset(self, history: Sequence[int], features: torch.Tensor | None = None) -> None:
         """Start an answer with ``history`` = the tokens now in the target cache.
 
-        * ``history`` extends what the drafter holds: only the new tokens are inserted (the
-          cache spans the whole conversation).
+        * ``history`` extends what the drafter holds: only the new tokens are inserted, at the
+          next proposal (the cache spans the whole conversation).
         * It shares a prefix but then differs (the session re-rendered the prompt and reused
           only part of its cache, without calling :meth:`truncate`): truncate to the common
           prefix, then insert the rest. The trie keeps what it counted, as after ``truncate``.
@@ -129,7 +130,6 @@ class NgramDrafter:
             else:
                 self.truncate(p)
                 self._tokens.extend(hist[p:])
-        self._sync()
 
     def clear(self) -> None:
         """Forget everything (tokens, trie and chain index)."""
@@ -140,8 +140,11 @@ class NgramDrafter:
         self._index.clear()
 
     def observe(self, committed: Sequence[int], features: torch.Tensor | None = None) -> None:
+        """Take the committed tokens; the trie (or the chain index) reads them at the next
+        :meth:`propose`. Why not now: while the adaptive budget pauses drafting nothing reads the
+        structure, so a paused step does what a plain one does; the insertions are the same, in
+        the same order, whenever they happen (propose syncs before it matches)."""
         self._tokens.extend(_as_list(committed))
-        self._sync()
 
     def truncate(self, length: int) -> None:
         """The target cache was cut back to ``length`` tokens. The trie keeps the n-grams it
@@ -150,18 +153,14 @@ class NgramDrafter:
             raise ValueError(f"length must be >= 0, got {length}")
         if length >= len(self._tokens):
             return
+        if self._mode == "tree":  # the tokens cut off were real text: counted first, as if observed eagerly
+            self._sync_trie()
         self._source.forget()
         self._index.truncate(self._tokens, length)
         del self._tokens[length:]
         if self._trie_len > length:
             self._trie_len = length
             self._trie.rewind(self._tokens[max(0, length - self._trie.max_depth + 1) :])
-
-    def _sync(self) -> None:
-        if self._mode == "chain":
-            self._sync_index()
-        else:
-            self._sync_trie()
 
     def _sync_trie(self) -> None:
         if self._trie_len < len(self._tokens):

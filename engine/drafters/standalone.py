@@ -19,6 +19,7 @@ from collections.abc import Sequence
 import torch
 
 from engine.config import SpecConfig
+from engine.drafters.base import heads_take_fast_products
 from engine.drafters.draft_loader import (
     Checked,
     DraftBundle,
@@ -90,6 +91,30 @@ class StandaloneDrafter:
         self._tokens = self._tokens[:length]
         self.cache.truncate(min(self.cache.length, length))
 
+    def _tree_level(self, frontier: list[int], cands: Candidates, tokens: torch.Tensor, n: int, start: int,
+                    slots: dict[int, int]):
+        """A tree level: each frontier node sees the committed tokens, the root and its own ancestors'
+        scratch entries, never another branch's (a prefix mask, which keeps the forward on the
+        per-op path: decoder.c knows no prefix masks).
+
+        A chain's level needs none of this, and ``propose`` runs it as a plain decoding step: its one
+        node's ancestors are every scratch entry before it, in order, at the positions their slots
+        say, so the forward of the draft model over its cache is the one plain decoding of that
+        prefix runs (the native decoder in one call, a CUDA graph on a GPU), and the entries it
+        leaves are exactly those plain decoding would (what the compaction after verification
+        keeps). Why: the per-op path runs each of the draft model's ~10 ops a layer from Python, with
+        torch's masked attention, where a plain step is one native call; a chain drafts a level a
+        forward, so that overhead was paid on every drafted token."""
+        model = self.model
+        seen = torch.zeros(len(frontier), start, dtype=torch.bool)
+        seen[:, : n + 1] = True  # committed tokens and the root
+        for row, i in enumerate(frontier):
+            for a in cands.ancestors(i)[:-1]:
+                seen[row, slots[a]] = True
+        positions = torch.tensor([n + cands.depth[i] for i in frontier]).to(model.device, non_blocking=True)
+        return model.forward(tokens, self.cache, positions=positions, prefix_mask=seen,
+                             tree_mask=torch.eye(len(frontier), dtype=torch.bool))
+
     def _full_vocab(self, q: torch.Tensor) -> torch.Tensor:
         """Draft distributions cover the target's first ``vocab_size`` ids; pad to the target's vocabulary."""
         return torch.nn.functional.pad(q, (0, self.target_vocab - q.shape[-1]))
@@ -116,19 +141,16 @@ class StandaloneDrafter:
 
         def expand(frontier: list[int], cands: Candidates) -> torch.Tensor:
             start = n + 1 + len(slots)
+            earlier = len(slots)
             for j, i in enumerate(frontier):
                 slots[i] = start + j
-            seen = torch.zeros(len(frontier), start, dtype=torch.bool)
-            seen[:, : n + 1] = True  # committed tokens and the root
-            for row, i in enumerate(frontier):
-                for a in cands.ancestors(i)[:-1]:
-                    seen[row, slots[a]] = True
             tokens = torch.tensor([cands.tokens[i] for i in frontier]).to(model.device, non_blocking=True)
-            positions = torch.tensor([n + cands.depth[i] for i in frontier]).to(model.device, non_blocking=True)
             cache.length = start  # write this level after the scratch entries of earlier levels
             try:
-                res = model.forward(tokens, cache, positions=positions, prefix_mask=seen,
-                                    tree_mask=torch.eye(len(frontier), dtype=torch.bool))
+                if len(frontier) == 1 and len(cands.ancestors(frontier[0])) - 1 == earlier:
+                    res = model.forward(tokens, cache)  # a chain: a plain decoding step (_tree_level says why)
+                else:
+                    res = self._tree_level(frontier, cands, tokens, n, start, slots)
             finally:
                 cache.length = n
             return self._log_probs(res.logits)
@@ -151,9 +173,12 @@ def load_model_draft(found: Checked, target, tokenizer) -> DraftBundle:
     draft_config, model_class = standalone_config(found.config, found.label)
     check_same_tokenizer(draft_tokenizer(found.path, found.label), tokenizer, found.label)
     try:
-        model = model_class(draft_config, found.state, dtype=target.dtype, device=target.device, consume=True)
+        model = model_class(draft_config, found.state, dtype=target.dtype, device=target.device, consume=True,
+                            weights=getattr(target, "weights", "fp32"))
     except UnsupportedModelError as e:
         raise DraftLoadError(f"draft {found.label}: {e}") from None
+    if model.fast_available and heads_take_fast_products(model.ops):
+        model.precision = "fast"  # drafts are verified: their arithmetic never reaches the answer
     vocab = target.config.vocab_size
     return DraftBundle("standalone", lambda: StandaloneDrafter(model, vocab), None,
                        f"standalone draft {found.label} ({draft_config.num_layers} layers)")

@@ -98,6 +98,20 @@ def quant_rows(data: np.ndarray, qtype: str, n: int, k: int) -> QuantRows:
     return QuantRows("f32", 0, torch.from_numpy(np.array(dense, dtype=np.float32).reshape(n, k)))
 
 
+def gguf_state_header(path: Path) -> dict[str, torch.Tensor]:
+    """What :func:`load_gguf_state` names, as ``meta`` tensors of the HF shapes (nothing decoded): what
+    a draft's check before the target loads reads (engine/drafters/draft_loader.py), without the fp32
+    conversion that reading a GGUF's weights once meant."""
+    try:
+        gguf = read_gguf(Path(path))
+        names = hf_names([t.name for t in gguf.tensors], gguf_family(gguf.metadata))
+    except GGUFFormatError as e:
+        raise GGUFConversionError(str(e)) from e
+    except GGUFConversionError as e:
+        raise GGUFConversionError(f"{Path(path).name}: {e}") from e
+    return {names[t.name]: torch.empty(tuple(reversed(t.shape)), device="meta") for t in gguf.tensors}
+
+
 def load_gguf_state(path: Path) -> tuple[dict[str, Any], dict[str, Any]]:
     """(config dict, state dict) of a GGUF of a family we run (``general.architecture``): 2-D
     weights as QuantRows, 1-D ones as fp32 tensors, values as the HF checkpoint holds them."""

@@ -66,6 +66,8 @@ def _mismatch(value: Any, hint: Any, name: str) -> str:
 
 
 def _scalar_mismatch(value: Any, kind: Any, name: str) -> str:
+    if kind is type(None):  # the None of an optional field: any other value is the other type's to check
+        return "" if value is None else f"{name} must be null, not {value!r}"
     if kind is bool:
         return "" if isinstance(value, bool) else f"{name} must be true or false, not {value!r}"
     if kind is int:

@@ -50,6 +50,8 @@ def case(id: str, argv: str | tuple[str, ...], message: str, **kwargs) -> Case:
 
 PROMPTS = b.jsonl("p.jsonl", {"prompt": "hello"})
 TRACE = b.trace("t.jsonl")
+STEP = {"kind": "step", "index": 1,  # a plain step
+        "tree": {"tokens": [5], "parents": [-1], "depths": [0], "draft_probs": [1.0], "has_probs": True}}
 LONG = "hello world " * 400  # past the tiny model's context of 256 tokens
 LONG_PROMPTS = b.jsonl("long.jsonl", {"prompt": "hi"}, {"prompt": LONG})
 NOTES = b.json_file("notes.json", {"mine": 1})  # a JSON file of the user's: no report of ours
@@ -600,6 +602,11 @@ REPLAY = [
     case("replay-speed-inf", f"replay {TMP}/t.jsonl --speed inf", r"speed", files=(TRACE,)),
     case("replay-string-for-a-number", f"replay {TMP}/t.jsonl", r"t\.jsonl",
          files=(b.trace("t.jsonl", {"kind": "started", "prompt_tokens": "lots"}),)),
+    # a step's payoff (engine/payoff.py, issue 57) edited into the wrong type
+    case("replay-payoff-not-an-object", f"replay {TMP}/t.jsonl", r"t\.jsonl:2: bad 'step' record \(payoff must be an "
+         r"object, not 'lots'\)", files=(b.trace("t.jsonl", {**STEP, "payoff": "lots"}),)),
+    case("replay-payoff-text-for-a-number", f"replay {TMP}/t.jsonl", r"t\.jsonl:2: bad 'step' record \(payoff\.needed "
+         r"must be a number, not 'half'\)", files=(b.trace("t.jsonl", {**STEP, "payoff": {"needed": "half"}}),)),
     case("replay-a-fifo", f"replay {TMP}/p", r"p: not a regular file", files=(b.fifo("p"),), timeout=2),
     case("replay-theme-unknown", f"replay {TMP}/t.jsonl --theme nope", r"argument --theme: unknown theme 'nope'",
          files=(TRACE,)),

@@ -125,3 +125,33 @@ def test_a_step_drafted_from_the_corpus_says_so() -> None:
     conversation = Step(index=6, tree=DraftTree.chain(7, [8]), tree_text=("a", " b"), accepted=(1,), bonus=4,
                         committed=(CommittedToken(8, "draft", " b"), CommittedToken(4, "target", " d")), proposed=2)
     assert "copied from earlier text" in explain_step(conversation, "ngram")
+
+
+async def test_stats_panel_says_why_drafting_cannot_pay_here() -> None:
+    """The budget's reckoning (engine/payoff.py) travels in each Step: a row with the reason while the
+    drafter cannot pay, none once it pays (or before it was reckoned)."""
+    from engine.events import DraftPayoff
+    from specchat.tui.widgets.stats_panel import StatsView
+
+    losing = DraftPayoff(draft_share=0.45, needed=0.49, depth=1, reached=0.31)
+    app = _stats_app()
+    async with app.run_test(size=(80, 20)) as pilot:
+        stats = app.query_one(StatsView)
+        stats.state.add(Step(index=1, tree=DraftTree.chain(5, [6]), proposed=2))
+        stats.refresh()
+        await pilot.pause()
+        assert "payoff" not in str(stats.render())  # not reckoned yet
+        stats.state.add(Step(index=2, tree=DraftTree.root_only(6), proposed=0, draft_paused=True, payoff=losing))
+        stats.refresh()
+        await pilot.pause()
+        assert "payoff   can't pay: draft 45% · needs 49% · got 31%" in str(stats.render())
+        hopeless = DraftPayoff(draft_share=1.44, needed=None, depth=0, reached=0.91)
+        stats.state.add(Step(index=3, tree=DraftTree.root_only(6), proposed=0, draft_paused=True, payoff=hopeless))
+        stats.refresh()
+        await pilot.pause()
+        assert "can't pay: draft 144% · no acceptance pays" in str(stats.render())
+        paying = DraftPayoff(draft_share=0.1, needed=0.2, depth=2, reached=0.6)
+        stats.state.add(Step(index=4, tree=DraftTree.chain(6, [7]), accepted=(1,), proposed=2, payoff=paying))
+        stats.refresh()
+        await pilot.pause()
+        assert "payoff" not in str(stats.render())

@@ -7,7 +7,7 @@ from typing import ClassVar
 
 from textual.content import Content, Span
 
-from engine.events import Finished, RunningStats, Started, Step
+from engine.events import DraftPayoff, Finished, RunningStats, Started, Step
 from specchat.tui.widgets.repaint import StickyHeight
 
 
@@ -23,6 +23,7 @@ class StatsState:
     last_verify_ms: float = 0.0
     paused_steps: int = 0  # steps where the adaptive budget skipped drafting
     last_paused: bool = False
+    payoff: DraftPayoff | None = None  # the budget's last word on whether drafting can pay here
     corpus_steps: int = 0  # n-gram steps drafted from the model's past answers
     corpus_kept: int = 0  # drafts kept on those steps
     kept: int = 0  # drafts kept on all steps
@@ -47,6 +48,7 @@ class StatsState:
         self.draft_ms_sum = self.verify_ms_sum = 0.0
         self.last_draft_ms = self.last_verify_ms = 0.0
         self.paused_steps, self.last_paused = 0, False
+        self.payoff = None
         self.corpus_steps = self.corpus_kept = self.kept = 0
         self.last_levels = self.last_width = 0
         self.finished = ""
@@ -84,6 +86,7 @@ class StatsState:
         self.last_verify_ms = step.timing.verify_ms
         self.paused_steps += step.draft_paused
         self.last_paused = step.draft_paused
+        self.payoff = step.payoff
         self.kept += len(step.accepted)
         if step.tree.source == "corpus":
             self.corpus_steps += 1
@@ -160,6 +163,8 @@ class StatsView(StickyHeight):
             row("last", f"draft {st.last_draft_ms:.1f} · verify {st.last_verify_ms:.1f}")
         if st.paused_steps:  # the adaptive budget skipped drafting: it cost more than it saved
             row("paused", f"drafting in {st.paused_steps}/{st.steps} steps" + (" (now)" if st.last_paused else ""))
+        if st.payoff is not None and not st.payoff.pays:  # and why: the cost model's reckoning
+            row("payoff", cannot_pay_words(st.payoff))
         if st.corpus_steps:  # the n-gram drafter's second source (the tree panel: "from past answers")
             share = f" · {st.corpus_kept / st.kept:.0%} of kept drafts" if st.kept else ""
             row("corpus", f"{st.corpus_steps}/{st.steps} steps{share}")
@@ -187,3 +192,13 @@ class StatsView(StickyHeight):
                 put("░" * (self.BAR - filled), ".stat--bar-empty")
                 put(f" {rate:4.0%}\n", ".stat--value")
         return Content("".join(text).rstrip("\n"), spans)
+
+
+def cannot_pay_words(payoff: DraftPayoff) -> str:
+    """Why drafting cannot pay here, short enough for the panel: what a draft step costs in target
+    steps ("draft 45%": 45% of a plain step), the acceptance per token it would need (engine/payoff.py)
+    and the one it got."""
+    step = f"can't pay: draft {payoff.draft_share:.0%}"
+    if payoff.needed is None:
+        return f"{step} · no acceptance pays"
+    return f"{step} · needs {payoff.needed:.0%} · got {payoff.reached:.0%}"

@@ -223,7 +223,7 @@ class SpecLoop:
         tree = drafter.propose(self.conversation.cached, answer.root, ask, noise=self.picker.noise(config),
                                stop=cancellable(budget.stop_rule() if gated else None, self.cancel))
         answer.proposed = len(tree)
-        if answer.levels or answer.width:
+        if answer.levels:
             answer.grown = max(tree.depths)
         if answer.proposed > config.max_tree_tokens:
             raise RuntimeError(f"drafter {drafter.name} proposed {answer.proposed} nodes (> {config.max_tree_tokens})")

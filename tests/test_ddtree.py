@@ -234,3 +234,22 @@ def test_the_budget_chooses_chain_or_tree_and_prunes_what_one_forward_gave() -> 
         if step.draft_width == 1:
             assert tree.is_chain
     assert tokens_of_steps(steps) == plain(VOCAB, config, [3, 4, 5, 6])
+
+
+def test_a_ddtree_step_is_judged_against_its_own_spine_on_the_verify_curve() -> None:
+    """WidthChoice's paired chain for a tree from one forward (no levels): the tree's spine of first
+    children, committing its accepted first-child run, for the same forward and the verify curve's
+    price of spine + 1 nodes at this step's speed; no level line is fitted to a block forward."""
+    from engine.adaptive import DraftBudget, spine_length
+
+    budget = DraftBudget(cost_shape={1: 1.0, 3: 1.5, 6: 3.0})
+    budget.cost.observe(1, 2.0)
+    # root -> a -> b (the spine), a second child of the root and of a
+    tree = DraftTree((1, 4, 5, 6, 7, 8), (-1, 0, 1, 0, 1, 2), (1.0, 0.9, 0.8, 0.1, 0.1, 0.7))
+    assert spine_length(tree) == 3 and spine_length(DraftTree.root_only(1)) == 0
+    budget.gate.settling = False
+    budget.observe(tree, (1, 2), 6.0, 1.0, 0, 3)  # kept a, b: the spine's first two
+    tokens, ms = budget.width.shadows[3].tokens[-1], budget.width.shadows[3].ms[-1]
+    price = budget.cost.estimate(4) / budget.cost.estimate(6)
+    assert tokens == 3 and ms == pytest.approx(1.0 + 6.0 * price) and ms < 7.0
+    assert not budget.draft_costs and budget.draft_cost.line() is None  # no levels were paid

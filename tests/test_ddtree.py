@@ -196,10 +196,11 @@ def test_greedy_ddtree_equals_plain_decoding(block, width, draft_tokens, prompt,
     assert out == plain(VOCAB, config, prompt)
 
 
-def test_seeded_coupled_ddtree_gives_the_baselines_sample() -> None:
+@pytest.mark.parametrize("top_p", [0.95, 1.0])  # the tensor path; our kernel's picks
+def test_seeded_coupled_ddtree_gives_the_baselines_sample(top_p: float) -> None:
     """Coupled sampling: each position offers its Gumbel-top-k under the target's noise; the answer
     is the seed's, whatever the tree."""
-    common = {"max_new_tokens": 30, "temperature": 0.9, "top_p": 0.95, "seed": 6}
+    common = {"max_new_tokens": 30, "temperature": 0.9, "top_p": top_p, "seed": 6}
     config = SpecConfig(method="dflash", eagle_topk=3, num_draft_tokens=10, adaptive_draft=False, **common)
     steps, drafter, proposed = _steps(config, 4, (3, 4, 5), check=False)
     assert any(not t.is_chain for t in proposed) and drafter.last_offers is not None
@@ -253,3 +254,25 @@ def test_a_ddtree_step_is_judged_against_its_own_spine_on_the_verify_curve() -> 
     price = budget.cost.estimate(4) / budget.cost.estimate(6)
     assert tokens == 3 and ms == pytest.approx(1.0 + 6.0 * price) and ms < 7.0
     assert not budget.draft_costs and budget.draft_cost.line() is None  # no levels were paid
+
+
+def test_the_kernels_coupled_offers_are_the_tensor_paths() -> None:
+    """Each position's Gumbel-top-k, ranked by log-probability, is the same from our kernel's picks
+    and from the perturbed scores' top-k."""
+    from engine.drafters.tree_search import coupled_scores
+    from engine.sampling import GumbelNoise
+
+    drafter = bundle("z-lab", VOCAB, 8).factory()
+    features = torch.randn(3, drafter.runner.spec.feature_width, generator=torch.Generator().manual_seed(0))
+    drafter.reset([3, 4, 5], features)
+    block = drafter.block(6, 7)
+    config = SpecConfig(method="dflash", eagle_topk=4, num_draft_tokens=16, temperature=0.7, seed=2)
+    coupled = coupled_scores(config, GumbelNoise(2, VOCAB), block.position, None, drafter.runner.kernel)
+    if coupled.picks is None or coupled.picks(block.logp[:1], 1, 4) is None:
+        pytest.skip("no native kernel here")
+    by_kernel = drafter._offers(block.logp, 4, coupled)
+    coupled.picks = None
+    by_tensors = drafter._offers(block.logp, 4, coupled)
+    assert by_kernel.ids == by_tensors.ids
+    torch.testing.assert_close(torch.tensor(by_kernel.logp), torch.tensor(by_tensors.logp))
+    assert all(row == sorted(row, reverse=True) for row in by_kernel.logp)

@@ -60,6 +60,7 @@ from engine.drafters.tree_search import (
     check_topk,
     coupled_scores,
     grow_tree,
+    to_host,
 )
 from engine.prefix import common_prefix
 from engine.sampling import GumbelNoise
@@ -153,23 +154,24 @@ class DFlashDrafter:
     def _offers(self, logp: torch.Tensor, k: int, coupled: Coupled | None) -> Offers:
         """Each position's k candidates, ranked by log-probability: its top-k in one operation, or
         with coupled sampling the top-k of its perturbed scores (the noise of the position the
-        target samples at, the kernel's picks where it can), so the target's sample is offered
-        wherever the drafter gives it a fair chance."""
+        target samples at; our kernel's picks where it can), so the target's sample is offered
+        wherever the drafter gives it a fair chance. One copy to the host either way."""
+        rows = logp.shape[0]
+        if coupled is not None and coupled.picks is not None:
+            first = coupled.picks(logp[:1], 1, k)
+            if first is not None:  # the kernel takes every row alike (it declines by settings, not rows)
+                picked = [first, *(coupled.picks(logp[j: j + 1], j + 1, k) for j in range(1, rows))]
+                return _ranked([p[0][0] for p in picked], [p[1][0] for p in picked])  # type: ignore[index]
         if coupled is None:
             values, index = logp.topk(k, dim=-1)
-            return Offers(self.runner.to_target(index).tolist(), values.tolist())
-        ids: list[list[int]] = []
-        values_out: list[list[float]] = []
-        for j in range(logp.shape[0]):
-            row = logp[j: j + 1]
-            got = coupled.picks(row, j + 1, k) if coupled.picks is not None else None
-            if got is None:
-                index = coupled.scores(row, j + 1).topk(k, dim=-1).indices
-                got = (self.runner.to_target(index).tolist(), row.gather(-1, index).tolist())
-            ranked = sorted(zip(got[1][0], got[0][0], strict=True), key=lambda c: -c[0])  # stable: ties keep order
-            ids.append([t for _, t in ranked])
-            values_out.append([v for v, _ in ranked])
-        return Offers(ids, values_out)
+        else:
+            scores = torch.cat([coupled.scores(logp[j: j + 1], j + 1) for j in range(rows)])
+            index = scores.topk(k, dim=-1).indices
+            values = logp.gather(-1, index)
+        ids, flat = to_host(self.runner.to_target(index.flatten()), values.flatten())
+        ids_rows, value_rows = [ids[j * k:(j + 1) * k] for j in range(rows)], [flat[j * k:(j + 1) * k]
+                                                                               for j in range(rows)]
+        return Offers(ids_rows, value_rows) if coupled is None else _ranked(ids_rows, value_rows)
 
     # -- the block -------------------------------------------------------------------------------
     def block(self, root: int, rows: int) -> BlockDraft:
@@ -194,6 +196,13 @@ class DFlashDrafter:
         best, index = logp.max(dim=-1)
         ids, values = self.runner.to_target(index).tolist(), best.tolist()
         return [Level(logp[j: j + 1], Picks([[ids[j]]], [[values[j]]])) for j in range(logp.shape[0])]
+
+
+def _ranked(ids: list[list[int]], logp: list[list[float]]) -> Offers:
+    """Each row's candidates sorted by log-probability, best first (ties keep their order): a
+    perturbed top-k is not in that order, and the best-first search needs it."""
+    rows = [sorted(zip(v, i, strict=True), key=lambda c: -c[0]) for i, v in zip(ids, logp, strict=True)]
+    return Offers([[t for _, t in row] for row in rows], [[v for v, _ in row] for row in rows])
 
 
 def load_drafter(found: Checked, target: Any, tokenizer: Any) -> DraftBundle:

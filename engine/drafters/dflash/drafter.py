@@ -89,7 +89,7 @@ class DFlashDrafter:
         self._pending: list[torch.Tensor] = []  # features of committed tokens without a context row yet
         self._random = DraftRandom()
         self.last_block: BlockDraft | None = None
-        self.last_offers: Offers | None = None  # each position's candidates of the last tree (width > 1)
+        self.last_offers: Offers | None = None  # each position's candidates of the last tree (None: a chain)
 
     # -- the Drafter protocol ------------------------------------------------------------------
     def check(self, config: SpecConfig) -> None:
@@ -141,6 +141,7 @@ class DFlashDrafter:
         if width > 1:
             self.last_offers = self._offers(block.logp, width, coupled)
             return ddtree(root, self.last_offers, config.num_draft_tokens - 1)
+        self.last_offers = None  # a chain: no candidates beyond each position's draft
         sampling = self._random.sampling(config, runner.to_target_dist)
         levels = self._levels(block.logp, picked=sampling is None and coupled is None)
 

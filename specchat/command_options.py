@@ -198,7 +198,7 @@ class TrainDraftOptions:
     model: str | None
     out: str | None
     method: str
-    medusa_heads: int
+    medusa_heads: int | None  # None: 4
     medusa_train_lm_head: bool
     export_layout: str | None
     resume: bool
@@ -210,6 +210,10 @@ class TrainDraftOptions:
     magpie_share: float
     tokens: int
     draft_vocab_size: int
+    block_size: int | None  # the block drafter's four (None: its defaults)
+    draft_layers: int | None
+    anchors: int | None
+    loss_decay_gamma: float | None
     ttt_steps: int
     intermediate_size: int | None
     epochs: float

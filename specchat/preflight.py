@@ -98,17 +98,22 @@ def _check_device(device: str | None) -> None:
 
 
 def check_train_target(options: TrainDraftOptions) -> None:
-    """train-draft: the target's config, and enough layers for an EAGLE-3 head."""
-    if options.method == "eagle3":
-        check_capture_layers(options.model)
+    """train-draft: the target's config, and enough layers for a draft that reads EAGLE-3's layers
+    (its registration's features are "layers": an EAGLE-3 head, a block drafter)."""
+    from engine import methods
+
+    spec = methods.get(options.method)
+    if spec is not None and spec.features == "layers":
+        check_capture_layers(options.model, "an EAGLE-3 head" if options.method == "eagle3" else
+                             f"a --method {options.method} drafter (it reads EAGLE-3's layers)")
     else:
         from engine.preflight import target_config
 
         target_config(options.model)
 
 
-def check_capture_layers(model: str | None) -> None:
-    """The target's config from its files, deep enough for an EAGLE-3 head to capture its layers
+def check_capture_layers(model: str | None, reader: str = "an EAGLE-3 head") -> None:
+    """The target's config from its files, deep enough for ``reader`` to capture its layers
     (train-draft, bench's data engine): refused in one line before the target loads."""
     from engine.preflight import target_config
 
@@ -116,4 +121,4 @@ def check_capture_layers(model: str | None) -> None:
     if config is not None:
         from engine.train.eagle3_head import default_aux_layer_ids
 
-        default_aux_layer_ids(config.num_layers)
+        default_aux_layer_ids(config.num_layers, reader)

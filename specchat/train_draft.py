@@ -1,4 +1,5 @@
-"""``specchat train-draft MODEL --out DIR``: train an EAGLE-3 head (or Medusa heads) for MODEL on its own answers.
+"""``specchat train-draft MODEL --out DIR``: train an EAGLE-3 head (Medusa heads, a DFlash drafter) for MODEL on
+its own answers.
 
 The heavy lifting is in ``engine.train``; this module turns the command line into settings,
 prints where things are kept, and times the run.
@@ -14,21 +15,26 @@ from pathlib import Path
 from typing import Any
 
 from engine.errors import MissingFileError
+from engine.knobs import KNOBS
 from specchat.bench_report import cpu_name_and_flags
 from specchat.command_options import TrainDraftOptions
 from specchat.options import MAX_THREADS, UsageError, add_force_flag, bounded
 
+# a block's guesses are verified min(--speculative-num-draft-tokens, block) at a time: a larger one never whole
+MAX_BLOCK = KNOBS["num_draft_tokens"].high
+
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("train-draft", help="train an EAGLE-3 draft head (or Medusa heads) for a model on its own "
-                                           "answers")
+    p = sub.add_parser("train-draft", help="train an EAGLE-3 draft head (Medusa heads, a DFlash drafter) for a model "
+                                           "on its own answers")
     p.add_argument("model", nargs="?", default=None, help="target model (default: the embedded smollm2-135m)")
     p.add_argument("--out", default=None,
                    help="output folder: config.json + model.safetensors (EAGLE-3 layout); required unless --data-only")
-    p.add_argument("--method", default="eagle3", choices=["eagle3", "medusa"],
-                   help="eagle3: one EAGLE-3 head; medusa: Medusa-1 heads on the target's last hidden state")
-    p.add_argument("--medusa-heads", type=bounded(int, 1, 16), default=4,
-                   help="medusa: number of heads (head k guesses k+2 ahead)")
+    p.add_argument("--method", default="eagle3", choices=["eagle3", "medusa", "dflash"],
+                   help="eagle3: one EAGLE-3 head; medusa: Medusa-1 heads on the target's last hidden state; dflash: "
+                        "a block drafter reading EAGLE-3's layers (speculators layout)")
+    p.add_argument("--medusa-heads", type=bounded(int, 1, 16), default=None,
+                   help="medusa: number of heads (head k guesses k+2 ahead; default 4)")
     p.add_argument("--medusa-train-lm-head", action="store_true",
                    help="medusa: also train the shared lm_head (default: frozen, the target's rows)")
     p.add_argument("--export-layout", default=None, choices=["vllm", "medusa"],
@@ -51,11 +57,21 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--tokens", type=bounded(int, 1, 10**10), default=300_000,
                    help="answer tokens of self-distilled data to generate (medusa: and to train on)")
     p.add_argument("--draft-vocab-size", type=bounded(int, 1, 1 << 20), default=8192,
-                   help="draft vocabulary (most frequent answer tokens; medusa: rows of the shared lm_head)")
+                   help="draft vocabulary (most frequent answer tokens; medusa: rows of the shared lm_head; dflash: "
+                        "rows of its own lm_head, the target's rows, frozen)")
+    p.add_argument("--block-size", type=bounded(int, 2, MAX_BLOCK), default=None,
+                   help="dflash: positions of a block, the anchor included (default 8: on a CPU the target's verify "
+                        "of 8 tokens still costs little more than a plain step, of 16 2.46x)")
+    p.add_argument("--draft-layers", type=bounded(int, 1, 16), default=None, help="dflash: decoder layers (default 1)")
+    p.add_argument("--anchors", type=bounded(int, 1, 4096), default=None,
+                   help="dflash: blocks per conversation and step, at random answer positions (default 64)")
+    p.add_argument("--loss-decay-gamma", type=bounded(float, 0, 1000), default=None,
+                   help="dflash: block position k weighs exp(-(k-1)/GAMMA) in the loss (0: all alike; default: "
+                        "block size / 2)")
     p.add_argument("--ttt-steps", type=bounded(int, 1, 64), default=5,
                    help="training-time-test steps unrolled per position")
     p.add_argument("--intermediate-size", type=bounded(int, 1, 1 << 17), default=None,
-                   help="head MLP width (default: the target's)")
+                   help="head MLP width (dflash: its layers'; default: the target's)")
     p.add_argument("--epochs", type=bounded(float, 0, 1000, low_open=True), default=2.0)
     p.add_argument("--max-steps", type=bounded(int, 1, 10**9), default=None,
                    help="stop after this many optimizer steps in all")
@@ -64,9 +80,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--batch-tokens", type=bounded(int, 1, 1 << 24), default=1024,
                    help="padded tokens per optimizer step (medusa: answer positions per step)")
     p.add_argument("--lr", type=bounded(float, 0, 1, low_open=True), default=None,
-                   help="peak learning rate (default 5e-4; medusa 1e-3)")
+                   help="peak learning rate (default 5e-4; medusa 1e-3; dflash 6e-4)")
     p.add_argument("--eval-every", type=bounded(int, 1, 10**9), default=200,
-                   help="measure held-out tau and export every N steps")
+                   help="measure held-out tau (dflash: and acceptance by block position) and export every N steps")
     p.add_argument("--checkpoint-every", type=bounded(int, 1, 10**9), default=20)
     p.add_argument("--seed", type=bounded(int, 0, 2**63 - 1), default=0)
     p.add_argument("--import-data", action="append", default=None, metavar="DIR",
@@ -112,7 +128,7 @@ def run_train_draft(options: TrainDraftOptions) -> int:
     samples, cache = prepare_data(target, settings, options.tokens, options.prompts,
                                   use_builtin_prompts=not options.no_builtin_prompts, rows=options.rows,
                                   precision=options.data_precision, import_from=options.import_data or (),
-                                  hidden_only=options.method == "medusa")
+                                  hidden_only=options.method == "medusa", budget_features=options.method == "dflash")
     if options.data_only:
         print(f"data: {len(samples)} conversations, {answer_tokens(samples)} answer tokens in {cache.folder}")
         return 0
@@ -127,6 +143,8 @@ def run_train_draft(options: TrainDraftOptions) -> int:
 
         card = _run_card(options, target, cache, trains, held, device, threads)
         return train_medusa_heads(options, out, target, cache, trains, held, card, deadline)
+    if options.method == "dflash":
+        return _train_dflash(options, out, target, cache, trains, held, device, threads, deadline)
     return _train(options, out, target, cache, trains, held, device, threads, deadline)
 
 
@@ -142,10 +160,14 @@ def check_args(options: TrainDraftOptions) -> Path:
                          f"(got {options.draft_vocab_size} and {options.batch_tokens})")
     if options.magpie_share < 1.0 and options.no_builtin_prompts and options.prompts is None:
         raise UsageError("--magpie-share below 1 needs prompts: drop --no-builtin-prompts or give --prompts FILE")
-    if options.method != "medusa" and (options.export_layout or options.medusa_train_lm_head):
-        raise UsageError("--export-layout and --medusa-train-lm-head go with --method medusa")
-    if options.method == "medusa" and options.init_from is not None:
-        raise UsageError("--method medusa takes no --init-from (use --resume)")
+    if options.method != "medusa" and (options.export_layout or options.medusa_train_lm_head
+                                       or options.medusa_heads is not None):
+        raise UsageError("--medusa-heads, --export-layout and --medusa-train-lm-head go with --method medusa")
+    block_flags = (options.block_size, options.draft_layers, options.anchors, options.loss_decay_gamma)
+    if options.method != "dflash" and any(v is not None for v in block_flags):
+        raise UsageError("--block-size, --draft-layers, --anchors and --loss-decay-gamma go with --method dflash")
+    if options.method != "eagle3" and options.init_from is not None:
+        raise UsageError(f"--method {options.method} takes no --init-from (use --resume)")
     if options.refit_vocab and (options.init_from is None or options.method != "eagle3"):
         raise UsageError("--refit-vocab goes with --init-from HEAD (a new EAGLE-3 head picks its vocabulary from "
                          "the data anyway)")
@@ -213,6 +235,62 @@ def _train(options: TrainDraftOptions, out: Path, target: Any, cache: Any, train
           else f"done: {result.steps} steps")
     print(f"head: {out}/config.json + model.safetensors; use it with --method eagle3 --draft {out}")
     return 0
+
+
+def _train_dflash(options: TrainDraftOptions, out: Path, target: Any, cache: Any, trains: list, held: list,
+                  device: Any, threads: int, deadline: float | None) -> int:
+    """Train a DFlash drafter on the first ``--tokens`` answer tokens whose features are stored (the
+    data engine fills only those of imported shards) and export it to ``out``; print where it is."""
+    from dataclasses import asdict
+
+    from engine.drafters.dflash.train import DFlashSettings, capture_layers, train_drafter
+    from engine.train.data import answer_tokens
+    from engine.train.targets import StoredTarget
+    from specchat.train_medusa import budget
+
+    settings = DFlashSettings(
+        block_size=options.block_size or 8, draft_layers=options.draft_layers or 1,
+        draft_vocab_size=min(options.draft_vocab_size, int(target.hf.config.vocab_size)),
+        intermediate_size=options.intermediate_size, anchors=options.anchors or 64,
+        loss_decay_gamma=options.loss_decay_gamma, batch_tokens=options.batch_tokens, lr=options.lr or 6e-4,
+        epochs=options.epochs, max_steps=options.max_steps, checkpoint_every=options.checkpoint_every,
+        eval_every=options.eval_every, seed=options.seed, export_dtype=options.export_dtype, bf16=options.bf16)
+    stored = _with_features(cache, trains + held)
+    if stored:
+        trains, held = [s for s in stored if not s.held_out], [s for s in stored if s.held_out]
+    trains = budget(trains, options.tokens)
+    layers = list(capture_layers(int(target.hf.config.num_hidden_layers)))
+    card = {**_run_card(options, target, cache, trains, held, device, threads), "method": "dflash",
+            "settings": {**asdict(settings), "loss_decay_gamma": settings.gamma},
+            "target_features": f"the residual streams entering layers {layers} (EAGLE-3's capture layers, the "
+                               "ones the data engine stores), so training ran no target of its own",
+            "labels": "the target's greedy token at each block position, along the greedy path from the anchor"}
+    json.dumps(card)  # the card must stay serialisable
+    source = StoredTarget(cache, target.hf) if stored else None
+    print(f"training a DFlash drafter (blocks of {settings.block_size}, {settings.draft_layers} layer(s), "
+          f"{settings.draft_vocab_size} draft tokens) on {answer_tokens(trains)} answer tokens ({len(trains)} "
+          f"conversations), {len(held)} held out; "
+          + ("the stored target features" if source else "the target run on every conversation"))
+    result = train_drafter(target.hf, trains, held, out, settings, source=source, verifier=target.name,
+                           stop_ids=sorted(target.tokenizer.stop_token_ids), resume=options.resume, card=card,
+                           deadline=deadline)
+    res = result.eval or {}
+    if res:
+        print(f"done: {result.steps} steps; held-out tau {res['tau']:.3f} (blocks of {res['block_size']}); "
+              "acceptance by position " + ", ".join(f"{a:.3f}" for a in res["acceptance"]))
+    else:
+        print(f"done: {result.steps} steps")
+    print(f"drafter: {out}/config.json + model.safetensors (speculators layout); use it with --method dflash "
+          f"--draft {out}")
+    return 0
+
+
+def _with_features(cache: Any, samples: list) -> list:
+    """The samples whose shard holds the stored target features (the first --tokens of imported ids
+    get them; the rest of a large import need not)."""
+    shards: dict[int, bool] = {}
+    return [s for s in samples
+            if s.ref is not None and shards.setdefault(s.ref[0], cache.has_features([s]))]
 
 
 def _run_card(options: TrainDraftOptions, target: Any, cache: Any, trains: list, held: list, device: Any,

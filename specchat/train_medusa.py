@@ -32,7 +32,8 @@ def train_medusa_heads(options: TrainDraftOptions, out: Path, target: Any, cache
     from engine.train.medusa_train import MedusaSettings, settings_dict, train_medusa
 
     settings = MedusaSettings(
-        num_heads=options.medusa_heads, head_vocab_size=min(options.draft_vocab_size, int(target.hf.config.vocab_size)),
+        num_heads=options.medusa_heads or 4,
+        head_vocab_size=min(options.draft_vocab_size, int(target.hf.config.vocab_size)),
         train_lm_head=options.medusa_train_lm_head, batch_positions=options.batch_tokens, lr=options.lr or 1e-3,
         epochs=options.epochs, max_steps=options.max_steps, checkpoint_every=options.checkpoint_every,
         eval_every=options.eval_every, seed=options.seed, export_layout=options.export_layout or "vllm",

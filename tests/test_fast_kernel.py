@@ -20,7 +20,7 @@ from gguf import GGMLQuantizationType as Q
 from engine.kernels import native
 from engine.kernels.fast import fast_linear_reference, quantize_activations
 from engine.kernels.stored import StoredLinear
-from engine.kernels.weights import QuantRows, StoredPanels
+from engine.kernels.weights import SCALES_F16, QuantRows, StoredPanels
 from engine.models.gguf_weights import load_gguf_state, quant_rows
 from engine.models.kv_cache import KVCache
 from engine.models.llama import LlamaConfig, LlamaModel
@@ -102,16 +102,16 @@ def test_every_variant_gives_the_same_bits(weight, m: int) -> None:
 @needs_fast
 @pytest.mark.parametrize("m", [1, 3, 16, 17])
 def test_the_fp16_copies_of_scales_give_the_bits_of_the_fp32_ones(weight, m: int, kernel_variant: str) -> None:
-    """The GGUF kinds keep fp16 scales (and offsets), so the fast products read fp16 copies of them
+    """The GGUF kinds keep fp16 scales (and offsets), so both products read fp16 copies of them
     (fewer bytes a step); widened they are the same floats, so the outputs do not change."""
     panels = StoredPanels.from_rows(weight)
     if weight.kind in ("q4", "q8") and torch.equal(weight.scales.half().float(), weight.scales):
-        assert panels.scales16 is not None and panels.scales16.dtype == torch.float16
-        assert (panels.offsets16 is None) == (panels.offsets is None)
-    if panels.scales16 is None:
-        pytest.skip("this format's scales are not all fp16 values: no copies")
-    wide = dataclasses.replace(panels, scales16=None, offsets16=None)
-    assert panels.fast_nbytes < panels.nbytes == wide.nbytes == wide.fast_nbytes  # what each precision reads
+        assert panels.scale_form == SCALES_F16 and panels.compact_scales.dtype == torch.float16
+        assert (panels.compact_offsets is None) == (panels.offsets is None)
+    if panels.scale_form != SCALES_F16:
+        pytest.skip("this format's scales are not all fp16 values: no fp16 copies")
+    wide = dataclasses.replace(panels, compact_scales=None, compact_offsets=None, scale_form=0)
+    assert panels.nbytes < wide.nbytes  # what a product reads
     x = torch.randn(m, weight.shape[1], generator=torch.Generator().manual_seed(m)) * 2
     y16, y32 = torch.empty(m, weight.shape[0]), torch.empty(m, weight.shape[0])
     assert KERNEL.stored_linear_fast(x, panels, None, y16, False)
@@ -130,7 +130,7 @@ def test_fp16_copies_in_every_tile(kind: str, group: int, kernel_variant: str) -
     rows = QuantRows(kind, group, rows.codes, rows.scales.half().float(),
                      None if rows.offsets is None else rows.offsets.half().float())
     panels = StoredPanels.from_rows(rows)
-    assert panels.scales16 is not None
+    assert panels.scale_form == SCALES_F16
     for m in (1, 7, 16, 18):
         x = torch.randn(m, 256, generator=gen)
         y = torch.empty(m, 40)
@@ -141,12 +141,13 @@ def test_fp16_copies_in_every_tile(kind: str, group: int, kernel_variant: str) -
 def test_scales_that_are_not_fp16_values_get_no_copies() -> None:
     rows = QuantRows.quantize_q4(torch.randn(16, 64, generator=torch.Generator().manual_seed(1)))
     panels = StoredPanels.from_rows(rows)  # the head quantizer keeps Q4_1's fp16 scales and offsets
-    assert panels.scales16 is not None and panels.offsets16 is not None
-    assert torch.equal(panels.scales16.float(), panels.scales) and torch.equal(panels.offsets16.float(), panels.offsets)
+    assert panels.scale_form == SCALES_F16 and panels.compact_offsets is not None
+    assert torch.equal(panels.compact_scales.float(), panels.scales)
+    assert torch.equal(panels.compact_offsets.float(), panels.offsets)
     off_grid = rows.scales * (1 + 2**-15)  # between fp16 values
-    assert StoredPanels.from_rows(QuantRows("q4", 32, rows.codes, off_grid, rows.offsets)).scales16 is None
+    assert StoredPanels.from_rows(QuantRows("q4", 32, rows.codes, off_grid, rows.offsets)).compact_scales is None
     offsets_off_grid = QuantRows("q4", 32, rows.codes, rows.scales, rows.offsets * (1 + 2**-15))
-    assert StoredPanels.from_rows(offsets_off_grid).scales16 is None  # both copies or neither
+    assert StoredPanels.from_rows(offsets_off_grid).scale_form == 0  # both copies or neither
 
 
 @needs_fast

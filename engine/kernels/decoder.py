@@ -32,7 +32,7 @@ _p, _l, _f = ctypes.c_void_p, ctypes.c_long, ctypes.c_float
 
 class _Part(ctypes.Structure):
     _fields_ = [("kind", _l), ("group", _l), ("n", _l), ("codes", _p), ("scales", _p), ("offsets", _p),
-                ("scales16", _p), ("offsets16", _p)]
+                ("compact_scales", _p), ("compact_offsets", _p), ("scale_form", _l)]
 
 
 class _Lin(ctypes.Structure):
@@ -63,8 +63,8 @@ def _describe(lin: Linear | StoredLinear) -> _Lin | None:
         out.bias = ptr(lin._bias)
         out.nparts = len(lin.parts)
         for i, part in enumerate(lin.parts):
-            out.parts[i] = _Part(part.kind_id, part.group, part.n, ptr(part.codes), ptr(part.scales),
-                                 ptr(part.offsets), ptr(part.scales16), ptr(part.offsets16))
+            out.parts[i] = _Part(part.kind_id, part.group, part.n, ptr(part.codes), ptr(part.scales), ptr(part.offsets),
+                                 ptr(part.compact_scales), ptr(part.compact_offsets), part.scale_form)
         return out
     if lin._kernel is None or lin._packed is None:
         return None

@@ -165,7 +165,7 @@ tile(const int MR, const int q4, const int8_t *xq, long K, const float *xd, cons
 #pragma GCC unroll 12
             for (int r = 0; r < MR; r++) isum[r] = _mm512_sub_epi32(isum[r], _mm512_set1_epi32(128 * xs[r * ng + g]));
         }
-        const __m512 s = group_scales(sc, g * PANEL, hs);
+        const __m512 s = group_scales(sc, g, hs);
 #pragma GCC unroll 12
         for (int r = 0; r < MR; r++) {
             const float dx = xd[r * ng + g];
@@ -173,7 +173,7 @@ tile(const int MR, const int q4, const int8_t *xq, long K, const float *xd, cons
                                                          _mm512_mul_ps(s, _mm512_set1_ps(dx))));
         }
         if (of) {
-            const __m512 o = group_scales(of, g * PANEL, hs);
+            const __m512 o = group_scales(of, g, hs);
 #pragma GCC unroll 12
             for (int r = 0; r < MR; r++) {
                 const float c = xd[r * ng + g] * (float)xs[r * ng + g];
@@ -239,8 +239,8 @@ tile_g32(const int MR, const int q4, const int8_t *xq, long K, const float *xd, 
         if (!q4) /* vpdpbusd takes unsigned weights: w + 128, which the row's block sum corrects */
 #pragma GCC unroll 8
             for (int j = 0; j < 8; j++) wv[j] = _mm512_xor_si512(wv[j], flip);
-        const __m512 s = group_scales(sc, g * PANEL, hs);
-        const __m512 o = of ? group_scales(of, g * PANEL, hs) : _mm512_setzero_ps();
+        const __m512 s = group_scales(sc, g, hs);
+        const __m512 o = of ? group_scales(of, g, hs) : _mm512_setzero_ps();
         g32_prefetch(q4, codes, sc, of, K, g, hs); /* a later panel's, a group's worth per group */
         if (of) { /* the branch out of the row loop: gcc tested it once per row */
 #pragma GCC unroll 16
@@ -300,18 +300,20 @@ static const fast_tile_fn FT_Q8[FAST_ROWS + 1] = {0, ft_q8_1, ft_q8_2, ft_q8_3, 
                                                   ft_q8_7, ft_q8_8, ft_q8_9, ft_q8_10, ft_q8_11, ft_q8_12};
 
 /*
- * Arguments as stored_linear's (stored.c), except that with half != 0 the scales and offsets are
- * the weight's fp16 copies (same layout, uint16 elements). Returns 0, -1 for a kind or shape this
- * kernel does not take (the caller runs the exact kernel and says so), -2 when out of memory.
+ * Arguments as stored_linear's (stored.c), except that the scales and offsets are stored as hs
+ * says (scales.h: fp32, the weight's exact fp16 copies, or a K-quant's factored form; both alike).
+ * Returns 0, -1 for a kind, shape or scale form this kernel does not take (the caller runs the
+ * exact kernel and says so), -2 when out of memory.
  */
 int stored_linear_fast(const float *x, long M, long K, int kind, long group, const void *codes, const void *scales,
                        const void *offsets, long N, const float *bias, float *y, long ldy, int accumulate,
-                       int nthreads, int half) {
+                       int nthreads, int hs) {
     if (kind == KIND_BF16) /* vdpbf16ps where the CPU has it (fast_bf16.c) */
         return fast_bf16_linear(x, M, K, codes, N, bias, y, ldy, accumulate, nthreads);
     const int q4 = kind == KIND_Q4;
     if ((kind != KIND_Q4 && kind != KIND_Q8) || group <= 0 || K % group || group % (q4 ? 8 : 4) || !fast_supported())
         return -1;
+    if (!scales_form_fits(K / group, hs)) return -1;
     const int vnni = variant == 512, g32 = vnni && group == 32, tiles_amx = g32 && amx && M >= AMX_MIN_ROWS;
     const int rows_max = g32 ? G32_ROWS : vnni ? FAST_ROWS : FAST_AVX2_ROWS;
     const long ng = K / group;
@@ -347,7 +349,7 @@ int stored_linear_fast(const float *x, long M, long K, int kind, long group, con
         for (long p = 0; p < npanels; p++) {
             float out[G32_ROWS * PANEL] __attribute__((aligned(64)));
             const char *pc = (const char *)codes + p * panel_bytes;
-            const long sbytes = p * ng * PANEL * (half ? 2 : 4);
+            const long sbytes = p * scales_panel_bytes(ng, hs);
             const void *ps = (const char *)scales + sbytes;
             const void *po = offsets ? (const char *)offsets + sbytes : 0;
             const long col0 = p * PANEL;
@@ -355,11 +357,11 @@ int stored_linear_fast(const float *x, long M, long K, int kind, long group, con
             for (long m0 = 0; m0 < M; m0 += rows_max) {
                 const int mr = (int)(M - m0 < rows_max ? M - m0 : rows_max);
                 if (tiles_amx && mr >= AMX_MIN_ROWS)
-                    fast_amx_tile(mr, q4, xq + m0 * K, K, xd + m0 * ng, xc + m0 * ng, pc, ps, po, half, out);
+                    fast_amx_tile(mr, q4, xq + m0 * K, K, xd + m0 * ng, xc + m0 * ng, pc, ps, po, hs, out);
                 else if (g32)
-                    gtiles[mr](xq + m0 * K, K, xd + m0 * ng, xs + m0 * ng, xc + m0 * ng, pc, ps, po, half, out);
+                    gtiles[mr](xq + m0 * K, K, xd + m0 * ng, xs + m0 * ng, xc + m0 * ng, pc, ps, po, hs, out);
                 else
-                    tiles[mr](xq + m0 * K, K, xd + m0 * ng, xs + m0 * ng, group, pc, ps, po, half, out);
+                    tiles[mr](xq + m0 * K, K, xd + m0 * ng, xs + m0 * ng, group, pc, ps, po, hs, out);
                 put_tile(out, mr, ncols, bias ? bias + col0 : NULL, y + m0 * ldy + col0, ldy, accumulate);
             }
         }

@@ -10,6 +10,8 @@
 #include <immintrin.h>
 #include <stdint.h>
 
+#include "scales.h"
+
 #define PANEL 16
 #define PF_PANELS 2 /* how many panels ahead a tile prefetches codes and scales (fast.c says why) */
 #define VNNI_TARGETS "avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi,avx2,fma"
@@ -25,13 +27,6 @@ static inline __attribute__((always_inline)) VNNI __m512i q8_transpose(void) {
     return _mm512_set_epi8(63, 47, 31, 15, 62, 46, 30, 14, 61, 45, 29, 13, 60, 44, 28, 12, 59, 43, 27, 11, 58, 42, 26,
                            10, 57, 41, 25, 9, 56, 40, 24, 8, 55, 39, 23, 7, 54, 38, 22, 6, 53, 37, 21, 5, 52, 36, 20, 4,
                            51, 35, 19, 3, 50, 34, 18, 2, 49, 33, 17, 1, 48, 32, 16, 0);
-}
-
-/* Sixteen scales (or offsets) of a panel's group: fp32, or (hs) the fp16 copy the GGUF kinds'
- * scales round-trip through exactly, widened exactly: the same floats from half the bytes. */
-static inline __attribute__((always_inline)) VNNI __m512 group_scales(const void *p, long i, int hs) {
-    return hs ? _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)((const uint16_t *)p + i)))
-              : _mm512_loadu_ps((const float *)p + i);
 }
 
 /* Group g (32 k) of a panel's codes as eight registers, wv[j] pairing with activation bytes
@@ -69,7 +64,7 @@ g32_prefetch(const int q4, const void *codes, const void *sc, const void *of, lo
     const long ng = K / 32;
     const char *nc = (const char *)codes + PF_PANELS * (q4 ? K * PANEL / 2 : K * PANEL) + g * (q4 ? 256 : 512);
     for (int l = 0; l < (q4 ? 4 : 8); l++) _mm_prefetch(nc + 64 * l, _MM_HINT_T0);
-    const long ahead = (PF_PANELS * ng + g) * PANEL * (hs ? 2 : 4);
+    const long ahead = PF_PANELS * scales_panel_bytes(ng, hs) + scales_row_at(g, hs);
     _mm_prefetch((const char *)sc + ahead, _MM_HINT_T0);
     if (of) _mm_prefetch((const char *)of + ahead, _MM_HINT_T0);
 }

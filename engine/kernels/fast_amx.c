@@ -135,9 +135,9 @@ tile_amx(const int MR, const int q4, const int8_t *xq, long K, const float *xd, 
         if (g >= 2) { /* group h's sums, stored two steps ago, into the rows' accumulators */
             const long h = g - 2;
             const int32_t *ch = c[slot];
-            const __m512 s = group_scales(sc, h * PANEL, hs);
+            const __m512 s = group_scales(sc, h, hs);
             if (of) {
-                const __m512 o = group_scales(of, h * PANEL, hs);
+                const __m512 o = group_scales(of, h, hs);
 #pragma GCC unroll 16
                 for (int r = 0; r < MR; r++) {
                     acc[r] = g32_scale(acc[r], _mm512_load_si512(ch + r * PANEL), s, xd[r * ng + h]);

@@ -22,6 +22,8 @@
 #include <immintrin.h>
 #include <stdint.h>
 
+#include "scales.h"
+
 #define PANEL 16
 #define PF_PANELS 2
 #define AVX2F __attribute__((target("avx2,fma,f16c")))
@@ -34,12 +36,6 @@ static inline AVX2F __m256i q8_four_k(const int8_t *cb, int half) {
     const __m128i r3 = _mm_loadl_epi64((const __m128i *)(cb + 3 * PANEL + half * 8));
     const __m128i a = _mm_unpacklo_epi8(r0, r1), b = _mm_unpacklo_epi8(r2, r3);
     return _mm256_set_m128i(_mm_unpackhi_epi16(a, b), _mm_unpacklo_epi16(a, b));
-}
-
-/* Eight scales (or offsets): fp32, or (hs) the exact fp16 copy widened (fast.c's group_scales). */
-static inline __attribute__((always_inline)) AVX2F __m256 scales8(const void *p, long i, int hs) {
-    return hs ? _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)((const uint16_t *)p + i)))
-              : _mm256_loadu_ps((const float *)p + i);
 }
 
 /* Word w of a q4 half-panel (8 columns, eight k each) as two registers of four k per column
@@ -58,7 +54,7 @@ prefetch_group(const int q4, const void *codes, const void *sc, const void *of, 
     const long gbytes = q4 ? group * PANEL / 2 : group * PANEL;
     const char *nc = (const char *)codes + PF_PANELS * ng * gbytes + g * gbytes;
     for (long l = 0; l < gbytes; l += 64) _mm_prefetch(nc + l, _MM_HINT_T0);
-    const long ahead = (PF_PANELS * ng + g) * PANEL * (hs ? 2 : 4);
+    const long ahead = PF_PANELS * scales_panel_bytes(ng, hs) + scales_row_at(g, hs);
     _mm_prefetch((const char *)sc + ahead, _MM_HINT_T0);
     if (of) _mm_prefetch((const char *)of + ahead, _MM_HINT_T0);
 }
@@ -68,7 +64,7 @@ prefetch_group(const int q4, const void *codes, const void *sc, const void *of, 
 static inline __attribute__((always_inline)) AVX2F void
 scale_group(const int MR, __m256 *acc, const __m256i *isum, const float *xd, const int32_t *xs, long ng, long g,
             const void *sc, const void *of, int half, int hs) {
-    const __m256 s = scales8(sc, g * PANEL + half * 8, hs);
+    const __m256 s = scales8(sc, g, half, hs);
 #pragma GCC unroll 4
     for (int r = 0; r < MR; r++) {
         const float dx = xd[r * ng + g];
@@ -76,7 +72,7 @@ scale_group(const int MR, __m256 *acc, const __m256i *isum, const float *xd, con
         acc[r] = _mm256_add_ps(acc[r], _mm256_mul_ps(_mm256_cvtepi32_ps(isum[r]), sd));
     }
     if (of) {
-        const __m256 o = scales8(of, g * PANEL + half * 8, hs);
+        const __m256 o = scales8(of, g, half, hs);
 #pragma GCC unroll 4
         for (int r = 0; r < MR; r++) {
             const float c = xd[r * ng + g] * (float)xs[r * ng + g];

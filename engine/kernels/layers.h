@@ -8,12 +8,12 @@
 
 void skinny_linear(const float *x, long M, long K, const float *panels, long N, const float *bias, float *y,
                    int accumulate, int nthreads);
-void stored_linear(const float *x, long M, long K, int kind, long group, const void *codes, const float *scales,
-                   const float *offsets, long N, const float *bias, float *y, long ldy, int accumulate,
-                   int nthreads);
+void stored_linear(const float *x, long M, long K, int kind, long group, const void *codes, const void *scales,
+                   const void *offsets, long N, const float *bias, float *y, long ldy, int accumulate,
+                   int nthreads, int hs);
 int stored_linear_fast(const float *x, long M, long K, int kind, long group, const void *codes, const void *scales,
                        const void *offsets, long N, const float *bias, float *y, long ldy, int accumulate,
-                       int nthreads, int half);
+                       int nthreads, int hs);
 void rms_norm(const float *x, long T, long H, const float *w, float eps, float *out);
 void silu_mul(const float *gu, long T, long I, float *out);
 /* Attention over a KV cache of fp32 values, or fp16 ones (kv16) */
@@ -26,14 +26,16 @@ void rows_attention(const float *q, long q_stride, const void *k, const void *v,
 
 #define MAX_PARTS 3
 
-/* One stored-format block of output columns (see stored.c for the fields); scales16 / offsets16:
- * fp16 copies of the scales and offsets where they are exact (the fast products read those), or
- * NULL. */
+/* One stored-format block of output columns (see stored.c for the fields); compact_scales /
+ * compact_offsets: the compact copies of the scales and offsets both precisions read, stored as
+ * scale_form says (scales.h: the exact fp16 copies, or a K-quant's factored form), or NULL
+ * (scale_form 0: they read the fp32 ones). */
 typedef struct {
     long kind, group, n;
     const void *codes;
     const float *scales, *offsets;
-    const void *scales16, *offsets16;
+    const void *compact_scales, *compact_offsets;
+    long scale_form;
 } part_t;
 
 /* A linear layer: fp32 panels for skinny_linear, or up to three stored parts side by side. */
@@ -65,13 +67,13 @@ static void linear(const lin_t *l, const float *x, long M, float *y, int accumul
     for (long i = 0; i < l->nparts; i++) {
         const part_t *p = &l->parts[i];
         const float *b = l->bias ? l->bias + col : NULL;
-        const int half = p->scales16 != NULL;
-        if (!fast || stored_linear_fast(x, M, l->k, (int)p->kind, p->group, p->codes,
-                                        half ? p->scales16 : (const void *)p->scales,
-                                        half ? p->offsets16 : (const void *)p->offsets, p->n, b, y + col, l->n,
-                                        accumulate, nthreads, half) != 0)
-            stored_linear(x, M, l->k, (int)p->kind, p->group, p->codes, p->scales, p->offsets, p->n, b, y + col, l->n,
-                          accumulate, nthreads);
+        const int hs = p->compact_scales ? (int)p->scale_form : 0;
+        const void *sc = hs ? p->compact_scales : (const void *)p->scales;
+        const void *of = hs ? p->compact_offsets : (const void *)p->offsets;
+        if (!fast || stored_linear_fast(x, M, l->k, (int)p->kind, p->group, p->codes, sc, of, p->n, b, y + col, l->n,
+                                        accumulate, nthreads, hs) != 0)
+            stored_linear(x, M, l->k, (int)p->kind, p->group, p->codes, sc, of, p->n, b, y + col, l->n, accumulate,
+                          nthreads, hs);
         col += p->n;
     }
 }

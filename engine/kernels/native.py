@@ -36,7 +36,7 @@ VARIANTS = ("", "avx2", "avxvnni", "avx512")
 _p, _i, _l, _f = ctypes.c_void_p, ctypes.c_int, ctypes.c_long, ctypes.c_float
 _SIGNATURES = {
     "skinny_linear": [_p, _l, _l, _p, _l, _p, _p, _i, _i],
-    "stored_linear": [_p, _l, _l, _i, _l, _p, _p, _p, _l, _p, _p, _l, _i, _i],
+    "stored_linear": [_p, _l, _l, _i, _l, _p, _p, _p, _l, _p, _p, _l, _i, _i, _i],
     "rms_norm": [_p, _l, _l, _p, _f, _p],
     "silu_mul": [_p, _l, _l, _p],
     "tree_attention": [_p, _l, _p, _p, _l, _l, _l, _i, _i, _i, _p, _l, _p, _f, _p, _i, _i],
@@ -84,7 +84,7 @@ class NativeKernel:
         self.eagle_head_forward.restype = _i
         self._lib.dequantize_rows.restype = _i
         self._lib.corpus_tree.restype = _l
-        self._lib.stored_linear_fast.argtypes = [*_SIGNATURES["stored_linear"], _i]  # and half
+        self._lib.stored_linear_fast.argtypes = _SIGNATURES["stored_linear"]
         self._lib.stored_linear_fast.restype = _i
         self._lib.fast_variant.argtypes = [_i]
         self._lib.attention_variant.argtypes = [_i]
@@ -156,33 +156,20 @@ class NativeKernel:
         """x: [M, K] contiguous fp32; ``out``: an [M, weight.n] view with unit column stride (a
         column slice of a bigger output is fine), written or (``accumulate``) added to."""
         m, k = x.shape
-        self._lib.stored_linear(
-            x.data_ptr(),
-            m,
-            k,
-            weight.kind_id,
-            weight.group,
-            weight.codes.data_ptr(),
-            ptr(weight.scales),
-            ptr(weight.offsets),
-            weight.n,
-            ptr(bias),
-            out.data_ptr(),
-            out.stride(0),
-            int(accumulate),
-            torch.get_num_threads(),
-        )
+        sc, of, hs = _scale_args(weight)
+        self._lib.stored_linear(x.data_ptr(), m, k, weight.kind_id, weight.group, weight.codes.data_ptr(), sc, of,
+                                weight.n, ptr(bias), out.data_ptr(), out.stride(0), int(accumulate),
+                                torch.get_num_threads(), hs)
 
     def stored_linear_fast(self, x: torch.Tensor, weight: StoredPanels, bias: torch.Tensor | None, out: torch.Tensor,
                            accumulate: bool) -> bool:
         """The fast precision's product (fast.c), arguments as :meth:`stored_linear`; False when
         this weight's kind or this CPU has no fast kernel (nothing was written)."""
         m, k = x.shape
-        half = weight.scales16 is not None  # the exact fp16 copies: fewer bytes, the same floats
+        sc, of, hs = _scale_args(weight)
         rc = self._lib.stored_linear_fast(
-            x.data_ptr(), m, k, weight.kind_id, weight.group, weight.codes.data_ptr(),
-            ptr(weight.scales16 if half else weight.scales), ptr(weight.offsets16 if half else weight.offsets),
-            weight.n, ptr(bias), out.data_ptr(), out.stride(0), int(accumulate), torch.get_num_threads(), int(half),
+            x.data_ptr(), m, k, weight.kind_id, weight.group, weight.codes.data_ptr(), sc, of, weight.n, ptr(bias),
+            out.data_ptr(), out.stride(0), int(accumulate), torch.get_num_threads(), hs,
         )
         if rc == -2:
             raise MemoryError("the fast kernel could not allocate its activation buffers")
@@ -335,6 +322,14 @@ class NativeKernel:
             kv16(k, v),
         )
         return out
+
+
+def _scale_args(weight: StoredPanels) -> tuple[int | None, int | None, int]:
+    """The scale and offset pointers both products take, and their form (scales.h): the compact
+    copies where the weight has them (the same floats from fewer bytes), else the fp32 ones."""
+    if weight.scale_form and weight.compact_scales is not None:
+        return ptr(weight.compact_scales), ptr(weight.compact_offsets), weight.scale_form
+    return ptr(weight.scales), ptr(weight.offsets), 0
 
 
 def kv16(k: torch.Tensor, v: torch.Tensor) -> int:

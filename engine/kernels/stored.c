@@ -4,10 +4,11 @@
  *
  * Why: the fp32 kernel (skinny.c) streams 4 bytes per weight and sits at the memory roofline;
  * the embedded model's real weights are 4.5-8.5 bits. Here each 16-column panel is stored as
- * small integer codes plus one fp32 scale (and offset) per group of 16/32 k and per column,
- * repacked at load so that the 16 columns of one k are adjacent (q4: the 16 columns of eight
- * consecutive k, as one 32-bit word per column: code[k+i] in bits 4i..4i+3, so a code comes out
- * of its word with a shift and a mask, no byte shuffles). A panel is decoded chunk by
+ * small integer codes plus one fp32 scale (and offset) per group of 16/32 k and per column (read
+ * from a compact form where one gives the same floats: scales.h), repacked at load so that the
+ * 16 columns of one k are adjacent (q4: the 16 columns of eight consecutive k, as one 32-bit
+ * word per column: code[k+i] in bits 4i..4i+3, so a code comes out of its word with a shift and
+ * a mask, no byte shuffles). A panel is decoded chunk by
  * chunk (KC values of k) into an L1-resident fp32 buffer, once for all rows, then the same
  * register tile as skinny.c runs over it (tile.h).
  *
@@ -28,6 +29,7 @@
 #include <stdint.h>
 #include <stdlib.h>
 
+#include "scales.h"
 #include "tile.h"
 
 /* Rows that take the fused decode-in-register tile; from 6 rows its 12 accumulators plus the
@@ -66,15 +68,16 @@ static AVX2 void decode_bf16(const uint16_t *w, long k0, long kc, float *buf) {
     }
 }
 
-/* int8 codes [K][16]; scales/offsets [K/group][16] (offsets may be NULL: a plain product). */
-static AVX2 void decode_q8(const int8_t *codes, const float *scales, const float *offsets, long group,
+/* int8 codes [K][16]; scales/offsets [K/group][16] stored as hs says (scales.h; offsets may be
+ * NULL: a plain product). */
+static AVX2 void decode_q8(const int8_t *codes, const void *scales, const void *offsets, int hs, long group,
                            long k0, long kc, float *buf) {
     for (long k = 0; k < kc;) {
         const long g = (k0 + k) / group;
         const long end = (g + 1) * group - k0 < kc ? (g + 1) * group - k0 : kc;
-        const __m256 s0 = _mm256_loadu_ps(scales + g * PANEL), s1 = _mm256_loadu_ps(scales + g * PANEL + 8);
+        const __m256 s0 = scales8(scales, g, 0, hs), s1 = scales8(scales, g, 1, hs);
         if (offsets) {
-            const __m256 o0 = _mm256_loadu_ps(offsets + g * PANEL), o1 = _mm256_loadu_ps(offsets + g * PANEL + 8);
+            const __m256 o0 = scales8(offsets, g, 0, hs), o1 = scales8(offsets, g, 1, hs);
             for (; k < end; k++) {
                 const __m128i c = _mm_loadu_si128((const __m128i *)(codes + (k0 + k) * PANEL));
                 const __m256 q0 = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(c));
@@ -96,14 +99,14 @@ static AVX2 void decode_q8(const int8_t *codes, const float *scales, const float
 
 /* 4-bit codes, eight k per 32-bit word: word [k/8][c] holds code[k+i][c] << 4i (k multiple of 8);
  * group is a multiple of 8 and k0, kc are multiples of 8. */
-static AVX2 void decode_q4(const uint32_t *codes, const float *scales, const float *offsets, long group,
+static AVX2 void decode_q4(const uint32_t *codes, const void *scales, const void *offsets, int hs, long group,
                            long k0, long kc, float *buf) {
     const __m256i low = _mm256_set1_epi32(0x0F);
     for (long k = 0; k < kc;) {
         const long g = (k0 + k) / group;
         const long end = (g + 1) * group - k0 < kc ? (g + 1) * group - k0 : kc;
-        const __m256 s0 = _mm256_loadu_ps(scales + g * PANEL), s1 = _mm256_loadu_ps(scales + g * PANEL + 8);
-        const __m256 o0 = _mm256_loadu_ps(offsets + g * PANEL), o1 = _mm256_loadu_ps(offsets + g * PANEL + 8);
+        const __m256 s0 = scales8(scales, g, 0, hs), s1 = scales8(scales, g, 1, hs);
+        const __m256 o0 = scales8(offsets, g, 0, hs), o1 = scales8(offsets, g, 1, hs);
         for (; k < end; k += 8) {
             __m256i v0 = _mm256_loadu_si256((const __m256i *)(codes + (k0 + k) / 8 * PANEL));
             __m256i v1 = _mm256_loadu_si256((const __m256i *)(codes + (k0 + k) / 8 * PANEL + 8));
@@ -137,13 +140,13 @@ static AVX2 void decode_q4(const uint32_t *codes, const float *scales, const flo
     a00 = a01 = a10 = a11 = a20 = a21 = a30 = a31 = a40 = a41 = a50 = a51 = _mm256_setzero_ps();
 
 static inline __attribute__((always_inline)) AVX2 void
-ftile_q4(const int MR, const float *x, long ldx, const uint32_t *codes, const float *scales, const float *offsets,
-         long group, long K, float *out) {
+ftile_q4(const int MR, const float *x, long ldx, const uint32_t *codes, const void *scales, const void *offsets,
+         int hs, long group, long K, float *out) {
     FZERO
     const __m256i low = _mm256_set1_epi32(0x0F);
     for (long g = 0; g < K / group; g++) {
-        const __m256 s0 = _mm256_loadu_ps(scales + g * PANEL), s1 = _mm256_loadu_ps(scales + g * PANEL + 8);
-        const __m256 o0 = _mm256_loadu_ps(offsets + g * PANEL), o1 = _mm256_loadu_ps(offsets + g * PANEL + 8);
+        const __m256 s0 = scales8(scales, g, 0, hs), s1 = scales8(scales, g, 1, hs);
+        const __m256 o0 = scales8(offsets, g, 0, hs), o1 = scales8(offsets, g, 1, hs);
         for (long k = g * group; k < (g + 1) * group; k += 8) {
             __m256i v0 = _mm256_loadu_si256((const __m256i *)(codes + k / 8 * PANEL));
             __m256i v1 = _mm256_loadu_si256((const __m256i *)(codes + k / 8 * PANEL + 8));
@@ -161,13 +164,13 @@ ftile_q4(const int MR, const float *x, long ldx, const uint32_t *codes, const fl
 }
 
 static inline __attribute__((always_inline)) AVX2 void
-ftile_q8(const int MR, const float *x, long ldx, const int8_t *codes, const float *scales, const float *offsets,
-         long group, long K, float *out) {
+ftile_q8(const int MR, const float *x, long ldx, const int8_t *codes, const void *scales, const void *offsets,
+         int hs, long group, long K, float *out) {
     FZERO
     for (long g = 0; g < K / group; g++) {
-        const __m256 s0 = _mm256_loadu_ps(scales + g * PANEL), s1 = _mm256_loadu_ps(scales + g * PANEL + 8);
+        const __m256 s0 = scales8(scales, g, 0, hs), s1 = scales8(scales, g, 1, hs);
         if (offsets) {
-            const __m256 o0 = _mm256_loadu_ps(offsets + g * PANEL), o1 = _mm256_loadu_ps(offsets + g * PANEL + 8);
+            const __m256 o0 = scales8(offsets, g, 0, hs), o1 = scales8(offsets, g, 1, hs);
             for (long k = g * group; k < (g + 1) * group; k++) {
                 const __m128i c = _mm_loadu_si128((const __m128i *)(codes + k * PANEL));
                 const __m256 w0 = _mm256_fmadd_ps(s0, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(c)), o0);
@@ -186,12 +189,12 @@ ftile_q8(const int MR, const float *x, long ldx, const int8_t *codes, const floa
     FSTORE(0) FSTORE(1) FSTORE(2) FSTORE(3) FSTORE(4) FSTORE(5)
 }
 
-typedef void (*ftile_fn)(const float *, long, const void *, const float *, const float *, long, long, float *);
+typedef void (*ftile_fn)(const float *, long, const void *, const void *, const void *, int, long, long, float *);
 #define FTILE(n)                                                                                              \
-    static AVX2 void ftile_q4_##n(const float *x, long ldx, const void *c, const float *s, const float *o,     \
-                                  long g, long K, float *out) { ftile_q4(n, x, ldx, c, s, o, g, K, out); }    \
-    static AVX2 void ftile_q8_##n(const float *x, long ldx, const void *c, const float *s, const float *o,     \
-                                  long g, long K, float *out) { ftile_q8(n, x, ldx, c, s, o, g, K, out); }
+    static AVX2 void ftile_q4_##n(const float *x, long ldx, const void *c, const void *s, const void *o,       \
+                                  int hs, long g, long K, float *out) { ftile_q4(n, x, ldx, c, s, o, hs, g, K, out); } \
+    static AVX2 void ftile_q8_##n(const float *x, long ldx, const void *c, const void *s, const void *o,       \
+                                  int hs, long g, long K, float *out) { ftile_q8(n, x, ldx, c, s, o, hs, g, K, out); }
 FTILE(1) FTILE(2) FTILE(3) FTILE(4) FTILE(5) FTILE(6)
 static const ftile_fn FTILES_Q4[MAX_ROWS + 1] = {0, ftile_q4_1, ftile_q4_2, ftile_q4_3, ftile_q4_4, ftile_q4_5,
                                                  ftile_q4_6};
@@ -203,16 +206,16 @@ static const ftile_fn FTILES_Q8[MAX_ROWS + 1] = {0, ftile_q8_1, ftile_q8_2, ftil
  * FMA latency (4 cycles) instead of issuing. Two panels side by side give four independent chains
  * and twice the decode work to overlap with them. Each column's chain is unchanged (same FMAs in
  * the same order), so the result is bit-identical to ftile_q4/q8 with MR = 1. */
-static AVX2 void ftile_pair_q4(const float *x, const uint32_t *ca, const float *sa, const float *oa,
-                               const uint32_t *cb, const float *sb, const float *ob, long group, long K,
+static AVX2 void ftile_pair_q4(const float *x, const uint32_t *ca, const void *sa, const void *oa,
+                               const uint32_t *cb, const void *sb, const void *ob, int hs, long group, long K,
                                float *outa, float *outb) {
     __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps(), b0 = _mm256_setzero_ps(), b1 = _mm256_setzero_ps();
     const __m256i low = _mm256_set1_epi32(0x0F);
     for (long g = 0; g < K / group; g++) {
-        const __m256 sa0 = _mm256_loadu_ps(sa + g * PANEL), sa1 = _mm256_loadu_ps(sa + g * PANEL + 8);
-        const __m256 oa0 = _mm256_loadu_ps(oa + g * PANEL), oa1 = _mm256_loadu_ps(oa + g * PANEL + 8);
-        const __m256 sb0 = _mm256_loadu_ps(sb + g * PANEL), sb1 = _mm256_loadu_ps(sb + g * PANEL + 8);
-        const __m256 ob0 = _mm256_loadu_ps(ob + g * PANEL), ob1 = _mm256_loadu_ps(ob + g * PANEL + 8);
+        const __m256 sa0 = scales8(sa, g, 0, hs), sa1 = scales8(sa, g, 1, hs);
+        const __m256 oa0 = scales8(oa, g, 0, hs), oa1 = scales8(oa, g, 1, hs);
+        const __m256 sb0 = scales8(sb, g, 0, hs), sb1 = scales8(sb, g, 1, hs);
+        const __m256 ob0 = scales8(ob, g, 0, hs), ob1 = scales8(ob, g, 1, hs);
         for (long k = g * group; k < (g + 1) * group; k += 8) {
             __m256i va0 = _mm256_loadu_si256((const __m256i *)(ca + k / 8 * PANEL));
             __m256i va1 = _mm256_loadu_si256((const __m256i *)(ca + k / 8 * PANEL + 8));
@@ -240,17 +243,17 @@ static AVX2 void ftile_pair_q4(const float *x, const uint32_t *ca, const float *
     _mm256_storeu_ps(outb + 8, b1);
 }
 
-static AVX2 void ftile_pair_q8(const float *x, const int8_t *ca, const float *sa, const float *oa,
-                               const int8_t *cb, const float *sb, const float *ob, long group, long K,
+static AVX2 void ftile_pair_q8(const float *x, const int8_t *ca, const void *sa, const void *oa,
+                               const int8_t *cb, const void *sb, const void *ob, int hs, long group, long K,
                                float *outa, float *outb) {
     __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps(), b0 = _mm256_setzero_ps(), b1 = _mm256_setzero_ps();
     for (long g = 0; g < K / group; g++) {
-        const __m256 sa0 = _mm256_loadu_ps(sa + g * PANEL), sa1 = _mm256_loadu_ps(sa + g * PANEL + 8);
-        const __m256 sb0 = _mm256_loadu_ps(sb + g * PANEL), sb1 = _mm256_loadu_ps(sb + g * PANEL + 8);
-        const __m256 oa0 = oa ? _mm256_loadu_ps(oa + g * PANEL) : _mm256_setzero_ps();
-        const __m256 oa1 = oa ? _mm256_loadu_ps(oa + g * PANEL + 8) : _mm256_setzero_ps();
-        const __m256 ob0 = ob ? _mm256_loadu_ps(ob + g * PANEL) : _mm256_setzero_ps();
-        const __m256 ob1 = ob ? _mm256_loadu_ps(ob + g * PANEL + 8) : _mm256_setzero_ps();
+        const __m256 sa0 = scales8(sa, g, 0, hs), sa1 = scales8(sa, g, 1, hs);
+        const __m256 sb0 = scales8(sb, g, 0, hs), sb1 = scales8(sb, g, 1, hs);
+        const __m256 oa0 = oa ? scales8(oa, g, 0, hs) : _mm256_setzero_ps();
+        const __m256 oa1 = oa ? scales8(oa, g, 1, hs) : _mm256_setzero_ps();
+        const __m256 ob0 = ob ? scales8(ob, g, 0, hs) : _mm256_setzero_ps();
+        const __m256 ob1 = ob ? scales8(ob, g, 1, hs) : _mm256_setzero_ps();
         for (long k = g * group; k < (g + 1) * group; k++) {
             const __m128i qa = _mm_loadu_si128((const __m128i *)(ca + k * PANEL));
             const __m128i qb = _mm_loadu_si128((const __m128i *)(cb + k * PANEL));
@@ -280,16 +283,16 @@ static AVX2 void ftile_pair_q8(const float *x, const int8_t *ca, const float *sa
 #define AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx2,fma,f16c")))
 
 static inline __attribute__((always_inline)) AVX512 void
-ftile512(const int MR, const int q4, const float *x, long ldx, const void *codes, const float *scales,
-         const float *offsets, long group, long K, float *out) {
+ftile512(const int MR, const int q4, const float *x, long ldx, const void *codes, const void *scales,
+         const void *offsets, int hs, long group, long K, float *out) {
     __m512 a[MAX_ROWS_512];
 #pragma GCC unroll 12
     for (int r = 0; r < MAX_ROWS_512; r++)
         if (r < MR) a[r] = _mm512_setzero_ps();
     const __m512i low = _mm512_set1_epi32(0x0F);
     for (long g = 0; g < K / group; g++) {
-        const __m512 s = _mm512_loadu_ps(scales + g * PANEL);
-        const __m512 o = offsets ? _mm512_loadu_ps(offsets + g * PANEL) : _mm512_setzero_ps();
+        const __m512 s = group_scales(scales, g, hs);
+        const __m512 o = offsets ? group_scales(offsets, g, hs) : _mm512_setzero_ps();
         if (q4) {
             for (long k = g * group; k < (g + 1) * group; k += 8) {
                 __m512i v = _mm512_loadu_si512((const void *)((const uint32_t *)codes + k / 8 * PANEL));
@@ -327,12 +330,16 @@ ftile512(const int MR, const int q4, const float *x, long ldx, const void *codes
         if (r < MR) _mm512_storeu_ps(out + r * PANEL, a[r]);
 }
 
-typedef void (*ftile512_fn)(const float *, long, const void *, const float *, const float *, long, long, float *);
+typedef void (*ftile512_fn)(const float *, long, const void *, const void *, const void *, int, long, long, float *);
 #define FTILE512(n)                                                                                            \
-    static AVX512 void ftile512_q4_##n(const float *x, long ldx, const void *c, const float *s, const float *o, \
-                                       long g, long K, float *out) { ftile512(n, 1, x, ldx, c, s, o, g, K, out); } \
-    static AVX512 void ftile512_q8_##n(const float *x, long ldx, const void *c, const float *s, const float *o, \
-                                       long g, long K, float *out) { ftile512(n, 0, x, ldx, c, s, o, g, K, out); }
+    static AVX512 void ftile512_q4_##n(const float *x, long ldx, const void *c, const void *s, const void *o,   \
+                                       int hs, long g, long K, float *out) {                                    \
+        ftile512(n, 1, x, ldx, c, s, o, hs, g, K, out);                                                          \
+    }                                                                                                            \
+    static AVX512 void ftile512_q8_##n(const float *x, long ldx, const void *c, const void *s, const void *o,   \
+                                       int hs, long g, long K, float *out) {                                    \
+        ftile512(n, 0, x, ldx, c, s, o, hs, g, K, out);                                                          \
+    }
 FTILE512(1) FTILE512(2) FTILE512(3) FTILE512(4) FTILE512(5) FTILE512(6)
 FTILE512(7) FTILE512(8) FTILE512(9) FTILE512(10) FTILE512(11) FTILE512(12)
 static const ftile512_fn FTILES512_Q4[MAX_ROWS_512 + 1] = {
@@ -367,8 +374,8 @@ static void write_panel(const float *acc, long col0, long N, const float *bias, 
     }
 }
 
-static void stored_linear_row(const float *x, long K, int kind, long group, const void *codes, const float *scales,
-                              const float *offsets, long N, const float *bias, float *y, int accumulate,
+static void stored_linear_row(const float *x, long K, int kind, long group, const void *codes, const void *scales,
+                              const void *offsets, int hs, long N, const float *bias, float *y, int accumulate,
                               int nthreads, long panel_bytes, long ngroups) {
     const long npanels = (N + PANEL - 1) / PANEL;
     const long npairs = (npanels + 1) / 2;
@@ -377,20 +384,23 @@ static void stored_linear_row(const float *x, long K, int kind, long group, cons
         float acc[2 * PANEL] __attribute__((aligned(32)));
         const long p = 2 * q;
         const char *pa = (const char *)codes + p * panel_bytes;
-        const float *sa = scales + p * ngroups * PANEL;
-        const float *oa = offsets ? offsets + p * ngroups * PANEL : 0;
+        const long sbytes = scales_panel_bytes(ngroups, hs);
+        const char *sa = (const char *)scales + p * sbytes;
+        const char *oa = offsets ? (const char *)offsets + p * sbytes : 0;
         if (p + 1 < npanels) {
             const char *pb = pa + panel_bytes;
-            const float *sb = sa + ngroups * PANEL;
-            const float *ob = oa ? oa + ngroups * PANEL : 0;
+            const char *sb = sa + sbytes;
+            const char *ob = oa ? oa + sbytes : 0;
             if (kind == KIND_Q4)
-                ftile_pair_q4(x, (const uint32_t *)pa, sa, oa, (const uint32_t *)pb, sb, ob, group, K, acc, acc + PANEL);
+                ftile_pair_q4(x, (const uint32_t *)pa, sa, oa, (const uint32_t *)pb, sb, ob, hs, group, K, acc,
+                              acc + PANEL);
             else
-                ftile_pair_q8(x, (const int8_t *)pa, sa, oa, (const int8_t *)pb, sb, ob, group, K, acc, acc + PANEL);
+                ftile_pair_q8(x, (const int8_t *)pa, sa, oa, (const int8_t *)pb, sb, ob, hs, group, K, acc,
+                              acc + PANEL);
             write_panel(acc, p * PANEL, N, bias, y, accumulate);
             write_panel(acc + PANEL, (p + 1) * PANEL, N, bias, y, accumulate);
         } else {
-            (kind == KIND_Q4 ? FTILES_Q4 : FTILES_Q8)[1](x, K, pa, sa, oa, group, K, acc);
+            (kind == KIND_Q4 ? FTILES_Q4 : FTILES_Q8)[1](x, K, pa, sa, oa, hs, group, K, acc);
             write_panel(acc, p * PANEL, N, bias, y, accumulate);
         }
     }
@@ -398,12 +408,13 @@ static void stored_linear_row(const float *x, long K, int kind, long group, cons
 
 /*
  * x: [M, K] row-major. codes: per panel p (0..ceil(N/16)-1) a block of K*16 codes
- * (q4: K*8 bytes); scales/offsets: [npanels][K/group][16] fp32 (NULL where the kind has none).
+ * (q4: K*8 bytes); scales/offsets: per panel [K/group][16], stored as hs says (scales.h: fp32, the
+ * exact fp16 copies or a K-quant's factored form; the same floats), NULL where the kind has none.
  * y: row stride ldy; columns 0..N-1 written (accumulate: added). bias: [N] or NULL.
  */
-void stored_linear(const float *x, long M, long K, int kind, long group, const void *codes, const float *scales,
-                   const float *offsets, long N, const float *bias, float *y, long ldy, int accumulate,
-                   int nthreads) {
+void stored_linear(const float *x, long M, long K, int kind, long group, const void *codes, const void *scales,
+                   const void *offsets, long N, const float *bias, float *y, long ldy, int accumulate,
+                   int nthreads, int hs) {
     const long npanels = (N + PANEL - 1) / PANEL;
     const long code_bytes = kind == KIND_F32 ? 4 : (kind == KIND_F16 || kind == KIND_BF16) ? 2 : 1;
     const long panel_bytes = kind == KIND_Q4 ? K * PANEL / 2 : K * PANEL * code_bytes;
@@ -411,7 +422,7 @@ void stored_linear(const float *x, long M, long K, int kind, long group, const v
     const long passes = (M + MAX_ROWS - 1) / MAX_ROWS;
     if (M <= 0 || N <= 0) return; /* nothing to compute (and no zero-row tile to call) */
     if (M == 1 && use_avx512 != 1 && (kind == KIND_Q4 || kind == KIND_Q8)) {
-        stored_linear_row(x, K, kind, group, codes, scales, offsets, N, bias, y, accumulate, nthreads,
+        stored_linear_row(x, K, kind, group, codes, scales, offsets, hs, N, bias, y, accumulate, nthreads,
                           panel_bytes, ngroups);
         return;
     }
@@ -422,15 +433,16 @@ void stored_linear(const float *x, long M, long K, int kind, long group, const v
 #pragma omp for schedule(static)
         for (long p = 0; p < npanels; p++) {
             const char *pc = (const char *)codes + p * panel_bytes;
-            const float *ps = scales ? scales + p * ngroups * PANEL : 0;
-            const float *po = offsets ? offsets + p * ngroups * PANEL : 0;
+            const long sbytes = p * scales_panel_bytes(ngroups, hs);
+            const char *ps = scales ? (const char *)scales + sbytes : 0;
+            const char *po = offsets ? (const char *)offsets + sbytes : 0;
             const int quant = kind == KIND_Q4 || kind == KIND_Q8;
             const int wide = use_avx512 == 1 && quant && M <= MAX_ROWS_512;
             const int fused = wide || (quant && M <= FUSED_MAX_ROWS);
             if (wide)
-                (kind == KIND_Q4 ? FTILES512_Q4 : FTILES512_Q8)[M](x, K, pc, ps, po, group, K, acc);
+                (kind == KIND_Q4 ? FTILES512_Q4 : FTILES512_Q8)[M](x, K, pc, ps, po, hs, group, K, acc);
             else if (fused)
-                (kind == KIND_Q4 ? FTILES_Q4 : FTILES_Q8)[M](x, K, pc, ps, po, group, K, acc);
+                (kind == KIND_Q4 ? FTILES_Q4 : FTILES_Q8)[M](x, K, pc, ps, po, hs, group, K, acc);
             else
                 for (long i = 0; i < M * PANEL; i++) acc[i] = 0.0f;
             for (long k0 = 0; k0 < K && !fused; k0 += KC) {
@@ -439,8 +451,8 @@ void stored_linear(const float *x, long M, long K, int kind, long group, const v
                 case KIND_F32: decode_f32((const float *)pc, k0, kc, buf); break;
                 case KIND_F16: decode_f16((const uint16_t *)pc, k0, kc, buf); break;
                 case KIND_BF16: decode_bf16((const uint16_t *)pc, k0, kc, buf); break;
-                case KIND_Q8: decode_q8((const int8_t *)pc, ps, po, group, k0, kc, buf); break;
-                default: decode_q4((const uint32_t *)pc, ps, po, group, k0, kc, buf); break;
+                case KIND_Q8: decode_q8((const int8_t *)pc, ps, po, hs, group, k0, kc, buf); break;
+                default: decode_q4((const uint32_t *)pc, ps, po, hs, group, k0, kc, buf); break;
                 }
                 /* rows spread evenly over passes, as in skinny.c (7 rows go 4 + 3) */
                 for (long pass = 0, m0 = 0; pass < passes; pass++) {

@@ -40,8 +40,8 @@ class StoredLinear:
 
     @property
     def nbytes(self) -> int:
-        """Bytes one product reads in the precision set (the fast one reads fp16 scale copies)."""
-        return sum(p.fast_nbytes if self.fast else p.nbytes for p in self.parts)
+        """Bytes one product reads (the same in either precision: both read the compact scales)."""
+        return sum(p.nbytes for p in self.parts)
 
     @property
     def dense_weight(self) -> torch.Tensor:

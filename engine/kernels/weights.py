@@ -13,6 +13,9 @@ a weight for the same numbers. A weight matrix is held as
   eight k to a 32-bit word per column (code[k+i] in bits 4i..4i+3): one shift and one mask
   take a code out of eight columns at once.
 
+The kernels read the scales and offsets from compact copies where the same floats come from fewer
+bytes (fp16 copies, or a K-quant's own factoring; ``StoredPanels.scale_form``, ``scales.h``).
+
 The decoded value is bit-for-bit the float32 that gguf-py's ``dequantize`` (today's fp32 path)
 gives; see ``stored.c`` for why ``fma(scale, code, offset)`` equals its ``scale * code + offset``.
 This module is the format only; ``stored.py`` holds the layer that multiplies by it.
@@ -27,6 +30,7 @@ import torch
 PANEL = 16  # output columns per panel (fixed by stored.c)
 KIND_IDS = {"f32": 0, "f16": 1, "bf16": 2, "q8": 3, "q4": 4}
 _FLOAT_VIEWS = {"f16": torch.float16, "bf16": torch.bfloat16}
+SCALES_F16, SCALES_FACTORED = 1, 2  # StoredPanels.scale_form: fp16 copies; factored, + log2(groups a factor)
 
 
 @dataclass
@@ -38,6 +42,14 @@ class QuantRows:
     codes: torch.Tensor  # [n, k]: int8 (q8), uint8 (q4), int16 bit patterns (f16/bf16), float32 (f32)
     scales: torch.Tensor | None = None  # [n, k // group] float32
     offsets: torch.Tensor | None = None  # [n, k // group] float32, or None (no offset)
+    # A K-quant's scales as its file stores them, where the reader has them (gguf_weights.py):
+    # scales[:, g] == scale_base[:, g // per] * scale_sub[:, g] in fp32 (per: the groups of a
+    # super-block), likewise the offsets. Bases [n, k // (group * per)] float32 holding fp16
+    # values, subs [n, k // group] int8. A hint: StoredPanels checks it before it relies on it.
+    scale_base: torch.Tensor | None = None
+    scale_sub: torch.Tensor | None = None
+    offset_base: torch.Tensor | None = None
+    offset_sub: torch.Tensor | None = None
 
     @property
     def shape(self) -> tuple[int, int]:
@@ -54,7 +66,7 @@ class QuantRows:
     @classmethod
     def quantize_q8(cls, weight: torch.Tensor, group: int = 32) -> QuantRows:
         """Symmetric 8-bit codes with one scale per ``group`` k (Q8_0's recipe, the scale an fp16
-        value as there, so the fast products read it from an fp16 copy): a quarter of fp32's
+        value as there, so the products read it from an fp16 copy): a quarter of fp32's
         bytes. Lossy, so only for weights whose exact values do not matter to the output (a draft
         head's: drafts are verified)."""
         w = weight.float()
@@ -83,8 +95,12 @@ class QuantRows:
 
     def rows(self, index: torch.Tensor) -> QuantRows:
         """The rows ``index`` (a permutation, or the tokens of an embedding lookup)."""
-        pick = (lambda t: None if t is None else t.index_select(0, index))  # noqa: E731
-        return QuantRows(self.kind, self.group, pick(self.codes), pick(self.scales), pick(self.offsets))
+        return QuantRows(self.kind, self.group, *(None if t is None else t.index_select(0, index)
+                                                  for t in self._tensors()))
+
+    def _tensors(self) -> list[torch.Tensor | None]:
+        """The per-row tensors in field order (codes first): what rows() and cat_rows() act on."""
+        return [getattr(self, name) for name in _ROW_TENSORS]
 
     def dequantize(self) -> torch.Tensor:
         """[n, k] float32, the exact values of the reference dequantizer."""
@@ -107,15 +123,22 @@ class QuantRows:
         return int(self.codes.numel() * per_code) + extra
 
 
+_ROW_TENSORS = ("codes", "scales", "offsets", "scale_base", "scale_sub", "offset_base", "offset_sub")
+
+
 def cat_rows(parts: list[QuantRows]) -> QuantRows | None:
-    """The parts stacked by rows, or None when their kinds or groups differ (then keep them apart)."""
+    """The parts stacked by rows, or None when their kinds or groups differ (then keep them apart).
+    The factored scales survive where every part has them in the same shape, else they are dropped
+    (the fp32 scales say the same)."""
     first = parts[0]
     if any(p.kind != first.kind or p.group != first.group or (p.offsets is None) != (first.offsets is None)
            for p in parts):
         return None
-    cat = (lambda name: None if getattr(first, name) is None  # noqa: E731
-           else torch.cat([getattr(p, name) for p in parts]))
-    return QuantRows(first.kind, first.group, cat("codes"), cat("scales"), cat("offsets"))
+    columns = list(zip(*(p._tensors() for p in parts), strict=True))
+    tensors = [None if any(t is None for t in col) else torch.cat(col) for col in columns[:3]]
+    factored = [None if any(t is None or t.shape[1:] != col[0].shape[1:] for t in col) else torch.cat(col)
+                for col in columns[3:]]
+    return QuantRows(first.kind, first.group, *tensors, *factored)
 
 
 def _to_panels(t: torch.Tensor, n_pad: int) -> torch.Tensor:
@@ -180,11 +203,17 @@ class StoredPanels:
     codes: torch.Tensor  # [n_pad/16, k, 16] (q4: [n_pad/16, k/8, 16] int32, eight k per word)
     scales: torch.Tensor | None  # [n_pad/16, k/group, 16] float32
     offsets: torch.Tensor | None
-    # fp16 copies of scales and offsets where every value is exactly an fp16 (the GGUF kinds store
-    # them so): the fast products read these, a third fewer bytes a step for Q4_1 layers, the same
-    # floats once widened. None where some value is not.
-    scales16: torch.Tensor | None = None
-    offsets16: torch.Tensor | None = None
+    # Compact copies of the scales and offsets, which both products read (the same floats once
+    # rebuilt, fewer bytes a step), stored as scale_form says (scales.h): 1 (SCALES_F16): fp16
+    # copies [n_pad/16, k/group, 16], where every value is exactly an fp16 (the GGUF kinds with
+    # fp16 scales: a third fewer bytes for Q4_1 layers); SCALES_FACTORED + s: a K-quant's factored
+    # form, per panel a row of bytes (per super-block of 2**s groups an fp16 factor row, then int8
+    # sub-scale rows), where it rebuilds every fp32 value bit for bit (Q4_K: 4.6 bits a weight
+    # instead of 6; Q6_K: 8.6 instead of 10). 0 (None, None): the products read the fp32 ones,
+    # which are kept in every case for to_rows (the row form has no panel layout to rebuild from).
+    compact_scales: torch.Tensor | None = None
+    compact_offsets: torch.Tensor | None = None
+    scale_form: int = 0
 
     @property
     def kind_id(self) -> int:
@@ -202,11 +231,8 @@ class StoredPanels:
             codes = _pack_q4_words(codes)
         scales = _to_panels(rows.scales, n_pad) if rows.scales is not None else None
         offsets = _to_panels(rows.offsets, n_pad) if rows.offsets is not None else None
-        scales16 = _exact_half(scales) if rows.kind in ("q4", "q8") else None
-        offsets16 = _exact_half(offsets)
-        if scales16 is None or (offsets is not None and offsets16 is None):  # both copies or neither
-            scales16 = offsets16 = None
-        return cls(rows.kind, rows.group, n, k, codes, scales, offsets, scales16, offsets16)
+        compact = _factored_copies(rows, n_pad) or _half_copies(rows.kind, scales, offsets)
+        return cls(rows.kind, rows.group, n, k, codes, scales, offsets, *compact)
 
     def to_rows(self) -> QuantRows:
         codes = self.codes
@@ -220,13 +246,62 @@ class StoredPanels:
 
     @property
     def nbytes(self) -> int:
-        """Bytes the exact products read (codes, fp32 scales and offsets)."""
+        """Bytes one product reads, in either precision: the codes, and the compact copies of the
+        scales and offsets where there are some, else the fp32 ones."""
+        if self.scale_form and self.compact_scales is not None:
+            return _nbytes(self.codes, self.compact_scales, self.compact_offsets)
         return _nbytes(self.codes, self.scales, self.offsets)
 
-    @property
-    def fast_nbytes(self) -> int:
-        """Bytes the fast products read: the fp16 copies of the scales where there are some."""
-        return self.nbytes if self.scales16 is None else _nbytes(self.codes, self.scales16, self.offsets16)
+
+_ScaleCopies = tuple[torch.Tensor | None, torch.Tensor | None, int]
+
+
+def _half_copies(kind: str, scales: torch.Tensor | None, offsets: torch.Tensor | None) -> _ScaleCopies:
+    """fp16 copies of a quant kind's panel scales and offsets, both or neither (then form 0)."""
+    scales16 = _exact_half(scales) if kind in ("q4", "q8") else None
+    offsets16 = _exact_half(offsets)
+    if scales16 is None or (offsets is not None and offsets16 is None):
+        return None, None, 0
+    return scales16, offsets16, SCALES_F16
+
+
+def _factored_copies(rows: QuantRows, n_pad: int) -> _ScaleCopies | None:
+    """The factored copies (scales.h) of a K-quant's scales and offsets, both or None: None also
+    where the rows carry no factoring or it does not rebuild every fp32 value bit for bit, so the
+    answers never rest on what the reader assumed of the file."""
+    if rows.kind not in ("q4", "q8") or rows.scales is None or rows.scale_base is None or rows.scale_sub is None:
+        return None
+    pairs = [(rows.scales, rows.scale_base, rows.scale_sub)]
+    if rows.offsets is not None:
+        if rows.offset_base is None or rows.offset_sub is None:
+            return None
+        pairs.append((rows.offsets, rows.offset_base, rows.offset_sub))
+    groups, supers = rows.scales.shape[1], rows.scale_base.shape[1]
+    per = groups // supers if supers and groups % supers == 0 else 0
+    if not 0 < per <= 256 or per & (per - 1):  # super-blocks of 2**s groups, s <= 8 (fast.c's bound)
+        return None
+    packed = [_factored_panels(full, base, sub, per, n_pad) for full, base, sub in pairs]
+    if any(p is None for p in packed):
+        return None
+    return packed[0], packed[1] if len(packed) > 1 else None, SCALES_FACTORED + per.bit_length() - 1
+
+
+def _factored_panels(full: torch.Tensor, base: torch.Tensor, sub: torch.Tensor, per: int,
+                     n_pad: int) -> torch.Tensor | None:
+    """[n_pad/16, bytes] uint8: per panel and super-block the fp16 base row, then the int8 sub
+    rows; None unless base is fp16-exact and base * sub is ``full``, every bit."""
+    n, groups = full.shape
+    if base.shape != (n, groups // per) or sub.shape != full.shape or sub.dtype != torch.int8:
+        return None
+    half = _exact_half(base.float())
+    if half is None:
+        return None
+    rebuilt = half.float().repeat_interleave(per, dim=1) * sub.float()
+    if not torch.equal(rebuilt.view(torch.int32), full.float().contiguous().view(torch.int32)):
+        return None
+    factors = _to_panels(half, n_pad).view(torch.uint8)  # [p, supers, 32]
+    subs = _to_panels(sub, n_pad).view(torch.uint8).reshape(n_pad // PANEL, groups // per, per * PANEL)
+    return torch.cat([factors, subs], dim=2).reshape(n_pad // PANEL, -1)
 
 
 def _nbytes(*tensors: torch.Tensor | None) -> int:

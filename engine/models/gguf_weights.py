@@ -7,6 +7,9 @@ scale/offset per block), no fp32 copy is made, and the kernels decode blocks in 
 Each format's unpacking is written from the GGML block layouts; the per-block scale and offset
 are computed in float32 exactly as gguf-py's reference ``dequantize`` computes them, so that
 ``QuantRows.dequantize()`` equals the reference bit for bit (the tests check every format).
+Q4_K and Q6_K also hand over their scales as the file factors them (an fp16 ``d`` per 256 k times
+a small integer per group), which the kernels read instead of the fp32 products: fewer bytes a
+step for the same floats (weights.py checks the factoring before it relies on it).
 Q5_0 (which Q4_K_M files use where a row is no multiple of 256) is kept as 8-bit codes. Formats
 without a stored kernel (Q5_1, Q5_K, Q2_K, IQ*, ...) are dequantized to fp32 with gguf-py:
 they work, without the memory saving.
@@ -30,6 +33,7 @@ from engine.models.gguf_convert import (
 )
 from engine.models.gguf_file import GGUFFormatError, read_gguf
 
+K_SUPER = 256  # k values of a K-quant super-block (one d, one dmin)
 STORED_FORMATS = ("F32", "F16", "BF16", "Q8_0", "Q5_0", "Q4_0", "Q4_1", "Q4_K", "Q6_K")
 
 
@@ -39,10 +43,15 @@ def _f16(b: np.ndarray) -> np.ndarray:
 
 
 def _rows(codes: np.ndarray, n: int, k: int, scales: np.ndarray | None = None,
-          offsets: np.ndarray | None = None, *, kind: str, group: int) -> QuantRows:
+          offsets: np.ndarray | None = None, *, kind: str, group: int,
+          factored: tuple[np.ndarray, ...] = ()) -> QuantRows:
+    """factored: a K-quant's (scale base, scale sub[, offset base, offset sub]) per super-block of
+    256 k and per group, as QuantRows documents them."""
     def t(a: np.ndarray | None, cols: int) -> torch.Tensor | None:
         return None if a is None else torch.from_numpy(np.ascontiguousarray(a).reshape(n, cols))
-    return QuantRows(kind, group, t(codes, k), t(scales, k // max(group, 1)), t(offsets, k // max(group, 1)))
+    cols = [k // K_SUPER, k // group] * 2
+    return QuantRows(kind, group, t(codes, k), t(scales, k // max(group, 1)), t(offsets, k // max(group, 1)),
+                     *(t(a, c) for a, c in zip(factored, cols, strict=False)))
 
 
 def quant_rows(data: np.ndarray, qtype: str, n: int, k: int) -> QuantRows:
@@ -78,7 +87,9 @@ def quant_rows(data: np.ndarray, qtype: str, n: int, k: int) -> QuantRows:
         mn = np.concatenate([mid & 63, (hi >> 4) | ((mid >> 6) << 4)], axis=1).astype(np.float32)
         qs = b[:, 16:].reshape(-1, 4, 1, 32)  # 4 chunks of 32 bytes: low nibbles, then high
         codes = np.concatenate([qs & 15, qs >> 4], axis=2).reshape(-1, 256)
-        return _rows(codes, n, k, d * sc, -(dmin * mn), kind="q4", group=32)
+        # -(dmin * m) == (-dmin) * m bit for bit (signs are exact), zeros' signs included
+        factored = (d, sc.astype(np.int8), -dmin, mn.astype(np.int8))
+        return _rows(codes, n, k, d * sc, -(dmin * mn), kind="q4", group=32, factored=factored)
     if qtype == "Q6_K":
         b = raw.reshape(-1, 210)
         ql = b[:, :128].reshape(-1, 2, 1, 64)
@@ -86,8 +97,8 @@ def quant_rows(data: np.ndarray, qtype: str, n: int, k: int) -> QuantRows:
         low = np.concatenate([ql & 15, ql >> 4], axis=2).reshape(-1, 2, 4, 32)
         high = np.concatenate([(qh >> s) & 3 for s in (0, 2, 4, 6)], axis=2)  # [-1, 2, 4, 32]
         codes = ((low | (high << 4)).astype(np.int8) - np.int8(32)).reshape(-1, 256)
-        scale = _f16(b[:, 208:210]) * b[:, 192:208].view(np.int8).astype(np.float32)
-        return _rows(codes, n, k, scale, kind="q8", group=16)
+        d, sc = _f16(b[:, 208:210]), b[:, 192:208].view(np.int8)
+        return _rows(codes, n, k, d * sc.astype(np.float32), kind="q8", group=16, factored=(d, sc))
     from gguf.constants import GGMLQuantizationType
     from gguf.quants import dequantize
 

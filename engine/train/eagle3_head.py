@@ -28,13 +28,14 @@ class TargetTooSmallError(UserError, ValueError):
     """The target has too few layers for the head asked for; the message says how many it needs."""
 
 
-def default_aux_layer_ids(num_layers: int) -> list[int]:
+def default_aux_layer_ids(num_layers: int, reader: str = "an EAGLE-3 head") -> list[int]:
     """Low/mid/high target layers, "output of layer i" convention (SpecForge's default).
 
     The features are the residual stream entering layers ids+1 = (2, L//2, L-3), EAGLE-3's choice.
+    ``reader``: what reads them, as the refusal of a too shallow target names it.
     """
     if num_layers < MIN_EAGLE3_LAYERS:
-        raise TargetTooSmallError(f"an EAGLE-3 head needs a target with at least {MIN_EAGLE3_LAYERS} layers (this "
+        raise TargetTooSmallError(f"{reader} needs a target with at least {MIN_EAGLE3_LAYERS} layers (this "
                                   f"one has {num_layers}); pick a deeper model, or train Medusa heads "
                                   "(--method medusa)")
     return [1, num_layers // 2 - 1, num_layers - 4]

@@ -86,7 +86,7 @@ def prompt_list_and_digest(prompts: str | None, use_builtin: bool = True) -> tup
 def prepare_data(target: Target, settings: GenSettings, token_budget: int, prompts: str | None = None,
                  *, use_builtin_prompts: bool = True, aux_layer_ids: list[int] | None = None, rows: int = 48,
                  precision: str = "auto", import_from: Sequence[str | Path] = (), hidden_only: bool = False,
-                 log=print) -> tuple[list, DataCache]:
+                 budget_features: bool = False, log=print) -> tuple[list, DataCache]:
     """Generate (resuming) until the cache holds ``token_budget`` answer tokens.
 
     On our native CPU engine the rows engine generates many conversations per forward and
@@ -96,6 +96,8 @@ def prepare_data(target: Target, settings: GenSettings, token_budget: int, promp
     (or transformers-batched) path writes ids only and training runs the target itself.
     ``hidden_only`` (Medusa) captures only the last hidden state and argmax in new shards; the
     cache folder is the same, so an EAGLE-3 run later fills in the features it lacks.
+    ``budget_features`` (a trainer that reads only its first ``token_budget`` training tokens):
+    imported shards get features only until they hold that many, as Medusa's always do.
     """
     from tqdm.auto import tqdm
 
@@ -141,9 +143,9 @@ def prepare_data(target: Target, settings: GenSettings, token_budget: int, promp
                 bar.n = done
                 bar.refresh()
 
-            # imported or one-row shards; Medusa trains on the first --tokens only (its ``budget``)
+            # imported or one-row shards; Medusa (and a budget_features run) trains on the first --tokens only
             filled = fill_features(engine, cache, capture_layers=capture, rows=rows, progress=shards_done,
-                                   train_tokens=token_budget if hidden_only else None)
+                                   train_tokens=token_budget if hidden_only or budget_features else None)
             log(f"stored the target's features for {filled} shards")
             samples = cache.samples()
     else:

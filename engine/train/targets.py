@@ -10,6 +10,9 @@ Two sources with one method, ``batch(head, samples, ids) -> (embeds, features, p
 
 ``probs`` is the target's next-token distribution over the draft vocabulary (renormalised),
 ``inside`` whether its argmax over the full vocabulary lies in the draft vocabulary.
+
+A block drafter reads one conversation at a time instead: ``sequence(sample,
+aux_layer_ids) -> (features, argmax)``, the same features and the target's argmax after each token.
 """
 
 from __future__ import annotations
@@ -81,6 +84,17 @@ class LiveTarget:
         self.hf = hf
 
     @torch.no_grad()
+    def sequence(self, sample: Sample, aux_layer_ids: Sequence[int]) -> tuple[torch.Tensor, torch.Tensor]:
+        """(features [n, F], argmax [n]) of one conversation from one forward of the target."""
+        device = next(self.hf.parameters()).device
+        ids = torch.tensor([sample.ids], device=device)
+        _, feats, hidden = target_features(self.hf, ids, aux_layer_ids)
+        w = self.hf.get_output_embeddings().weight
+        flat = hidden[0]
+        top = torch.cat([(flat[s:s + 512] @ w.T).argmax(-1) for s in range(0, flat.shape[0], 512)])
+        return feats[0], top
+
+    @torch.no_grad()
     def batch(self, head: Eagle3Head, samples: Sequence[Sample], ids: torch.Tensor) -> Batch:
         embeds, feats, hidden = target_features(self.hf, ids, head.config.aux_layer_ids)
         w = self.hf.get_output_embeddings().weight
@@ -112,6 +126,19 @@ class StoredTarget:
         if self._head_rows is None or not torch.equal(self._head_rows[0], used):
             self._head_rows = (used.clone(), self.lm_head[used.to(self.lm_head.device)].contiguous())
         return self._head_rows[1]
+
+    def sequence(self, sample: Sample, aux_layer_ids: Sequence[int]) -> tuple[torch.Tensor, torch.Tensor]:
+        """(features [n, F] bf16, argmax [n], -1 where the data engine computed none) of one
+        conversation, as stored; ``aux_layer_ids`` must be the ones the data was made with (the
+        data cache's folder name holds them: the width is checked here)."""
+        assert sample.ref is not None, "a sample without stored features"
+        arrs = self._shard(sample.ref[0])
+        at, n = sample.ref[1], len(sample.ids)
+        feats = torch.from_numpy(np.array(arrs["features"][at:at + n])).view(torch.bfloat16)
+        if feats.shape[1] != len(aux_layer_ids) * self.embed.shape[1]:
+            raise ValueError(f"stored features of width {feats.shape[1]} are not the {len(aux_layer_ids)} layers "
+                             f"{list(aux_layer_ids)} asked for")
+        return feats, torch.from_numpy(np.asarray(arrs["argmax"][at:at + n], dtype=np.int64))
 
     @torch.no_grad()
     def batch(self, head: Eagle3Head, samples: Sequence[Sample], ids: torch.Tensor) -> Batch:

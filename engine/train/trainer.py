@@ -19,10 +19,10 @@ import os
 import random
 import tempfile
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 import torch.nn.functional as F
@@ -199,7 +199,7 @@ def measure_tau(head: Eagle3Head, source: TargetSource | torch.nn.Module, sample
 
 
 # checkpoints -------------------------------------------------------------------------------------
-def save_checkpoint(folder: Path, head: Eagle3Head, opt: torch.optim.Optimizer, state: dict[str, Any]) -> None:
+def save_checkpoint(folder: Path, head: torch.nn.Module, opt: torch.optim.Optimizer, state: dict[str, Any]) -> None:
     from safetensors.torch import save_file
 
     folder.mkdir(parents=True, exist_ok=True)
@@ -257,7 +257,7 @@ class CheckpointKeeper:
     def moved(self) -> bool:
         return self.folder != self.wanted
 
-    def save(self, head: Eagle3Head, opt: torch.optim.Optimizer, state: dict[str, Any]) -> None:
+    def save(self, head: torch.nn.Module, opt: torch.optim.Optimizer, state: dict[str, Any]) -> None:
         try:
             save_checkpoint(self.folder, head, opt, state)
         except WRITE_ERRORS as exc:
@@ -275,6 +275,66 @@ class CheckpointKeeper:
             return ExportError(f"{where}: once {out} can be written, run the same command with --resume")
         return ExportError(f"{where}: copy that folder to OUT/checkpoint and run the same command with "
                            "--resume --out OUT")
+
+
+# what every draft trainer's run shares -------------------------------------------------------------
+class RunState(Protocol):
+    """A training run as the shared helpers see it: ``state`` is what its checkpoint keeps
+    (``step``, ``epoch``, ``batch``, ``elapsed_s``, ``best_tau``, ``history``), ``total`` its
+    optimizer steps, ``card`` what its export records."""
+
+    state: dict[str, Any]
+    total: int
+    out: Path
+    keeper: CheckpointKeeper
+    card: dict[str, Any] | None
+
+    def checkpoint(self) -> None: ...
+
+
+class ScheduledRun(RunState, Protocol):
+    """A run :func:`train_until` drives: one optimizer step per batch, evaluations and exports on
+    schedule. ``settings`` has ``batch_tokens``, ``seed``, ``checkpoint_every`` and ``eval_every``."""
+
+    settings: Any
+
+    def step(self, batch: Sequence[Sample]) -> None: ...
+
+    def evaluate(self) -> dict[str, Any]: ...
+
+    def export(self, res: dict[str, Any]) -> None: ...
+
+
+def export_if_best(run: RunState, res: dict[str, Any], write: Callable[[dict[str, Any]], None], **counts: Any
+                   ) -> None:
+    """``write(info)`` the model to ``run.out`` unless an earlier export measured a better tau;
+    ``info`` is the card plus the run's progress (``counts``: what it trained on), also kept in
+    ``tau.json``. A failed write keeps the checkpoint and raises ExportError saying where it is;
+    the best tau is recorded only once its model is written, so a resumed run exports it again."""
+    state = run.state
+    best = state.get("best_tau")
+    if res and best is not None and res["tau"] < best:
+        return
+    info = {**(run.card or {}), "steps": state["step"], **counts, "training_time_s": round(state["elapsed_s"]),
+            "eval": res or None, "finished": state["step"] >= run.total}
+    try:
+        write(info)
+        (run.out / "tau.json").write_text(json.dumps(info, indent=2) + "\n")
+    except WRITE_ERRORS as exc:
+        run.checkpoint()
+        raise run.keeper.export_failed(run.out, exc) from None
+    if res:
+        state["best_tau"] = res["tau"]
+
+
+def finish(run: ScheduledRun) -> dict[str, Any]:
+    """The end of every run (its total reached, or its deadline): checkpoint, a last evaluation,
+    its export, and a checkpoint that records the export."""
+    run.checkpoint()
+    res = run.evaluate()
+    run.export(res)
+    run.checkpoint()
+    return res
 
 
 # the loop ----------------------------------------------------------------------------------------
@@ -306,7 +366,15 @@ def build_head(hf: torch.nn.Module, train: Sequence[Sample], settings: TrainSett
     return head
 
 
-def total_steps(train_samples: Sequence[Sample], settings: TrainSettings) -> int:
+class Schedule(Protocol):
+    """What a run's length is made of (every trainer's settings have these)."""
+
+    batch_tokens: int
+    epochs: float
+    max_steps: int | None
+
+
+def total_steps(train_samples: Sequence[Sample], settings: Schedule) -> int:
     """Optimizer steps of the whole run: ``epochs`` passes over the batches, capped by ``max_steps``."""
     per_epoch = len(list(iter_batches(list(train_samples), settings.batch_tokens, random.Random(0))))
     total = max(1, math.ceil(settings.epochs * per_epoch))
@@ -354,10 +422,10 @@ def _fresh(hf: torch.nn.Module, train_samples: Sequence[Sample], settings: Train
     return head, state
 
 
-def _optimizer(head: Eagle3Head, settings: TrainSettings, saved: dict[str, dict[str, torch.Tensor]] | None
-               ) -> torch.optim.Optimizer:
-    """AdamW over the head, with a checkpoint's moments when resuming."""
-    opt = torch.optim.AdamW(head.parameters(), lr=settings.lr, betas=(0.9, 0.95), weight_decay=0.0)
+def make_optimizer(params: Iterable[torch.nn.Parameter], lr: float, saved: dict[str, dict[str, torch.Tensor]] | None
+                   ) -> torch.optim.Optimizer:
+    """AdamW over ``params`` (a draft model's trained ones), with a checkpoint's moments when resuming."""
+    opt = torch.optim.AdamW(list(params), lr=lr, betas=(0.9, 0.95), weight_decay=0.0)
     if saved:
         osd = opt.state_dict()
         for idx, st in saved.items():
@@ -424,25 +492,11 @@ class _Run:
         return res
 
     def export(self, res: dict[str, Any]) -> None:
-        """Write the head to ``out`` unless an earlier export measured a better tau.
-
-        A failed write keeps the checkpoint and raises ExportError saying where it is; the best
-        tau is recorded only once its head is written, so a resumed run exports it again."""
-        best = self.state.get("best_tau")
-        if res and best is not None and res["tau"] < best:
-            return
-        state = self.state
-        info = {**(self.card or {}), "steps": state["step"], "train_tokens": state["train_tokens"],
-                "training_time_s": round(state["elapsed_s"]), "eval": res or None,
-                "finished": state["step"] >= self.total}
-        try:
+        """Write the head to ``out`` unless an earlier export measured a better tau (:func:`export_if_best`)."""
+        def write(info: dict[str, Any]) -> None:
             export_head(self.head, self.out, getattr(torch, self.settings.export_dtype), card=info)
-            (self.out / "tau.json").write_text(json.dumps(info, indent=2) + "\n")
-        except WRITE_ERRORS as exc:
-            self.checkpoint()
-            raise self.keeper.export_failed(self.out, exc) from None
-        if res:
-            state["best_tau"] = res["tau"]
+
+        export_if_best(self, res, write, train_tokens=self.state["train_tokens"])
 
 
 def train(hf: torch.nn.Module, train_samples: Sequence[Sample], eval_samples: Sequence[Sample], out_dir: str | Path,
@@ -472,18 +526,15 @@ def train(hf: torch.nn.Module, train_samples: Sequence[Sample], eval_samples: Se
     total = total_steps(train_samples, settings)
     bar = tqdm(total=total, initial=min(state["step"], total), desc="training head", unit="step",
                dynamic_ncols=True, disable=not progress_bar)
-    run = _Run(head, _optimizer(head, settings, saved_opt), source or LiveTarget(hf), settings, state, total, out,
-               CheckpointKeeper(ckpt, log), eval_samples, card, log, bar, settings.use_bf16())
-    _train_until(run, train_samples, deadline)
+    run = _Run(head, make_optimizer(head.parameters(), settings.lr, saved_opt), source or LiveTarget(hf), settings,
+               state, total, out, CheckpointKeeper(ckpt, log), eval_samples, card, log, bar, settings.use_bf16())
+    train_until(run, train_samples, deadline)
     bar.close()
-    run.checkpoint()
-    res = run.evaluate()
-    run.export(res)
-    run.checkpoint()
+    res = finish(run)
     return TrainResult(head, out, state["step"], res, state["history"])
 
 
-def _train_until(run: _Run, train_samples: Sequence[Sample], deadline: float | None) -> None:
+def train_until(run: ScheduledRun, train_samples: Sequence[Sample], deadline: float | None) -> None:
     """Steps until the run's total or the deadline, epoch by epoch in a seeded batch order (so a
     resumed run takes the batches it would have); checkpoints and evaluations on schedule."""
     state, settings = run.state, run.settings

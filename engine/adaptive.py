@@ -45,7 +45,13 @@ import statistics
 from collections import deque
 from dataclasses import dataclass, field
 
-from engine.acceptance import AcceptanceModel, ConfidenceModel, contested_children, first_child_run
+from engine.acceptance import (
+    AcceptanceModel,
+    ConfidenceModel,
+    contested_children,
+    first_child_run,
+    first_children,
+)
 from engine.costs import CostModel, LevelCost
 from engine.drafters.tree_search import Candidates, StopRule
 from engine.events import DraftPayoff
@@ -449,7 +455,9 @@ class DraftBudget:
                 draft_ms: float | None = None, levels: int = 0, width: int = 0) -> None:
         """``draft_ms``: the drafting time of a drafted step; None for a step the gate kept plain.
         ``levels``, ``width``: the levels the drafter grew and the top-k it was asked for, when it
-        pays per level and the budget chose them (else 0)."""
+        pays per level and the budget chose them (else 0); a tree grown from one forward (a block's
+        DDTree) gives its width alone: no levels were paid, so no level line is fitted to its
+        forward (the payoff then reads its mean drafting time, the same at any length)."""
         self.cost.observe(len(tree), verify_ms)
         proposed, self._proposed = self._proposed, None
         drafted, keep, contested = proposed if proposed is not None else (tree, None, contested_children(tree))
@@ -494,13 +502,15 @@ class DraftBudget:
         """What the chain inside a verified tree would have done on this step: it commits the
         accepted nodes while each is its parent's first child (siblings are in rank order), for
         the chain's drafting cost of the same levels (the tree's own where chains have not been
-        timed) and the verify curve's price of levels + 1 nodes at this step's speed."""
+        timed) and the verify curve's price of levels + 1 nodes at this step's speed. A tree grown
+        from one forward (``levels`` 0: a block's DDTree) costs its chain the same forward, and its
+        chain is the tree's spine of first children: that many nodes, plus the root, are priced."""
         tokens = 1 + first_child_run(tree, accepted)[0]
         chain_cost = self.draft_costs.get(1)
         chain_draft = chain_cost.estimate(levels) if chain_cost is not None and levels else None
-        tree_price, chain_price = self.cost.estimate(len(tree)), self.cost.estimate(levels + 1)
-        chain_verify = (verify_ms * chain_price / tree_price if tree_price and chain_price and levels
-                        else verify_ms)
+        nodes = (levels or spine_length(tree)) + 1
+        tree_price, chain_price = self.cost.estimate(len(tree)), self.cost.estimate(nodes)
+        chain_verify = verify_ms * chain_price / tree_price if tree_price and chain_price else verify_ms
         return tokens, draft_ms if chain_draft is None else chain_draft, chain_verify
 
     def _plain_ms(self) -> float | None:
@@ -519,6 +529,15 @@ class DraftBudget:
         if len(self.plain) >= _PLAIN_MIN and est is not None:
             return min(est, statistics.median(self.plain))
         return est
+
+
+def spine_length(tree: DraftTree) -> int:
+    """The nodes on ``tree``'s path of first children from the root (its chain), root excluded."""
+    first = first_children(tree)
+    node, length = 0, 0
+    while node in first:
+        node, length = first[node], length + 1
+    return length
 
 
 def subtree(tree: DraftTree, keep: list[int]) -> DraftTree:

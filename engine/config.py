@@ -98,8 +98,9 @@ class SpecConfig:
         for knob in KNOBS.values():
             knob.check(getattr(self, knob.name))
         drafts = self.num_draft_tokens - 1
-        if "eagle_topk" in method_knobs(self.method) and self.eagle_topk > drafts:
-            # a wider level could not be kept, yet each further level would score topk² candidates
+        if methods.is_tree(self.method) and self.eagle_topk > drafts:
+            # a wider level could not be kept, yet each further level would score topk² candidates (a
+            # block drafter's tree scores no levels: a width past its node budget is never reached)
             raise ConfigError(f"eagle_topk={self.eagle_topk} is more than the tree holds: num_draft_tokens="
                               f"{self.num_draft_tokens} leaves room for {drafts} drafts; use eagle_topk {drafts} "
                               "or less, or raise num_draft_tokens")
@@ -149,11 +150,12 @@ class SpecConfig:
         that act on the method and that SGLang has (engine/knobs.py names its flags)."""
         if self.method == "none":
             return []
-        algorithm = methods.get(self.method).sglang  # type: ignore[union-attr]  # validated
-        if algorithm is None:  # SGLang has no such algorithm (Medusa; vLLM has: specchat/export.py says so)
+        spec = methods.get(self.method)
+        if spec is None or spec.sglang is None:  # SGLang has no such algorithm (Medusa; vLLM has: export says so)
             raise KeyError(self.method)
-        args = [f"{KNOBS['method'].sglang} {algorithm}"]
-        return args + [f"{KNOBS[n].sglang} {getattr(self, n)}" for n in method_knobs(self.method) if KNOBS[n].sglang]
+        args = [f"{KNOBS['method'].sglang} {spec.sglang}"]
+        knobs = spec.knobs if spec.sglang_knobs is None else spec.sglang_knobs
+        return args + [f"{KNOBS[n].sglang} {getattr(self, n)}" for n in knobs if KNOBS[n].sglang]
 
 
 def _not_below(name: str, value: int, other: str, low: int) -> None:

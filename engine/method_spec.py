@@ -87,6 +87,9 @@ class MethodSpec:
     llamacpp_note: str = ""  # what a llama-server line of it must say ("": nothing of its own)
     # what an SGLang line cannot carry over of these settings (SpecConfig -> notes)
     sglang_notes: Callable[[Any], list[str]] | None = None
+    # the knobs its SGLang algorithm takes (None: every knob of ``knobs`` SGLang has a flag for); a
+    # knob left out is specchat's own for this method (a block drafter's tree width, where SGLang verifies chains)
+    sglang_knobs: tuple[str, ...] | None = None
     # vLLM's speculative_config fields after "method" for these settings (config, draft, notes) ->
     # dict; None: the draft-chain form (model, num_speculative_tokens = num_steps), specchat/export.py
     vllm_config: Callable[[Any, str | None, list[str]], dict[str, Any]] | None = None
@@ -106,3 +109,10 @@ class MethodSpec:
     @property
     def takes_draft(self) -> bool:
         return self.draft is not None
+
+    @property
+    def one_pass_tree(self) -> bool:
+        """It reads the tree width but grows no levels: its tree is searched over what one drafter
+        forward gave (a block drafter's DDTree), so the adaptive budget chooses chain or tree for it
+        (engine/adaptive.py, WidthChoice), never a depth to save forwards."""
+        return not self.tree and "eagle_topk" in self.knobs

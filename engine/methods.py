@@ -85,6 +85,13 @@ def reading(knob: str) -> tuple[str, ...]:
     return tuple(m.name for m in _REGISTRY.values() if knob in m.knobs)
 
 
+def one_pass_tree(name: str | None) -> bool:
+    """Whether method ``name`` searches its tree of ``tree_width`` over one drafter forward
+    (MethodSpec.one_pass_tree)."""
+    spec = _REGISTRY.get(name or "")
+    return spec is not None and spec.one_pass_tree
+
+
 def takes_draft(name: str) -> bool:
     spec = _REGISTRY.get(name)
     return spec is not None and spec.takes_draft

@@ -34,6 +34,7 @@ from typing import Any
 
 import torch
 
+from engine import methods
 from engine.adaptive import DraftBudget
 from engine.answer_stats import RunningTally
 from engine.budgets import Budgets
@@ -222,16 +223,7 @@ class SpecLoop:
         if not answer.drafted:
             answer.proposed = 0
             return DraftTree.root_only(answer.root)
-        ask = config
-        if config.adaptive_draft and drafter.pays_per_level:  # a chain or a tree, and as deep as pays
-            answer.width = budget.draft_width(config.tree_width)
-            answer.levels = budget.draft_depth(config.num_steps)
-            if (answer.levels, answer.width) != (config.num_steps, config.tree_width):
-                last = answer.asked
-                if last is None or last[0] is not config or last[1:3] != (answer.levels, answer.width):
-                    last = answer.asked = (config, answer.levels, answer.width,
-                                           config.replace(num_steps=answer.levels, eagle_topk=answer.width))
-                ask = last[3]
+        ask = self.ask(answer)
         tree = drafter.propose(self.conversation.cached, answer.root, ask, noise=self.picker.noise(config),
                                stop=cancellable(budget.stop_rule() if gated else None, self.cancel))
         answer.proposed = len(tree)
@@ -240,6 +232,30 @@ class SpecLoop:
         if answer.proposed > config.max_tree_tokens:
             raise RuntimeError(f"drafter {drafter.name} proposed {answer.proposed} nodes (> {config.max_tree_tokens})")
         return budget.prune(tree) if config.adaptive_draft else tree
+
+    @staticmethod
+    def ask(answer: AnswerState) -> SpecConfig:
+        """The settings the drafter drafts this step with: with the adaptive budget, a drafter that
+        pays per level gets the top-k (a chain or a tree) and the depth that pay; a tree searched
+        over one forward (a block's DDTree) the top-k alone (its forward costs the same at any depth)."""
+        config, budget, drafter = answer.config, answer.budget, answer.drafter
+        if not config.adaptive_draft:
+            return config
+        if drafter.pays_per_level:  # a chain or a tree, and as deep as pays
+            answer.width = budget.draft_width(config.tree_width)
+            answer.levels = budget.draft_depth(config.num_steps)
+        elif methods.one_pass_tree(answer.method):  # a chain or a tree; its depth is the prune's
+            answer.width = budget.draft_width(config.tree_width)
+        else:
+            return config
+        levels = answer.levels or config.num_steps
+        if (levels, answer.width) == (config.num_steps, config.tree_width):
+            return config
+        last = answer.asked
+        if last is None or last[0] is not config or last[1:3] != (levels, answer.width):
+            last = answer.asked = (config, levels, answer.width, config.replace(num_steps=levels,
+                                                                                eagle_topk=answer.width))
+        return last[3]
 
     def verify(self, config: SpecConfig, tree: DraftTree) -> tuple[Any, int]:
         """One target forward over the whole tree; returns its output and the cache position of

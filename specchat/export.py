@@ -111,11 +111,21 @@ def vllm_speculative_config(config: SpecConfig, draft: str | None, notes: list[s
     spec.update(model=_draft_for(config, draft, notes), num_speculative_tokens=drafts)
     if method.vllm_chain_note is not None:  # the method's own note (Medusa's heads)
         notes.append(method.vllm_chain_note(config))
-    elif method.tree and config.eagle_topk > 1:
-        notes.append(f"vLLM drafts a chain: no top-k tree, so eagle_topk={config.eagle_topk} and "
-                     f"num_draft_tokens={config.num_draft_tokens} do not carry over; num_speculative_tokens = "
-                     f"num_steps = {config.num_steps} (tune with --grid eagle_topk=1 to measure the chain)")
+    else:
+        notes.extend(_tree_lost("vLLM", "num_speculative_tokens", method, config, drafts))
     return spec
+
+
+def _tree_lost(server: str, field: str, method: methods.MethodSpec, config: SpecConfig, drafts: int) -> list[str]:
+    """What a server that drafts chains loses of a tree setting, with the chain's length ``field`` =
+    ``drafts``: a tree method's top-k tree (its chain is num_steps long), or the tree a method
+    that reads the width grows from each block (its chain is the block's guesses)."""
+    if "eagle_topk" not in method.knobs or config.eagle_topk <= 1:
+        return []
+    rule = "num_steps" if method.tree else "num_draft_tokens - 1"
+    return [f"{server} drafts a chain: no top-k tree, so eagle_topk={config.eagle_topk} and num_draft_tokens="
+            f"{config.num_draft_tokens} do not carry over; {field} = {rule} = {drafts} (tune with --grid "
+            "eagle_topk=1 to measure the chain)"]
 
 
 def vllm_line(config: SpecConfig, model: str | None, draft: str | None = None) -> LaunchLine:
@@ -167,10 +177,7 @@ def llamacpp_line(config: SpecConfig, model: str | None, draft: str | None = Non
         parts.append(f"-md {shlex.quote(_draft_for(config, draft, notes))}")
         if method.llamacpp_note:
             notes.append(method.llamacpp_note)
-        if method.tree and config.eagle_topk > 1:
-            notes.append(f"llama.cpp drafts a chain: no top-k tree, so eagle_topk={config.eagle_topk} and "
-                         f"num_draft_tokens={config.num_draft_tokens} do not carry over; --spec-draft-n-max = "
-                         f"num_steps = {drafts} (tune with --grid eagle_topk=1 to measure the chain)")
+        notes.extend(_tree_lost("llama.cpp", "--spec-draft-n-max", method, config, drafts))
     else:  # n-gram: one chain looked up by a fixed-length n-gram
         size_n = config.ngram_max_match_window_size
         parts += [f"--spec-ngram-simple-size-n {size_n}", f"--spec-ngram-simple-size-m {drafts}"]

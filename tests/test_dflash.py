@@ -8,6 +8,7 @@ targets with small vocabularies make random drafts land often enough to exercise
 from __future__ import annotations
 
 import functools
+import itertools
 import json
 import tempfile
 from pathlib import Path
@@ -332,7 +333,8 @@ VOCAB = 11  # random drafts over 11 tokens land often enough to exercise accepte
 def test_greedy_dflash_equals_plain_decoding(layout, block, draft_tokens, prompt, max_new, adaptive, swap_at,
                                              swap) -> None:
     b = bundle(layout, VOCAB, block)
-    config = SpecConfig(method="dflash", num_draft_tokens=draft_tokens, max_new_tokens=max_new, adaptive_draft=adaptive)
+    config = SpecConfig(method="dflash", eagle_topk=1, num_draft_tokens=draft_tokens, max_new_tokens=max_new,
+                        adaptive_draft=adaptive)  # width 1: a chain (tests/test_ddtree.py: the trees)
     s = dflash_session(b, VOCAB, config)
     out: list[int] = []
     largest = min(max(draft_tokens, swap if isinstance(swap, int) else 0), block)
@@ -351,12 +353,13 @@ def test_a_block_is_one_forward_and_a_chain_of_its_guesses_with_their_probabilit
     """Without the budget every step after the first drafts min(num_draft_tokens, block) - 1 tokens
     from exactly one drafter forward (none of the target's), whatever the block size."""
     b = bundle("z-lab", VOCAB, 8)
-    config = SpecConfig(method="dflash", num_draft_tokens=6, max_new_tokens=40, adaptive_draft=False)
+    config = SpecConfig(method="dflash", eagle_topk=1, num_draft_tokens=6, max_new_tokens=40, adaptive_draft=False)
     made: list[DFlashDrafter] = []
     s = dflash_session(b, VOCAB, config, made)
+    before = b.factory().runner.forwards  # the runner is the bundle's, shared by the tests that use it
     steps = [e for e in s.generate_ids([3, 4, 5, 6]) if isinstance(e, Step)]
     (drafter,) = made
-    assert drafter.runner.forwards == len(steps) - 1  # step 0 is the prefill's token
+    assert drafter.runner.forwards - before == len(steps) - 1  # step 0 is the prefill's token
     accepted = 0
     for step in steps[1:]:
         assert step.tree.is_chain and len(step.tree) == 6 and step.draft_levels == 0
@@ -364,7 +367,7 @@ def test_a_block_is_one_forward_and_a_chain_of_its_guesses_with_their_probabilit
         accepted += len(step.accepted)
     assert accepted > 0  # some blocks landed: the accepted paths were exercised
     block = drafter.last_block
-    assert block.logp.shape == (5, VOCAB)  # the block's per-position distributions, for a tree later
+    assert block.logp.shape == (5, VOCAB)  # the block's per-position distributions, a DDTree's offers
     torch.testing.assert_close(block.logp.exp().sum(-1), torch.ones(5))
 
 
@@ -373,10 +376,11 @@ def test_with_the_budget_a_block_is_run_only_for_the_steps_it_drafts() -> None:
     b = bundle("z-lab", VOCAB, 4)
     made: list[DFlashDrafter] = []
     s = dflash_session(b, VOCAB, SpecConfig(method="dflash", max_new_tokens=30), made)
+    before = b.factory().runner.forwards  # the bundle's runner, shared
     steps = [e for e in s.generate_ids([3, 4, 5, 6]) if isinstance(e, Step)]
     (drafter,) = made
     drafted = sum(1 for e in steps[1:] if not e.draft_paused)
-    assert drafter.runner.forwards == drafted
+    assert drafter.runner.forwards - before == drafted
     assert tokens_of_steps(steps) == plain(VOCAB, s.config, [3, 4, 5, 6])
 
 
@@ -475,12 +479,13 @@ def test_the_fast_precision_drafts_on_4_bit_codes_and_stays_its_baselines_answer
     assert runner.layers[0].qkv.fast
     prompt = [5, 17, 3, 44, 9, 5, 17]
     tok = TinyTokenizer(STORED_VOCAB, stop_ids=frozenset())
-    for precision in ("fast", "exact"):
+    for precision, width in itertools.product(("fast", "exact"), (1, 3)):  # a chain and a DDTree
         model.precision = precision
-        config = SpecConfig(method="dflash", max_new_tokens=30, num_draft_tokens=6, adaptive_draft=False)
+        config = SpecConfig(method="dflash", max_new_tokens=30, eagle_topk=width, num_draft_tokens=6,
+                            adaptive_draft=False)
         spec = Session(model, tok, config, drafters={"none": NoDrafter, "dflash": b.factory}, features=b.features)
         base = Session(model, tok, config.replace(method="none"), drafters={"none": NoDrafter})
-        assert tokens_of(spec.generate_ids(prompt)) == tokens_of(base.generate_ids(prompt)), precision
+        assert tokens_of(spec.generate_ids(prompt)) == tokens_of(base.generate_ids(prompt)), (precision, width)
 
 
 def test_every_forward_of_a_dflash_answer_captures_the_layers_the_drafter_names(monkeypatch) -> None:

@@ -35,8 +35,10 @@ def _tree(method: str) -> SpecConfig:
     return SpecConfig(method=method, num_steps=4, eagle_topk=2, num_draft_tokens=6, adaptive_draft=False)
 
 
-# a DFlash block of 16 (SGLang's --speculative-num-draft-tokens; num_steps and top-k do not act on it)
-BLOCK = SpecConfig(method="dflash", num_steps=4, eagle_topk=2, num_draft_tokens=16, adaptive_draft=False)
+# a DFlash block of 16 (SGLang's --speculative-num-draft-tokens; num_steps does not act on it), verified as
+# a chain (top-k 1) or as a DDTree of 16 nodes (top-k 2: specchat's own, no server takes it)
+BLOCK = SpecConfig(method="dflash", num_steps=4, eagle_topk=1, num_draft_tokens=16, adaptive_draft=False)
+DDTREE = BLOCK.replace(eagle_topk=2)
 
 
 @pytest.mark.parametrize(("config", "expected"), [
@@ -48,11 +50,15 @@ BLOCK = SpecConfig(method="dflash", num_steps=4, eagle_topk=2, num_draft_tokens=
     (_tree("standalone"), f"{SGL} --speculative-draft-model-path my/head --speculative-algorithm STANDALONE {TREE}"),
     (BLOCK, f"{SGL} --speculative-draft-model-path my/head --speculative-algorithm DFLASH "
             "--speculative-num-draft-tokens 16"),
+    (DDTREE, f"{SGL} --speculative-draft-model-path my/head --speculative-algorithm DFLASH "
+             "--speculative-num-draft-tokens 16"),
     (SpecConfig(method="none"), SGL),
-], ids=["ngram", "eagle3", "eagle", "standalone", "dflash", "none"])
+], ids=["ngram", "eagle3", "eagle", "standalone", "dflash", "ddtree", "none"])
 def test_sglang_lines(config: SpecConfig, expected: str) -> None:
     line = launch_line("sglang", config, None, "my/head")
     assert line.command == expected
+    if config.method == "dflash":  # the width is specchat's own: never a flag, said when it is a tree
+        assert any("DDTree" in n for n in line.notes) == (config.eagle_topk > 1)
     if config.method == "ngram":  # SGLang dropped the match-window flags: left out, and said so
         assert any("match-window" in n for n in line.notes)
     assert not any("adaptive" in n for n in line.notes)  # the budget was off
@@ -65,8 +71,9 @@ def test_sglang_lines(config: SpecConfig, expected: str) -> None:
     (_tree("eagle"), {"method": "eagle", "model": "my/head", "num_speculative_tokens": 4}),
     (_tree("standalone"), {"method": "draft_model", "model": "my/head", "num_speculative_tokens": 4}),
     (BLOCK, {"method": "dflash", "model": "my/head", "num_speculative_tokens": 15}),  # the block's guesses
+    (DDTREE, {"method": "dflash", "model": "my/head", "num_speculative_tokens": 15}),  # the same chain
     (SpecConfig(method="none"), None),
-], ids=["ngram", "eagle3", "eagle", "standalone", "dflash", "none"])
+], ids=["ngram", "eagle3", "eagle", "standalone", "dflash", "ddtree", "none"])
 def test_vllm_lines(config: SpecConfig, spec: dict | None) -> None:
     line = launch_line("vllm", config, "org/model", "my/head")
     words = shlex.split(line.command)  # as the shell hands them to vllm
@@ -80,6 +87,10 @@ def test_vllm_lines(config: SpecConfig, spec: dict | None) -> None:
     assert line.command == f"vllm serve org/model --speculative-config '{json.dumps(spec)}'"
     if config.method in ("eagle", "eagle3", "standalone"):
         assert any("vLLM drafts a chain: no top-k tree" in n for n in line.notes)
+    elif config is DDTREE:  # the tree of each block is lost, the chain is the block's guesses
+        assert line.notes == ["vLLM drafts a chain: no top-k tree, so eagle_topk=2 and num_draft_tokens=16 do not "
+                              "carry over; num_speculative_tokens = num_draft_tokens - 1 = 15 (tune with --grid "
+                              "eagle_topk=1 to measure the chain)"]
     elif config.method == "ngram":
         assert any("prompt lookup" in n for n in line.notes)
     else:  # a block is a chain already: nothing is lost
@@ -96,10 +107,11 @@ LLAMA = "llama-server -m /m/target.gguf"
     (_tree("standalone"), f"{LLAMA} --spec-type draft-simple -md /m/draft.gguf --spec-draft-n-max 4"),
     (_tree("eagle3"), f"{LLAMA} --spec-type draft-eagle3 -md /m/draft.gguf --spec-draft-n-max 4"),
     (BLOCK, f"{LLAMA} --spec-type draft-dflash -md /m/draft.gguf --spec-draft-n-max 15"),
+    (DDTREE, f"{LLAMA} --spec-type draft-dflash -md /m/draft.gguf --spec-draft-n-max 15"),
     (_tree("eagle"), LLAMA),
     (_tree("medusa"), LLAMA),
     (SpecConfig(method="none"), LLAMA),
-], ids=["ngram", "standalone", "eagle3", "dflash", "eagle", "medusa", "none"])
+], ids=["ngram", "standalone", "eagle3", "dflash", "ddtree", "eagle", "medusa", "none"])
 def test_llamacpp_lines(config: SpecConfig, expected: str) -> None:
     """llama-server drafts chains: a tree's depth (num_steps) or an n-gram tree's size less its root is the
     chain's length, said in a note; a method llama.cpp has no drafter for serves plain, and says so."""
@@ -112,7 +124,8 @@ def test_llamacpp_lines(config: SpecConfig, expected: str) -> None:
     elif config.method in ("standalone", "eagle3"):
         assert "llama.cpp drafts a chain: no top-k tree" in notes
     elif config.method == "dflash":
-        assert "top-k tree" not in notes and "its own converter" in notes
+        assert ("top-k tree" in notes) == (config is DDTREE) and "its own converter" in notes
+        assert config is not DDTREE or "--spec-draft-n-max = num_draft_tokens - 1 = 15" in notes
     elif config.method == "ngram":
         assert "one chain of 16 tokens" in notes
 

@@ -114,7 +114,8 @@ def test_knobs_by_method():
         assert {"num_steps", "eagle_topk", "num_draft_tokens"} <= set(knobs_for(method))
     assert set(METHOD_KNOBS) == {"none", "ngram", "eagle", "eagle3", "standalone", "medusa", "dflash"}
     assert "medusa_tree" in knobs_for("medusa") and "medusa_tree" not in knobs_for("eagle3")
-    assert knobs_for("dflash") == ("num_draft_tokens", "adaptive_draft")  # a block: its size, not a tree's shape
+    # a block: its size, and the width of the DDTree grown from it (1: a chain); never a tree's levels
+    assert knobs_for("dflash") == ("eagle_topk", "num_draft_tokens", "adaptive_draft")
 
 
 def test_ngram_drafts_say_they_have_no_probabilities():

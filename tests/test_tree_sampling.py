@@ -3,8 +3,10 @@
 On a 5-token vocabulary the exact joint distribution of the first three answer tokens is
 computed from the target, and a chi-square test compares it with many seeded speculative runs.
 Rejection sampling: EAGLE-3 trees (point-mass drafts), EAGLE-3, standalone and DFlash chains whose
-drafts are *sampled* and verified with min(1, p/q). Coupled sampling (one seed per run): EAGLE-3 and
-standalone trees drafted with Gumbel-top-k, a DFlash block with Gumbel-top-1 per position. The seeds
+drafts are *sampled* and verified with min(1, p/q), and a DDTree grown from a DFlash block's per-position
+top-k (point masses, engine/drafters/dflash/drafter.py says why that is exact). Coupled sampling (one
+seed per run): EAGLE-3 and standalone trees drafted with Gumbel-top-k, a DFlash block with Gumbel-top-1
+per position, and a DDTree over each position's Gumbel-top-k. The seeds
 are fixed, so the test is deterministic; a wrong residual or acceptance rule shifts the counts far
 past the threshold.
 """
@@ -117,6 +119,9 @@ CASES = [
     # a DFlash block: every draft sampled from its own position's row, one forward (topk/steps unused)
     ("rejection", "dflash", 1, 1, 4, 1.0, 1.0, 0),
     ("coupled", "dflash", 1, 1, 4, 0.8, 0.9, 3),  # Gumbel-top-1 per position, top-p and top-k
+    # DDTree: 5 nodes best-first over the block's 3 positions, 2 or 3 candidates each, one forward
+    ("rejection", "dflash", 2, 1, 6, 1.0, 1.0, 0),  # top-k per position, verified as point masses
+    ("coupled", "dflash", 3, 1, 6, 0.8, 0.9, 3),  # Gumbel-top-k per position, top-p and top-k
 ]
 
 
@@ -131,6 +136,9 @@ def test_speculative_sampling_keeps_the_target_distribution(sampling, method, to
                 drafters={"none": NoDrafter, method: factory}, features=features)
     counts = sample_answers(s, config)
     assert chi_square_p(counts, exact(temperature, top_p, top_k), SAMPLES) > 1e-3
+    if topk > 1:  # the trees were trees: some node had siblings
+        trees = [e.tree for e in s.generate_ids(PROMPT, config.replace(seed=0)) if isinstance(e, Step)]
+        assert any(not t.is_chain for t in trees)
 
 
 def sample_answers(session: Session, config: SpecConfig) -> Counter:

@@ -137,15 +137,19 @@ def head(name: str, *, hidden: int | None = None, kind: str = "eagle3", pickle: 
 
 
 def dflash(name: str, *, target: dict[str, Any] | None = None, ids: list[int] | None = None,
-           config: dict[str, Any] | None = None) -> Make:
+           config: dict[str, Any] | None = None, draft_vocab: int | None = None) -> Make:
     """A DFlash drafter in the z-lab layout for the tiny model (2 layers: it reads the outputs of layers
     0 and 1 unless ``ids`` says otherwise); ``target``: fields of another model it was made for;
-    ``config``: config.json fields changed (None removes one; ``dflash_config`` is replaced whole)."""
+    ``config``: config.json fields changed (None removes one; ``dflash_config`` is replaced whole);
+    ``draft_vocab``: the speculators layout with a reduced vocabulary of that many tokens instead."""
     def make(w: Where) -> None:
         from dflash_drafts import write_dflash, zlab_config
 
         model = json.loads((w.model / "config.json").read_text())
         made_for = {**model, **(target or {})}
+        if draft_vocab is not None:
+            write_dflash(w.tmp / name, made_for, layout="speculators", ids=ids or [0, 1], draft_vocab=draft_vocab)
+            return
         cfg = zlab_config(made_for, ids=ids or [0, 1])
         for key, value in (config or {}).items():
             if value is None:

@@ -321,6 +321,12 @@ GENERATE = [
     case("generate-dflash-sliding-window", f"generate {M} --prompt hi --draft {TMP}/d",
          r"is a drafter with sliding-window layers; specchat runs DFlash drafters",
          files=(b.dflash("d", config={"layer_types": ["sliding_attention", "full_attention"]}),)),
+    # a DDTree wider than the drafter's (reduced) vocabulary: a position cannot offer that many tokens;
+    # the drafter's own check, as for an EAGLE head's top-k (after the load, before the answer)
+    case("generate-dflash-topk-past-its-vocabulary",
+         f"generate {M} --prompt hi --draft {TMP}/d --speculative-eagle-topk 48",
+         r"eagle_topk=48 is more than the DFlash drafter's vocabulary of 40 tokens; use eagle_topk 40 or less",
+         files=(b.dflash("d", draft_vocab=40),), loads_model=True),
     case("generate-dflash-as-eagle3", f"generate {M} --prompt hi --method eagle3 --draft {TMP}/d",
          r"holds a dflash draft, not an eagle3 draft; use --method dflash", files=(b.dflash("d"),)),
     case("generate-eagle-head-as-dflash", f"generate {M} --prompt hi --method dflash --draft {TMP}/h",

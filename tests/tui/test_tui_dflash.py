@@ -78,7 +78,8 @@ def session(config: SpecConfig, *, eagle: bool = False, candidates: int = BLOCK_
     return s
 
 
-CONFIG = SpecConfig(method="dflash", num_draft_tokens=BLOCK, max_new_tokens=48, adaptive_draft=False)
+# a chain (tree width 1): the tests read the chain position by position; a DDTree (width > 1) has its own test
+CONFIG = SpecConfig(method="dflash", num_draft_tokens=BLOCK, eagle_topk=1, max_new_tokens=48, adaptive_draft=False)
 PROMPT = "DEFGHD"
 
 

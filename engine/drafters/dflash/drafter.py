@@ -1,18 +1,40 @@
-"""The DFlash drafter: one block forward per step, its guesses verified as a chain.
+"""The DFlash drafter: one block forward per step, its guesses verified as a chain or, with a tree
+width above 1, as a DDTree (engine/drafters/dflash/ddtree.py).
 
 Bookkeeping: the draft KV cache holds one context row per committed token (row p: the target
 features of token p at position p, which depend on nothing after p). The features of the tokens
 committed since the last block wait in ``_pending`` and join the cache inside the next block's
 forward, which runs anyway: a drafted step is one forward of the draft layers over those rows and
-the block, whatever the block size. A shared prefix survives a new turn (``reset`` keeps the rows
-of the common prefix); nothing is recomputed from the start.
+the block, whatever the block size or the tree. A shared prefix survives a new turn (``reset``
+keeps the rows of the common prefix); nothing is recomputed from the start.
 
-The block's guesses are a chain through the shared tree search (engine/drafters/tree_search.py,
-top-k 1), fed with the rows the one forward computed, so greedy drafting, coupled sampling
-(Gumbel-top-1 per position) and rejection sampling (each draft sampled from its row, the row
-carried for min(1, p/q)) work as for the other chain drafters. :meth:`DFlashDrafter.block` is
-that forward alone, its rows kept in ``last_block``: what a tree built from the block's
-per-position top-k (DDTree) starts from.
+Width 1 (``--speculative-eagle-topk 1``): the block's guesses are a chain through the shared tree
+search (engine/drafters/tree_search.py, top-k 1), fed with the rows the one forward computed, so
+greedy drafting, coupled sampling (Gumbel-top-1 per position) and rejection sampling (each draft
+sampled from its row, the row carried for min(1, p/q)) work as for the other chain drafters.
+
+Width k > 1: each position offers k candidates (its top-k; with coupled sampling its Gumbel-top-k,
+the noise of the position the target samples there, ranked by their log-probabilities) and the
+tree is the ``num_draft_tokens - 1`` best paths by summed log-probability (DDTree), from the same
+forward. Why every sampling rule stays exact:
+
+* greedy and coupled verification walk the tree along the target's own token (its argmax, or its
+  sample under the seed's noise, which no draft changes): any tree gives the baseline's tokens;
+* rejection sampling verifies the tree's children as point masses (as EAGLE's wider trees): the
+  tree is a function of the context alone, drawn from no randomness the verifier uses, and at a
+  node with target distribution p, child x is kept with probability p(x), else p(x) is zeroed and
+  p renormalised for the next sibling, so the token taken there (a child, or a draw from what is
+  left) is distributed as p. That holds whatever chose the children, so marginals read as
+  independent change nothing.
+* the sampled chain of width 1 carries each position's row q_j as the proposal of its node. q_j is
+  what draft j was drawn from, and it stays so given that the drafts before it were accepted:
+  the draws are independent of each other and of the verifier's uniforms, and whether the earlier
+  drafts pass depends only on those. So min(1, p/q_j) with the residual max(p - q_j, 0) is the
+  exact rejection step at every depth, though q_j ignores the drafts before it (a drafter's
+  conditional would be better at landing, not more exact).
+
+:meth:`DFlashDrafter.block` is that forward alone, its rows kept in ``last_block`` and the
+candidates a tree was grown from in ``last_offers``: what the app shows of a block.
 """
 
 from __future__ import annotations
@@ -25,17 +47,21 @@ from typing import Any
 import torch
 
 from engine.config import SpecConfig
+from engine.drafters.dflash.ddtree import Offers, ddtree
 from engine.drafters.dflash.runner import DFlashRunner
 from engine.drafters.draft_loader import Checked, DraftBundle, feature_spec
 from engine.drafters.tree_search import (
     Candidates,
+    Coupled,
     DraftRandom,
     Level,
     Picks,
     StopRule,
     cancelled,
+    check_topk,
     coupled_scores,
     grow_tree,
+    to_host,
 )
 from engine.prefix import common_prefix
 from engine.sampling import GumbelNoise
@@ -75,10 +101,13 @@ class DFlashDrafter:
         self._pending: list[torch.Tensor] = []  # features of committed tokens without a context row yet
         self._random = DraftRandom()
         self.last_block: BlockDraft | None = None
+        self.last_offers: Offers | None = None  # each position's candidates of the last tree (None: a chain)
 
     # -- the Drafter protocol ------------------------------------------------------------------
     def check(self, config: SpecConfig) -> None:
-        """Every setting runs: a tree size past the block drafts the whole block (block_size - 1)."""
+        """A tree size past the block drafts the whole block (block_size - 1); a tree width past the
+        drafter's vocabulary is refused (a position cannot offer that many distinct tokens)."""
+        check_topk(config, self.runner.vocab_size, "DFlash drafter")
 
     def reset(self, history: Sequence[int], features: torch.Tensor | None = None) -> None:
         """Take ``history`` (tokens in the target cache) and ``features`` (one row per token); the
@@ -110,16 +139,23 @@ class DFlashDrafter:
 
     def propose(self, history: Sequence[int], root: int, config: SpecConfig, *,
                 noise: GumbelNoise | None = None, stop: StopRule | None = None) -> DraftTree:
-        """The block's guesses after ``root`` as a chain of min(num_draft_tokens, block_size) - 1
-        drafts, from one forward. ``stop`` is asked only for a cancel: the forward is the whole cost,
-        so there is no level to save (the budget prunes the chain instead)."""
+        """The block's guesses after ``root``, from one forward: a chain of min(num_draft_tokens,
+        block_size) - 1 drafts at tree width 1, else the DDTree of num_draft_tokens - 1 nodes over
+        that many positions. ``stop`` is asked only for a cancel: the forward is the whole cost, so
+        there is no level to save (the budget prunes the tree instead)."""
         if cancelled(stop):
             return DraftTree.root_only(root)
         runner = self.runner
         drafts = min(config.num_draft_tokens, runner.spec.block_size) - 1
         block = self.block(root, drafts)
-        sampling = self._random.sampling(config, runner.to_target_dist)
         coupled = coupled_scores(config, noise, block.position, runner.vocab_ids, runner.kernel)
+        width = min(config.tree_width, runner.vocab_size)
+        if width > 1:
+            self.last_offers = self._offers(block.logp, width, coupled)
+            # the block rides on the tree too: the tree panel draws a DDTree with its block's rows
+            return dataclasses.replace(ddtree(root, self.last_offers, config.num_draft_tokens - 1), block=block)
+        self.last_offers = None  # a chain: no candidates beyond each position's draft
+        sampling = self._random.sampling(config, runner.to_target_dist)
         levels = self._levels(block.logp, picked=sampling is None and coupled is None)
 
         def expand(frontier: list[int], cands: Candidates) -> Level:
@@ -128,6 +164,28 @@ class DFlashDrafter:
         tree, _, _ = grow_tree(root, levels[0], expand, runner.to_target, num_steps=drafts, topk=1,
                                num_draft_tokens=drafts + 1, sampling=sampling, coupled=coupled)
         return dataclasses.replace(tree, block=block)
+
+    def _offers(self, logp: torch.Tensor, k: int, coupled: Coupled | None) -> Offers:
+        """Each position's k candidates, ranked by log-probability: its top-k in one operation, or
+        with coupled sampling the top-k of its perturbed scores (the noise of the position the
+        target samples at; our kernel's picks where it can), so the target's sample is offered
+        wherever the drafter gives it a fair chance. One copy to the host either way."""
+        rows = logp.shape[0]
+        if coupled is not None and coupled.picks is not None:
+            first = coupled.picks(logp[:1], 1, k)
+            if first is not None:  # the kernel takes every row alike (it declines by settings, not rows)
+                picked = [first, *(coupled.picks(logp[j: j + 1], j + 1, k) for j in range(1, rows))]
+                return _ranked([p[0][0] for p in picked], [p[1][0] for p in picked])  # type: ignore[index]
+        if coupled is None:
+            values, index = logp.topk(k, dim=-1)
+        else:
+            scores = torch.cat([coupled.scores(logp[j: j + 1], j + 1) for j in range(rows)])
+            index = scores.topk(k, dim=-1).indices
+            values = logp.gather(-1, index)
+        ids, flat = to_host(self.runner.to_target(index.flatten()), values.flatten())
+        ids_rows, value_rows = [ids[j * k:(j + 1) * k] for j in range(rows)], [flat[j * k:(j + 1) * k]
+                                                                               for j in range(rows)]
+        return Offers(ids_rows, value_rows) if coupled is None else _ranked(ids_rows, value_rows)
 
     # -- the block -------------------------------------------------------------------------------
     def block(self, root: int, rows: int) -> BlockDraft:
@@ -152,6 +210,13 @@ class DFlashDrafter:
         best, index = logp.max(dim=-1)
         ids, values = self.runner.to_target(index).tolist(), best.tolist()
         return [Level(logp[j: j + 1], Picks([[ids[j]]], [[values[j]]])) for j in range(logp.shape[0])]
+
+
+def _ranked(ids: list[list[int]], logp: list[list[float]]) -> Offers:
+    """Each row's candidates sorted by log-probability, best first (ties keep their order): a
+    perturbed top-k is not in that order, and the best-first search needs it."""
+    rows = [sorted(zip(v, i, strict=True), key=lambda c: -c[0]) for i, v in zip(ids, logp, strict=True)]
+    return Offers([[t for _, t in row] for row in rows], [[v for v, _ in row] for row in rows])
 
 
 def load_drafter(found: Checked, target: Any, tokenizer: Any) -> DraftBundle:

@@ -1,24 +1,41 @@
 """The DFlash method's registration (this folder): a block drafter that reads several target layers
-and proposes a whole block of tokens in one forward.
+and proposes a whole block of tokens in one forward, verified as a chain or as a DDTree.
 
-Its one knob is the block's size as SGLang names it for DFLASH, ``--speculative-num-draft-tokens``
-(the anchor included; SGLang pins num_steps and top-k to 1 there): a step verifies
-min(num_draft_tokens, the drafter's block_size) - 1 guesses. vLLM's ``num_speculative_tokens`` and
-llama.cpp's ``--spec-draft-n-max`` are that count of guesses.
+Its knobs: the block's size as SGLang names it for DFLASH, ``--speculative-num-draft-tokens`` (the
+anchor included): a chain step verifies min(num_draft_tokens, the drafter's block_size) - 1
+guesses, and a DDTree holds num_draft_tokens nodes, the root included (its node budget); and the
+tree width ``--speculative-eagle-topk`` (SpecConfig.tree_width): candidates per block position, 1
+a chain. DDTree is this method, not one of its own: the same drafter, the same forward and the same
+servers' names, only the shape of what is verified differs. SGLang's DFLASH pins top-k to 1 and
+vLLM's ``dflash`` and llama.cpp's ``draft-dflash`` verify chains (DDTree is an open pull request in
+each), so the width is specchat's own: export leaves it out (``sglang_knobs``) and says so.
+vLLM's ``num_speculative_tokens`` and llama.cpp's ``--spec-draft-n-max`` are the chain's guesses.
 """
 
 from __future__ import annotations
 
+from typing import Any
+
 from engine.method_spec import DraftSpec, MethodSpec
 
 _HERE = "engine.drafters.dflash"
+
+
+def sglang_notes(config: Any) -> list[str]:
+    """What SGLang's DFLASH line cannot carry over: a DDTree (width above 1)."""
+    if config.eagle_topk <= 1:
+        return []
+    return [f"SGLang's DFLASH verifies each block as a chain (its top-k is 1): the DDTree of eagle_topk="
+            f"{config.eagle_topk} candidates a position and num_draft_tokens={config.num_draft_tokens} nodes does "
+            "not carry over; the line drafts the block's num_draft_tokens - 1 guesses a step"]
 
 DFLASH = MethodSpec(
     "dflash",
     teaching="DFlash drafts a whole block in one pass: a small model that reads several of the target's layers "
              "fills every position after the last token at once. Each position is guessed without seeing the "
              "guesses before it, so the later positions are accepted less often; the numbers are its probabilities.",
-    knobs=("num_draft_tokens",), features="layers", block=True,
+    knobs=("eagle_topk", "num_draft_tokens"), sglang_knobs=("num_draft_tokens",), sglang_notes=sglang_notes,
+    features="layers", block=True,
     draft=DraftSpec(f"{_HERE}.drafter:load_drafter", claims=f"{_HERE}.checkpoint:is_dflash_config",
                     read=f"{_HERE}.checkpoint:read_dflash"),
     sglang="DFLASH", vllm="dflash", llamacpp="draft-dflash",
@@ -26,7 +43,7 @@ DFLASH = MethodSpec(
                   "the drafter's checkpoint; the safetensors folder specchat runs is not one",
     random_weights="it builds EAGLE-3 heads only; give a DFlash drafter with --draft PATH and bench it with "
                    "--prompts on a real model",
-    tune_grid={"num_draft_tokens": (4, 8, 12, 16)},
+    tune_grid={"eagle_topk": (1, 2, 4), "num_draft_tokens": (4, 8, 12, 16)},
 )
 
 METHODS = (DFLASH,)

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from engine.method_spec import DraftSpec, MethodSpec
+from engine.method_spec import ASSETS, DraftSpec, MethodSpec
 
 _HERE = "engine.drafters.dflash"
 
@@ -36,8 +36,10 @@ DFLASH = MethodSpec(
              "guesses before it, so the later positions are accepted less often; the numbers are its probabilities.",
     knobs=("eagle_topk", "num_draft_tokens"), sglang_knobs=("num_draft_tokens",), sglang_notes=sglang_notes,
     features="layers", block=True,
-    draft=DraftSpec(f"{_HERE}.drafter:load_drafter", claims=f"{_HERE}.checkpoint:is_dflash_config",
-                    read=f"{_HERE}.checkpoint:read_dflash"),
+    # the drafter trained for the embedded model (session 44; weak: its card says so), loaded when dflash is
+    # asked for on it without --draft, so block drafting can be watched and taught there
+    draft=DraftSpec(f"{_HERE}.drafter:load_drafter", shipped={"smollm2-135m": ASSETS / "dflash-smollm2-135m"},
+                    claims=f"{_HERE}.checkpoint:is_dflash_config", read=f"{_HERE}.checkpoint:read_dflash"),
     sglang="DFLASH", vllm="dflash", llamacpp="draft-dflash",
     llamacpp_note="llama.cpp reads a DFlash drafter as a GGUF made by its own converter (convert_hf_to_gguf.py) from "
                   "the drafter's checkpoint; the safetensors folder specchat runs is not one",

@@ -22,6 +22,15 @@ def peer_run(new: list[int], stops: set[int] | list[int], seconds: float) -> Run
     return Run(new, 0, produced, seconds, None)
 
 
+def warm_kinds(peer: Any, session: Any, prompt: Prompt) -> None:
+    """A llama.cpp peer's warm-up: one short answer of each of its kinds, untimed (the model files
+    into the page cache, its first-call costs paid)."""
+    saved, peer.max_new_tokens = peer.max_new_tokens, 8
+    for kind in peer.kinds:
+        peer.run(session, prompt, kind)
+    peer.max_new_tokens = saved
+
+
 class HFPeer:
     """transformers' own generate(): greedy, and its prompt-lookup decoding."""
 

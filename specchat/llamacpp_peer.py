@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from engine.prompts import Prompt
-from specchat.bench_peers import peer_run
+from specchat.bench_peers import peer_run, warm_kinds
 from specchat.bench_report import Run
 from specchat.options import UsageError
 
@@ -65,10 +65,7 @@ class LlamaCppPeer:
 
     def warm(self, session: Any, prompt: Prompt) -> None:
         """One short answer of each kind, untimed."""
-        saved, self.max_new_tokens = self.max_new_tokens, 8
-        for kind in self.kinds:
-            self.run(session, prompt, kind)
-        self.max_new_tokens = saved
+        warm_kinds(self, session, prompt)
 
     def run(self, session: Any, prompt: Prompt, kind: str) -> Run:
         """Greedy answer on our prompt ids (steps 0, no prefill time: llama.cpp reports neither)."""

@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from engine.prompts import Prompt
+from specchat.bench_peers import warm_kinds
 from specchat.bench_report import Run
 from specchat.options import UsageError
 
@@ -143,10 +144,7 @@ class LlamaCppTools:
 
     def warm(self, session: Any, prompt: Prompt) -> None:
         """One short answer of each kind, untimed (the files into the page cache)."""
-        saved, self.max_new_tokens = self.max_new_tokens, 8
-        for kind in self.kinds:
-            self.run(session, prompt, kind)
-        self.max_new_tokens = saved
+        warm_kinds(self, session, prompt)
 
     def run(self, session: Any, prompt: Prompt, kind: str) -> Run:
         tok = session.tokenizer

@@ -50,6 +50,21 @@ def head_matrix(weight: torch.Tensor, codes: str, stored: bool, dtype: torch.dty
     return as_weight(weight, stored, dtype, device)
 
 
+def vocab_to_target(vocab_ids: torch.Tensor | None, ids: torch.Tensor) -> torch.Tensor:
+    """A reduced draft vocabulary's indices as target token ids (``vocab_ids``: the target id of each
+    draft row, None for the target's own vocabulary). One rule for every head with a ``d2t`` map."""
+    return ids if vocab_ids is None else vocab_ids[ids.to(vocab_ids.device)]
+
+
+def dist_to_target(vocab_ids: torch.Tensor | None, vocab_size: int, q: torch.Tensor) -> torch.Tensor:
+    """A distribution over a reduced draft vocabulary as one over the target's ``vocab_size`` tokens
+    (zero elsewhere), as the verifier's rejection sampling reads it."""
+    if vocab_ids is None:
+        return q
+    out = torch.zeros(vocab_size, dtype=q.dtype, device=q.device)
+    return out.index_copy_(0, vocab_ids.to(q.device), q)
+
+
 def heads_take_fast_products(ops) -> bool:
     """Whether a draft head's 8-bit codes run the fast precision's integer products (``ops``: the
     target's native kernel, or None). Drafts are verified, so their arithmetic never reaches the

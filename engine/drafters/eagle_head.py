@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 import torch.nn.functional as F
 
-from engine.drafters.base import head_codes, head_matrix, heads_take_fast_products
+from engine.drafters.base import dist_to_target, head_codes, head_matrix, heads_take_fast_products, vocab_to_target
 from engine.drafters.eagle_checkpoint import HeadSpec
 from engine.drafters.tree_search import Level, Picks
 from engine.gpu.rms_norm import rms_norm
@@ -282,14 +282,11 @@ class EagleHead:
 
     def to_target(self, ids: torch.Tensor) -> torch.Tensor:
         """Head vocabulary indices -> target token ids."""
-        return ids if self.vocab_ids is None else self.vocab_ids[ids]
+        return vocab_to_target(self.vocab_ids, ids)
 
     def to_target_dist(self, q: torch.Tensor) -> torch.Tensor:
-        """A distribution over the head's vocabulary as one over the target's (zero elsewhere)."""
-        if self.vocab_ids is None:
-            return q
-        out = torch.zeros(self.target.config.vocab_size, dtype=q.dtype, device=q.device)
-        return out.index_copy_(0, self.vocab_ids.to(q.device), q)
+        """A distribution over the head vocabulary as one over the target's (zero elsewhere)."""
+        return dist_to_target(self.vocab_ids, self.target.config.vocab_size, q)
 
 
 def _lm_head_rows(target, ids: torch.Tensor) -> torch.Tensor:

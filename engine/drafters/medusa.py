@@ -40,7 +40,7 @@ import torch
 import torch.nn.functional as F
 
 from engine.config import SpecConfig
-from engine.drafters.base import heads_take_fast_products
+from engine.drafters.base import dist_to_target, heads_take_fast_products, vocab_to_target
 from engine.drafters.draft_loader import Checked, DraftBundle, feature_spec
 from engine.drafters.medusa_checkpoint import MedusaSpec, MedusaWeights
 from engine.drafters.tree_search import (
@@ -148,14 +148,11 @@ class MedusaHeads:
 
     def to_target(self, ids: torch.Tensor) -> torch.Tensor:
         """Head vocabulary indices -> target token ids."""
-        return ids if self.vocab_ids is None else self.vocab_ids[ids.to(self.vocab_ids.device)]
+        return vocab_to_target(self.vocab_ids, ids)
 
     def to_target_dist(self, q: torch.Tensor) -> torch.Tensor:
         """A distribution over the head vocabulary as one over the target's (zero elsewhere)."""
-        if self.vocab_ids is None:
-            return q
-        out = torch.zeros(self.spec.vocab_size, dtype=q.dtype, device=q.device)
-        return out.index_copy_(0, self.vocab_ids.to(q.device), q)
+        return dist_to_target(self.vocab_ids, self.spec.vocab_size, q)
 
 
 class MedusaDrafter:

@@ -19,7 +19,7 @@ from typing import Any
 
 import torch
 
-from engine.drafters.base import head_codes, head_matrix, heads_take_fast_products
+from engine.drafters.base import dist_to_target, head_codes, head_matrix, heads_take_fast_products, vocab_to_target
 from engine.drafters.dflash.model import DFlashSpec, LayerOps, run_layer
 from engine.gpu.rms_norm import rms_norm
 from engine.kernels.stored import StoredLinear
@@ -139,11 +139,8 @@ class DFlashRunner:
 
     def to_target(self, ids: torch.Tensor) -> torch.Tensor:
         """Drafter vocabulary indices -> target token ids."""
-        return ids if self.vocab_ids is None else self.vocab_ids[ids.to(self.vocab_ids.device)]
+        return vocab_to_target(self.vocab_ids, ids)
 
     def to_target_dist(self, q: torch.Tensor) -> torch.Tensor:
-        """A distribution over the drafter's vocabulary as one over the target's (zero elsewhere)."""
-        if self.vocab_ids is None:
-            return q
-        out = torch.zeros(self.spec.vocab_size, dtype=q.dtype, device=q.device)
-        return out.index_copy_(0, self.vocab_ids.to(q.device), q)
+        """A distribution over the drafter vocabulary as one over the target's (zero elsewhere)."""
+        return dist_to_target(self.vocab_ids, self.spec.vocab_size, q)

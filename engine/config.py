@@ -4,18 +4,25 @@ The UI hot-swaps settings by building a new ``SpecConfig`` with :meth:`SpecConfi
 validation happens there, so an invalid value never reaches a running session and the old
 settings stay in force. Field names follow SGLang's server arguments (without the
 ``speculative_`` prefix) so that tuned values can be handed over unchanged.
+
+A knob's default may depend on the method (its registration's ``defaults``: a block drafter drafts a
+chain where the tree methods branch 4 ways). :meth:`SpecConfig.for_method` is the one rule for what a knob
+the user did not set becomes, and :meth:`SpecConfig.with_method` applies it to a method switch (a
+hot swap, the method read from a draft, one row of a bench); the field defaults below are
+engine/knobs.py's, whatever the method.
 """
 
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
 from engine import methods
 from engine.knobs import KNOBS, METHODS, ConfigError, default
 
-__all__ = ["METHODS", "ConfigError", "SpecConfig", "knobs_for"]
+__all__ = ["METHODS", "ConfigError", "SpecConfig", "knobs_for", "method_defaults"]
 
 # a typing aid only: the registry (engine/methods.py) declares the methods, and
 # tests/test_methods.py checks that this Literal names the same ones
@@ -46,6 +53,29 @@ def knobs_for(method: str) -> tuple[str, ...]:
     """The drafting knobs that act on ``method`` (adaptive_draft included when it drafts at all)."""
     knobs = method_knobs(method)
     return (*knobs, "adaptive_draft") if knobs else ()
+
+
+def method_defaults(method: str) -> dict[str, Any]:
+    """``method``'s own defaults (its registration's ``defaults``; {} for an unknown method), checked:
+    a default for a knob the method does not read, or outside the knob's bounds, is a mistake in the
+    registration (ValueError), met the first time the method is resolved."""
+    spec = methods.get(method)
+    if spec is None:
+        return {}
+    for name, value in spec.defaults.items():
+        if name not in spec.knobs:
+            raise ValueError(f"method {method!r} declares a default for {name!r}, a knob it does not read "
+                             f"({', '.join(spec.knobs) or 'none'})")
+        try:
+            KNOBS[name].check(value)
+        except ConfigError as exc:
+            raise ValueError(f"method {method!r}'s default: {exc}") from None
+    return dict(spec.defaults)
+
+
+def drafting_knobs() -> frozenset[str]:
+    """The knobs some registered method reads: those a method switch may give a new default."""
+    return frozenset(k for m in methods.all_methods() for k in m.knobs)
 
 
 @dataclass(frozen=True)
@@ -129,6 +159,37 @@ class SpecConfig:
     def max_tree_tokens(self) -> int:
         """Nodes a verify forward may hold, root included (sizes the KV cache's scratch room)."""
         return 1 if self.method == "none" else self.num_draft_tokens
+
+    @classmethod
+    def for_method(cls, method: str, given: Mapping[str, Any] | None = None,
+                   base: Mapping[str, Any] | None = None) -> SpecConfig:
+        """``method``'s settings: ``given`` (what the user set: flags, a settings file, the settings
+        panel) over the method's own defaults (:func:`method_defaults`) over ``base`` (values nobody
+        chose for this method: a command's own defaults) over engine/knobs.py's.
+
+        SGLang's rule on top: a tree method given top-k 1 and no tree size drafts a chain, so its tree
+        holds ``num_steps + 1`` tokens, the root included (methods.chain_size)."""
+        given = {k: v for k, v in (given or {}).items() if k != "method"}
+        values = {**(base or {}), **method_defaults(method), **given, "method": method}
+        if methods.is_tree(method) and given.get("eagle_topk") == 1 and "num_draft_tokens" not in given:
+            values["num_draft_tokens"] = methods.chain_size(values.get("num_steps", default("num_steps")))
+        return cls(**values)
+
+    def with_method(self, method: str, kept: Collection[str] = ()) -> SpecConfig:
+        """These settings switched to ``method`` (:meth:`for_method`): the knobs in ``kept`` (those the
+        user set) keep their values, every other knob a method reads takes ``method``'s default, and the
+        rest (sampling, answer length, the budget) stay as they are. Raises ConfigError, ``self``
+        untouched, where a kept value does not fit the new method (a tree size too small for its top-k)."""
+        values = self.to_dict()
+        drafting = drafting_knobs()
+        return SpecConfig.for_method(method, {k: values[k] for k in kept if k in values},
+                                     {k: v for k, v in values.items() if k not in drafting})
+
+    def chosen_knobs(self) -> frozenset[str]:
+        """The knobs whose values differ from what :meth:`for_method` gives this method by default:
+        somebody chose them (what counts as the user's where nobody says: an app handed a config)."""
+        home = SpecConfig.for_method(self.method).to_dict()
+        return frozenset(k for k, v in self.to_dict().items() if v != home[k])
 
     def replace(self, **changes: Any) -> SpecConfig:
         """A validated copy with ``changes``; raises ConfigError and leaves ``self`` untouched."""

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import functools
 import os
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -225,6 +225,7 @@ def load_session(
     token_map: str | None = None,
     draft_revision: str | None = None,
     method_from_draft: bool = False,
+    given: Collection[str] = (),
     weights: str = "stored",
     precision: str = "exact",
     also: Sequence[str] = (),
@@ -237,7 +238,9 @@ def load_session(
     eagle3`` on the embedded model uses the head shipped for it, and that head is loaded anyway
     so the method can be chosen mid-chat (loaded, not run: the session captures the head's target
     features only while eagle3 drafts, so the baseline and n-gram forwards stay plain).
-    ``method_from_draft``: run the method the draft implies (the user gave --draft without --method).
+    ``method_from_draft``: run the method the draft implies (the user gave --draft without --method);
+    the knobs in ``given`` (those the user set) keep their values, the others take that method's defaults
+    (SpecConfig.with_method).
     ``ngram_corpus``: the n-gram drafter's corpus of the model's own answers: ``auto`` (the one
     shipped with the embedded model; for others, what ``train-draft --data-only`` generated for
     their weights, if anything), ``none``, or shard folders, comma-separated
@@ -273,7 +276,7 @@ def load_session(
         drafters[bundle.method] = bundle.factory
         features, description = bundle.features, bundle.description
         if method_from_draft:
-            config = config.replace(method=bundle.method)
+            config = config.with_method(bundle.method, given)
         if progress:
             progress("loading the draft", 1, 1)
     session = Session(loaded.model, loaded.tokenizer, config, model_name=loaded.name, model_path=loaded.path,

@@ -70,6 +70,9 @@ class MethodSpec:
     aliases: tuple[str, ...] = ()  # other --method names for it (any case): eagle2 -> eagle
     note: str = ""  # said beside its name in --method's help ("the baseline"); else its aliases
     knobs: tuple[str, ...] = ()  # the SpecConfig fields that act on it (engine/knobs.py names)
+    # its own defaults for some of ``knobs``, over engine/knobs.py's: what a knob the user did not set
+    # is under this method (SpecConfig.for_method; engine.config.method_defaults checks them)
+    defaults: Mapping[str, Any] = field(default_factory=dict)
     # it grows a tree of SpecConfig.tree_width (--speculative-eagle-topk) over num_steps levels;
     # width 1 is a chain (engine.methods.chain_size)
     tree: bool = False

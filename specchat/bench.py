@@ -47,7 +47,7 @@ from specchat.bench_report import (
 from specchat.bench_rounds import print_rounds, round_order, row_results
 from specchat.bench_warmup import capture_verify_graphs, graph_report, size_cache_for
 from specchat.llamacpp_tools import print_tg128
-from specchat.options import UsageError, draft_options, make_config
+from specchat.options import UsageError, draft_options, given_knobs, make_config
 
 if TYPE_CHECKING:
     from engine.config import SpecConfig
@@ -161,7 +161,8 @@ def plan_bench(options: BenchOptions, base_config: SpecConfig, modes: list[str])
     for peer in peers:
         if peer not in PEERS:
             raise UsageError(f"unknown peer {peer!r}; available: {', '.join(PEERS)}")
-    return Plan(prompts, modes, base_config, {m: base_config.replace(method=m) for m in methods}, peers,
+    given = given_knobs(options.spec)  # each row: its method's own defaults for the knobs the flags leave unset
+    return Plan(prompts, modes, base_config, {m: base_config.with_method(m, given) for m in methods}, peers,
                 options.rounds)
 
 
@@ -347,10 +348,9 @@ def _warm_up(plan: Plan, sessions: dict[str, Any], hf: Any, peers: list[Any]) ->
     Returns the graph captures per mode before timing."""
     for mode in plan.modes:  # CUDA: a KV cache that grows mid-bench moves, and its graphs are captured again
         size_cache_for(sessions[mode], plan.prompts, plan.configs.values())
-    warm = plan.configs["none"].replace(max_new_tokens=8)
     for mode in plan.modes:
-        for method in plan.configs:
-            run_ours(sessions[mode], plan.prompts[0], warm.replace(method=method))
+        for config in plan.configs.values():
+            run_ours(sessions[mode], plan.prompts[0], config.replace(max_new_tokens=8))
     graphs = {mode: capture_verify_graphs(sessions[mode]) for mode in plan.modes}  # every bucket, not just those used
     if hf is not None:
         hf.warm(plan.prompts[0])

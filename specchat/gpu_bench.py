@@ -259,7 +259,7 @@ def run_random_bench(options: BenchOptions) -> int:
     from engine.loader import configure_threads, pick_device, pick_dtype
     from engine.models.random_init import random_config, random_model
     from specchat.bench_report import BENCH_JSON, linear_words, machine_info
-    from specchat.options import make_config
+    from specchat.options import given_knobs, make_config
 
     shape, target = str(options.random_weights), options.target
     _, target_config = random_config(shape)
@@ -278,8 +278,9 @@ def run_random_bench(options: BenchOptions) -> int:
               "device": str(device), "context": options.context,
               "methods": ["none"] + ([bundle.method] if bundle is not None else []), **report}
     if bundle is not None:
-        report["drafting"] = drafting_report(model, bundle, tree_config.replace(method=bundle.method),
-                                             context=options.context, baseline_ms=report["baseline"]["ms_per_token"])
+        tree_config = tree_config.with_method(bundle.method, given_knobs(options.spec))
+        report["drafting"] = drafting_report(model, bundle, tree_config, context=options.context,
+                                             baseline_ms=report["baseline"]["ms_per_token"])
 
     console = Console()
     where = machine.get("gpu") or machine["cpu"]

@@ -69,8 +69,11 @@ def add_force_flag(p: argparse.ArgumentParser, replaces: str, without: str = "re
 
 
 def _allowed(knob: Knob) -> str:
+    """The values and the default, with each method's own (``default 4; <method>: 1``)."""
     shown = "none" if knob.default is None else knob.default
-    return f"default {shown}" if knob.choices else f"{knob.describe()}; default {shown}"
+    own = [f"{m.name}: {m.defaults[knob.name]}" for m in methods.all_methods() if knob.name in m.defaults]
+    default = "; ".join([f"default {shown}", *own])
+    return default if knob.choices else f"{knob.describe()}; {default}"
 
 
 def knob_type(knob: Knob):
@@ -116,31 +119,33 @@ def spec_overrides(spec: SpecOptions) -> dict[str, Any]:
     return out
 
 
-def make_config(spec: SpecOptions, **defaults: Any) -> SpecConfig:
-    """The SpecConfig for the flags in ``spec``: the flags given, over the command's ``defaults``.
+def given_knobs(spec: SpecOptions) -> dict[str, Any]:
+    """The settings the user set: the flags given, over the fields of ``--settings FILE``. They win over
+    every default, and keep their values when the method changes (SpecConfig.with_method)."""
+    return {**settings_from(spec), **spec_overrides(spec)}
 
-    ``--settings FILE`` (a JSON of SpecConfig fields, as ``specchat tune --save-settings`` writes)
-    sits between the two: the flags win over it, it wins over the defaults. Two rules beyond
-    copying values, applied for every command alike:
+
+def make_config(spec: SpecOptions, **defaults: Any) -> SpecConfig:
+    """The SpecConfig for the flags in ``spec``: the flags given, over ``--settings FILE`` (a JSON of
+    SpecConfig fields, as ``specchat tune --save-settings`` writes), over the method's own defaults
+    (its registration's: a block drafter's chain), over the command's ``defaults`` (SpecConfig.for_method).
+    Two rules beyond copying values, applied for every command alike:
 
     * ``--speculative-draft-model-path`` without ``--method`` leaves the method to the loader,
-      which infers it from the draft (the config says "none" until then);
-    * SGLang's rule: a tree method with ``--speculative-eagle-topk 1`` and no tree size drafts a
+      which infers it from the draft (the config says "none" until then; the loader applies the
+      inferred method's defaults to what the user left unset: draft_options' ``given``);
+    * SGLang's rule: a tree method given ``--speculative-eagle-topk 1`` and no tree size drafts a
       chain, so the tree holds ``num_steps + 1`` tokens (root included).
 
     Raises UsageError for an unknown method and ConfigError (both one line) for invalid values.
     """
     from engine.config import SpecConfig
 
-    overrides = spec_overrides(spec)
-    saved = settings_from(spec)
-    if "method" not in overrides and "method" not in saved and spec.draft and defaults.get("method") != "none":
+    given = given_knobs(spec)
+    if "method" not in given and spec.draft and defaults.get("method") != "none":
         defaults = {**defaults, "method": "none"}  # until load_session infers the method from the draft
-    defaults = {**defaults, **saved}  # --settings FILE: over the command's defaults, under the flags
-    if methods.is_tree(overrides.get("method")) and overrides.get("eagle_topk") == 1 \
-            and "num_draft_tokens" not in overrides:
-        overrides["num_draft_tokens"] = methods.chain_size(overrides.get("num_steps", SpecConfig.num_steps))
-    return SpecConfig(**{**defaults, **overrides})
+    return SpecConfig.for_method(given.get("method", defaults.get("method", KNOBS["method"].default)), given,
+                                 defaults)
 
 
 def draft_options(options: CommandOptions) -> dict[str, Any]:
@@ -157,6 +162,7 @@ def draft_options(options: CommandOptions) -> dict[str, Any]:
         "token_map": spec.token_map,
         "ngram_corpus": spec.ngram_corpus or "auto",
         "method_from_draft": bool(spec.draft) and not explicit and not options.times_methods,
+        "given": frozenset(given_knobs(spec)),  # kept when the method read from the draft brings its defaults
     }
 
 

@@ -21,7 +21,7 @@ from specchat.command_options import (
     TrainDraftOptions,
     TuneOptions,
 )
-from specchat.options import ALGORITHMS, UsageError, draft_options, make_config, settings_from, spec_overrides
+from specchat.options import ALGORITHMS, UsageError, draft_options, given_knobs, make_config
 
 
 def check_files(options: Options) -> None:
@@ -39,7 +39,7 @@ def check_files(options: Options) -> None:
     target = options.target
     _check_draft_used(options, config.method, drafts)
     # a length the user gave (a command's own default is its business) against the config's context
-    given = "max_new_tokens" in spec_overrides(options.spec) or "max_new_tokens" in settings_from(options.spec)
+    given = "max_new_tokens" in given_knobs(options.spec)
     notes: dict[str, None] = {}  # one warning line each, however many methods read the draft
     for method in _methods(options, config.method):
         target_config = check(target.model, backend=target.backend or "auto", method=method,

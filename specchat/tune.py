@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import itertools
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -29,7 +29,7 @@ from specchat.bench import check_prompts_fit, load_sessions, run_ours, weights_m
 from specchat.bench_report import Row, StepSplit, machine_info
 from specchat.bench_warmup import capture_verify_graphs, size_cache_for
 from specchat.export import EMBEDDED_HUB_ID, SERVERS, launch_line, serving_model
-from specchat.options import ALGORITHMS, UsageError, make_config, spec_overrides
+from specchat.options import ALGORITHMS, UsageError, given_knobs, make_config, spec_overrides
 
 if TYPE_CHECKING:
     from engine.config import SpecConfig
@@ -107,6 +107,12 @@ def method_axes(method: str, grid: dict[str, list[Any]], fixed: set[str]) -> dic
     return axes
 
 
+def point_config(base: SpecConfig, method: str, knobs: dict[str, Any], given: Collection[str]) -> SpecConfig:
+    """The config a grid point of ``method`` runs, the budget off: its knobs and the settings the user
+    gave (``given``), over the method's own defaults (a block drafter's chain where the grid names no top-k)."""
+    return base.replace(adaptive_draft=False, **knobs).with_method(method, {*given, *knobs})
+
+
 @dataclass(frozen=True)
 class Setting:
     """One point of a method's grid and the config it runs (adaptive budget off)."""
@@ -134,18 +140,20 @@ class Search:
     tried: set[SpecConfig] = field(default_factory=set)
 
     @classmethod
-    def build(cls, method: str, axes: dict[str, list[Any]], base: SpecConfig) -> Search:
-        """Every point of the grid as a config; a point the config refuses is noted, not run, and
-        points that run the same config (top-k 1 chains, whatever their tree size) are run once."""
+    def build(cls, method: str, axes: dict[str, list[Any]], base: SpecConfig, given: Collection[str] = ()) -> Search:
+        """Every point of the grid as a config (:func:`point_config`); a point the config refuses is
+        noted, not run, and points that run the same config (top-k 1 chains, whatever their tree size)
+        are run once."""
         search = cls(method, axes)
         names = list(axes)
         seen: set[SpecConfig] = set()
         for idx in itertools.product(*(range(len(axes[n])) for n in names)):
             knobs = {n: axes[n][i] for n, i in zip(names, idx, strict=True)}
-            if methods.is_tree(method) and knobs.get("eagle_topk", base.eagle_topk) == 1:
-                knobs["num_draft_tokens"] = methods.chain_size(knobs.get("num_steps", base.num_steps))
             try:
-                config = base.replace(method=method, adaptive_draft=False, **knobs)
+                config = point_config(base, method, knobs, given)
+                if methods.is_tree(method) and config.tree_width == 1:
+                    knobs["num_draft_tokens"] = methods.chain_size(config.num_steps)
+                    config = config.replace(num_draft_tokens=knobs["num_draft_tokens"])
             except ConfigError as exc:
                 search.refused.append({"method": method, "knobs": knobs, "reason": str(exc)})
                 continue
@@ -251,7 +259,8 @@ def run_tune(options: TuneOptions) -> int:
     unused = [k for k in grid if not any(k in METHOD_KNOBS.get(m, ()) for m in methods)]
     if unused:
         raise UsageError(f"--grid: {', '.join(unused)} acts on none of {', '.join(methods)}")
-    searches = [Search.build(m, method_axes(m, grid, fixed), base) for m in methods]
+    given = given_knobs(options.spec)
+    searches = [Search.build(m, method_axes(m, grid, fixed), base, given) for m in methods]
     prompts = load_prompts(options.prompts, options.limit)
     modes = weights_modes(options.target)
     if len(modes) > 1:
@@ -427,7 +436,7 @@ def _report(options: TuneOptions, base: SpecConfig, session: Any, searches: list
 
 def _winner(options: TuneOptions, base: SpecConfig, result: dict[str, Any]) -> dict[str, Any]:
     """A method's best setting: its settings file (the method and its knobs) and both launch lines."""
-    config = base.replace(method=result["method"], adaptive_draft=False, **result["knobs"])
+    config = point_config(base, result["method"], result["knobs"], given_knobs(options.spec))
     settings = {"method": config.method, **{k: getattr(config, k) for k in knobs_for(config.method)}}
     model = options.target.model
     draft = options.spec.draft or _shipped_head(model, config.method)

@@ -42,7 +42,7 @@ def main() -> int:
     ap.add_argument("--weights", default="fp32", help="fp32 on a GPU; stored runs our CPU kernels")
     ap.add_argument("--tokens", type=int, default=64)
     args = ap.parse_args()
-    config = SpecConfig(method=args.method, max_new_tokens=args.tokens)
+    config = SpecConfig.for_method(args.method, {"max_new_tokens": args.tokens})  # the method's own defaults
     session = load_session(args.model, config, dtype=args.dtype, device=args.device, weights=args.weights)
     answer(session, config)  # warm-up: kernels built, graphs captured, costs measured
     session.reset()

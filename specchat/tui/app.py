@@ -21,7 +21,7 @@ import os
 import sys
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from functools import partial
 from pathlib import Path
 from typing import Any, ClassVar, Literal
@@ -99,8 +99,11 @@ class SpecChatApp(ChartsHost, CompareHost, App[int]):
         serve_model: str = "",  # the model as the command line named it: launch lines name it so
         engine_process: bool = False,
         precision: str = "exact",
+        given: Collection[str] | None = None,
     ) -> None:
-        """``engine_process``: run the engine in its own process (engine_process.py); the factory must pickle."""
+        """``engine_process``: run the engine in its own process (engine_process.py); the factory must pickle.
+        ``given``: the settings the user set on the command line, which a method switch keeps (None: those
+        ``config`` holds off its method's defaults)."""
         super().__init__()
         self.ui = ui or UISettings()
         self._warnings = list(warnings)
@@ -119,7 +122,7 @@ class SpecChatApp(ChartsHost, CompareHost, App[int]):
                                     ui_thread=threading.get_native_id(), ui_nice=UI_NICE)
         # the engine's arithmetic (exact | fast) is the settings' too: the palette and F2 switch it
         self.settings_control = SettingsControl(self.host, config, replay=replay is not None,
-                                                ui_values=self.ui_values, precision=precision)
+                                                ui_values=self.ui_values, precision=precision, given=given)
         self.host.gate.set_stepping(self.teaching)
         self._stopping = False
         self.frames = 0  # engine output shown so far, in frames (tests check the UI keeps streaming)
@@ -349,7 +352,8 @@ class SpecChatApp(ChartsHost, CompareHost, App[int]):
             return False
         if mode == "compare":
             self.compare_screen.stepped = self.host.gate.stepping
-        job = host_api.CompareJob(text, self.compare_methods()) if mode == "compare" else host_api.ChatJob(text)
+        job = (host_api.CompareJob(text, self.compare_methods(), self.settings_control.given) if mode == "compare"
+               else host_api.ChatJob(text))
         self.busy_job = self.host.submit(job)
         self.refresh_status()
         return True

@@ -26,7 +26,7 @@ import sys
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterator, Sequence
 from typing import assert_never
 
 from engine.config import SpecConfig
@@ -429,7 +429,7 @@ class EngineHost:
         self._deliver(job, "spec", UserTurn(text=job.text, mode="compare", methods=job.methods))
         session = self._loaded
         messages = [*session.messages, {"role": "user", "content": job.text}]
-        runs = compare_runs(session.config, job.methods)
+        runs = compare_runs(session.config, job.methods, job.given)
         self.compares += 1
         shift = (self.compares - 1) % len(runs)
         runs = runs[shift:] + runs[:shift]
@@ -482,14 +482,17 @@ class EngineHost:
         self._cancelled.wait(ms / 1000 / speed)
 
 
-def compare_runs(config: SpecConfig, methods: tuple[str, ...]) -> list[tuple[Lane, SpecConfig | None]]:
+def compare_runs(config: SpecConfig, methods: tuple[str, ...],
+                 given: Collection[str] = ()) -> list[tuple[Lane, SpecConfig | None]]:
     """The runs of one compare, in the first compare's order: the baseline, then A (when it is
-    speculative), then B. ``None``: the settings in force (hot-swaps apply, as in a chat)."""
+    speculative), then B. ``None``: the settings in force (hot-swaps apply, as in a chat). A method
+    not in force runs as a switch to it would (SpecConfig.with_method: ``given`` kept, its own defaults
+    for the rest)."""
     a, b = methods if len(methods) == 2 else ("none", config.method)
     runs: list[tuple[Lane, SpecConfig | None]] = [("baseline", config.replace(method="none"))]
     if a != "none":
-        runs.append(("alt", config.replace(method=a)))
-    runs.append(("spec", None if b == config.method else config.replace(method=b)))
+        runs.append(("alt", config.with_method(a, given)))
+    runs.append(("spec", None if b == config.method else config.with_method(b, given)))
     return runs
 
 

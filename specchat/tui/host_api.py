@@ -78,11 +78,13 @@ class ChatJob(_Numbered):
 @dataclass(frozen=True)
 class CompareJob(_Numbered):
     """Answer ``text`` with method A and method B, each timed alone; ``methods`` empty: the baseline
-    against the method in force."""
+    against the method in force. ``given``: the knobs the user set, which every run keeps (the others
+    take each method's own defaults, as a switch to it would)."""
 
     kind: ClassVar[JobKind] = "compare"
     text: str
     methods: tuple[str, ...] = ()
+    given: frozenset[str] = frozenset()
 
 
 @dataclass(frozen=True)

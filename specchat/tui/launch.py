@@ -146,6 +146,7 @@ def run_tui(options: RunOptions) -> int:
         target = dataclasses.replace(options.target, precision=precision)
         factory = _real_factory(dataclasses.replace(options, target=target), config)
 
+    from specchat.options import given_knobs
     from specchat.tui.app import SpecChatApp
 
     model = options.target.model
@@ -162,6 +163,7 @@ def run_tui(options: RunOptions) -> int:
         draft_model=options.spec.draft or "",
         serve_model="" if fake else (model or ""),
         engine_process=os.environ.get("SPECCHAT_ENGINE_PROCESS", "1") != "0",
+        given=given_knobs(options.spec),
     )
     result = app.run()
     if app.load_error:

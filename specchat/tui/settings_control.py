@@ -10,12 +10,15 @@ turns the answers into notifications and panel errors; nothing here imports Text
   or when the next answer starts), ``pending``;
 * ``precision`` (a PendingChange too): the target's arithmetic, outside those settings: the host
   switches it between jobs (``Session.set_precision``, then the conversation read again), and each
-  Started reports it.
+  Started reports it;
+* ``given``: the knobs the user set (on the command line, in a settings file, then here). A change
+  of method keeps them and gives every other knob the new method's default (SpecConfig.with_method):
+  switching to a block drafter drafts its chain unless a top-k was asked for.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from typing import Any
 
 from engine.config import ConfigError, SpecConfig
@@ -38,9 +41,13 @@ class SettingsControl:
     """Engine settings as the engine reports them, and the one path by which the UI changes them."""
 
     def __init__(self, host: Host, config: SpecConfig, *, replay: bool,
-                 ui_values: Callable[[], dict[str, Any]], precision: str = "exact") -> None:
+                 ui_values: Callable[[], dict[str, Any]], precision: str = "exact",
+                 given: Collection[str] | None = None) -> None:
+        """``given``: the knobs the user set at launch (None: those ``config`` holds off its method's
+        defaults, SpecConfig.chosen_knobs)."""
         self.host = host
         self.settings = PendingChange(config)
+        self.given: frozenset[str] = frozenset(config.chosen_knobs() if given is None else given) - {"method"}
         self.precision = PendingChange(precision)
         self.methods: tuple[str, ...] = ()  # what the loaded session can run ("" until loaded)
         self.loaded = False
@@ -108,17 +115,30 @@ class SettingsControl:
         if name == "method" and self.methods and value not in self.methods:
             raise ConfigError(f"method {value!r} cannot run in this session (have: {', '.join(self.methods)}; "
                               "EAGLE, Medusa and standalone need a draft: specchat run --draft PATH)")
-        new = base.replace(**{name: value})
+        new = base.with_method(value, self.given) if name == "method" else base.replace(**{name: value})
         if new == base:
+            self._set_by_user(name)
             return ""
-        if self.host.update_config(new):
+        applied = self.host.update_config(new)
+        self._set_by_user(name)
+        what = f"{name} = {format_value(value)}"
+        brought = [f"{k} {format_value(v)}" for k, v in new.to_dict().items()
+                   if k != name and v != getattr(base, k)]
+        more = f" (its defaults: {', '.join(brought)})" if brought else ""
+        if applied:
             self.settings.ask(new)
-            return f"{name} = {format_value(value)} applied"
+            return f"{what} applied{more}"
         self.settings.hold(new)
         if self.pending is None:
             return ""
         when = "at the next step" if busy else "when the next answer starts"
-        return f"{name} = {format_value(value)} pending; applies {when}"
+        return f"{what} pending; applies {when}{more}"
+
+    def _set_by_user(self, name: str) -> None:
+        """``name`` was set here: a method switch keeps it (a value typed is the user's, equal to the
+        default or not, as a flag given on the command line is)."""
+        if name != "method":
+            self.given |= {name}
 
     def _change_precision(self, value: str) -> str:
         if value == self.current("precision"):

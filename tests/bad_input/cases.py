@@ -395,6 +395,10 @@ BENCH = [
          files=(b.text("b.jsonl", b"\xff\xfe{}"),)),
     case("bench-unknown-method", f"bench {M} --prompts {TMP}/p.jsonl --methods magic", r"unknown method 'magic'",
          files=(PROMPTS,)),
+    # a row's method brings its own defaults for what the flags leave unset (eagle's top-k 4), kept flags included
+    case("bench-row-default-past-a-given-tree", f"bench {M} --prompts {TMP}/p.jsonl --methods none,eagle "
+         f"--draft {TMP}/h --speculative-num-draft-tokens 3",
+         r"eagle_topk=4 is more than the tree holds: num_draft_tokens=3", files=(PROMPTS, b.head("h", kind="eagle"))),
     case("bench-unknown-peer", f"bench {M} --prompts {TMP}/p.jsonl --peers vllm", r"unknown peer 'vllm'",
          files=(PROMPTS,)),
     # llama.cpp's programs neither named, built into the cache nor on PATH: how to build them, before the load

@@ -227,6 +227,54 @@ async def test_charts_and_the_method_menu_include_dflash() -> None:
         assert app.apply_setting("method", "eagle3") is None and app.applied_config.method == "eagle3"
 
 
+def _title(app: SpecChatApp) -> str:
+    from specchat.tui.widgets.title_bar import TitleBar
+
+    return str(app.screen.query_one(TitleBar).render())
+
+
+@pytest.mark.parametrize(("flags", "topk"), [({}, 1), ({"eagle_topk": 3}, 3)], ids=["unset", "topk-flag"])
+async def test_a_method_switch_gives_the_knobs_nobody_set_the_new_methods_defaults(flags, topk) -> None:
+    """``run --method dflash`` (with or without ``--speculative-eagle-topk 3``): F2's method menu switches
+    to eagle3 and back. The knobs nobody set take each method's own defaults (dflash: a chain of a block of
+    16), shown in the title bar, the panel and the notice; a flag, or a value set in the palette, is kept."""
+    from textual.widgets import Input, Select
+
+    from tests.tui.helpers import palette, spy_notes
+
+    start = SpecConfig.for_method("dflash", flags, base={"max_new_tokens": 48, "adaptive_draft": False})
+    app = app_for(session(start, eagle=True), given=frozenset(flags))  # what launch hands the app for the flags
+    async with app.run_test(size=(160, 40)) as pilot:
+        await wait_loaded(pilot)
+        notes = spy_notes(app)
+        assert f"dflash · topk {topk} · tokens 16" in _title(app)
+        await pilot.press("f2")
+        await pilot.pause()
+        panel = app.chat_screen.settings
+
+        async def choose(method: str) -> SpecConfig:
+            panel.query_one("#set-method", Select).value = method  # what picking it in the menu does
+            await wait_until(pilot, lambda: app.applied_config.method == method, what=method)
+            await pilot.pause()
+            return app.applied_config
+
+        tree = await choose("eagle3")
+        assert (tree.eagle_topk, tree.num_draft_tokens, tree.num_steps) == (4 if not flags else topk, 8, 5)
+        assert (tree.max_new_tokens, tree.adaptive_draft) == (48, False)  # no method's knobs: kept
+        assert f"eagle3 · steps 5 · topk {tree.eagle_topk} · tokens 8" in _title(app)
+        assert panel.query_one("#set-num_draft_tokens", Input).value == "8"
+        assert any(n.startswith("method = eagle3 applied (its defaults: ") and "num_draft_tokens 8" in n
+                   for n in notes), notes
+        await palette(pilot, "topk 2", "Set eagle_topk = 2")  # the user's now
+        await wait_until(pilot, lambda: app.applied_config.eagle_topk == 2, what="topk 2")
+        block = await choose("dflash")
+        assert (block.eagle_topk, block.num_draft_tokens) == (2, 16)  # kept; dflash's block again
+        assert "dflash · topk 2 · tokens 16" in _title(app)
+        await send(pilot, PROMPT)
+        await wait_idle(pilot)
+        assert app.chat_screen.tree.history  # the swapped settings draft
+
+
 def test_export_prints_the_servers_block_lines() -> None:
     """SGLang DFLASH, vLLM dflash and llama.cpp draft-dflash, from the registration."""
     from specchat.export import launch_line

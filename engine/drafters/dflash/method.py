@@ -10,6 +10,9 @@ servers' names, only the shape of what is verified differs. SGLang's DFLASH pins
 vLLM's ``dflash`` and llama.cpp's ``draft-dflash`` verify chains (DDTree is an open pull request in
 each), so the width is specchat's own: export leaves it out (``sglang_knobs``) and says so.
 vLLM's ``num_speculative_tokens`` and llama.cpp's ``--spec-draft-n-max`` are the chain's guesses.
+
+Its defaults are SGLang's for DFLASH, not the tree methods' (``defaults`` below): a chain, and a block
+of 16.
 """
 
 from __future__ import annotations
@@ -35,6 +38,12 @@ DFLASH = MethodSpec(
              "fills every position after the last token at once. Each position is guessed without seeing the "
              "guesses before it, so the later positions are accepted less often; the numbers are its probabilities.",
     knobs=("eagle_topk", "num_draft_tokens"), sglang_knobs=("num_draft_tokens",), sglang_notes=sglang_notes,
+    # SGLang's DFLASH pins top-k to 1 (a chain: a DDTree is asked for with --speculative-eagle-topk K), and
+    # an unset tree size there is the drafter's block_size, 16 where its config names none; z-lab's lines
+    # give 16 for their b16 drafters. A registration cannot read the drafter, so 16: a chain step verifies
+    # min(num_draft_tokens, block_size) - 1 guesses, so a drafter of any block up to 16 (z-lab's, the
+    # block-8 one shipped for the embedded model) runs its whole trained block, as SGLang runs it
+    defaults={"eagle_topk": 1, "num_draft_tokens": 16},
     features="layers", block=True,
     # the drafter trained for the embedded model (session 44; weak: its card says so), loaded when dflash is
     # asked for on it without --draft, so block drafting can be watched and taught there

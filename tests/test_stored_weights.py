@@ -130,6 +130,26 @@ def test_mixed_formats_in_one_fused_layer(each_variant: str) -> None:
     assert ours.nbytes < fp32.nbytes / 3
 
 
+def test_neighbouring_parts_of_one_format_run_as_one_product(each_variant: str) -> None:
+    """q|k in Q4_K and v in Q6_K (a Q4_K_M layer) are two products, not three, with every answer the
+    same as each part's own product (each panel's columns are computed alone); the fast precision too."""
+    rng = np.random.default_rng(4)
+    parts, dense = [], []
+    for n, qtype in ((48, Q.Q4_K), (16, Q.Q4_K), (16, Q.Q6_K), (32, Q.Q4_K)):
+        data = gguf_bytes(rng.standard_normal((n, 256)).astype(np.float32), qtype, rng)
+        parts.append(quant_rows(data, qtype.name, n, 256))
+        dense.append(reference(data, qtype, (n, 256)))
+    ours = StoredLinear(parts)
+    assert [(p.kind, p.n) for p in ours.parts] == [("q4", 64), ("q8", 16), ("q4", 32)]
+    x = torch.randn(5, 256)
+    assert torch.equal(ours(x), Linear(torch.cat(dense))(x))
+    ours.fast = True
+    alone = [StoredLinear([p]) for p in parts]
+    for lin in alone:
+        lin.fast = True
+    assert torch.equal(ours(x), torch.cat([lin(x) for lin in alone], dim=1))
+
+
 def test_fallback_without_native_kernel_gives_the_fp32_fallback_answers(stored_weight, monkeypatch) -> None:
     monkeypatch.setenv(native.ENV_SWITCH, "blocked")
     rows, dense = stored_weight

@@ -134,6 +134,7 @@ tile(const int MR, const int q4, const int8_t *xq, long K, const float *xd, cons
     __m512 acc[FAST_ROWS];
 #pragma GCC unroll 12
     for (int r = 0; r < MR; r++) acc[r] = _mm512_setzero_ps();
+    __m512 fs = _mm512_setzero_ps(), fo = _mm512_setzero_ps(); /* the super-block's factor rows */
     for (long g = 0; g < ng; g++) {
         __m512i isum[FAST_ROWS];
 #pragma GCC unroll 12
@@ -165,7 +166,7 @@ tile(const int MR, const int q4, const int8_t *xq, long K, const float *xd, cons
 #pragma GCC unroll 12
             for (int r = 0; r < MR; r++) isum[r] = _mm512_sub_epi32(isum[r], _mm512_set1_epi32(128 * xs[r * ng + g]));
         }
-        const __m512 s = group_scales(sc, g, hs);
+        const __m512 s = group_scales_next(sc, g, hs, &fs);
 #pragma GCC unroll 12
         for (int r = 0; r < MR; r++) {
             const float dx = xd[r * ng + g];
@@ -173,7 +174,7 @@ tile(const int MR, const int q4, const int8_t *xq, long K, const float *xd, cons
                                                          _mm512_mul_ps(s, _mm512_set1_ps(dx))));
         }
         if (of) {
-            const __m512 o = group_scales(of, g, hs);
+            const __m512 o = group_scales_next(of, g, hs, &fo);
 #pragma GCC unroll 12
             for (int r = 0; r < MR; r++) {
                 const float c = xd[r * ng + g] * (float)xs[r * ng + g];
@@ -206,12 +207,29 @@ tile(const int MR, const int q4, const int8_t *xq, long K, const float *xd, cons
  * one: the same at one row, 0.1-0.2 ms less at 2-4 rows), so every tile prefetches.
  */
 #define G32_ROWS 16
+/* Tiles of up to this many rows read a q4 word's high nibbles unshifted (16 times the code, still a
+ * byte): their products sum to 16 times the high half's, which one arithmetic shift a row divides
+ * back exactly. That trades the group's four shifts for one per row: a gain at one or two rows. */
+#define HI16_ROWS 2
+
+/* Group g's q4 codes as g32_codes gives them, but with the high nibbles left in place (16 * code). */
+static inline __attribute__((always_inline)) VNNI void g32_codes_hi16(const void *codes, long g, __m512i *wv) {
+    const __m512i lo = _mm512_set1_epi32(0x0F0F0F0F), hi = _mm512_set1_epi32((int)0xF0F0F0F0);
+    const uint32_t *cw = (const uint32_t *)codes + g * 4 * PANEL;
+#pragma GCC unroll 4
+    for (int w = 0; w < 4; w++) {
+        const __m512i word = _mm512_loadu_si512(cw + w * PANEL);
+        wv[2 * w] = _mm512_and_si512(word, lo);
+        wv[2 * w + 1] = _mm512_and_si512(word, hi);
+    }
+}
 
 /* One row's group: the eight products as two interleaved chains of four (a chain of eight waited
  * out vpdpbusd's latency: 10% more time per product on the Zen 4 at 2-48 rows, 7% for q8 codes,
  * measured on warm weights), their exact integer sum scaled into the row's accumulator. */
 static inline __attribute__((always_inline)) VNNI __m512
-g32_row(__m512 acc, const int q4, const __m512i *wv, const int8_t *xb, int32_t xsum, __m512 s, float dx) {
+g32_row(__m512 acc, const int q4, const int hi16, const __m512i *wv, const int8_t *xb, int32_t xsum, __m512 s,
+        float dx) {
     const int32_t *xr = (const int32_t *)xb;
     __m512i ia = _mm512_dpbusd_epi32(_mm512_setzero_si512(), wv[0], _mm512_set1_epi32(xr[0]));
     __m512i ib = _mm512_dpbusd_epi32(_mm512_setzero_si512(), wv[1], _mm512_set1_epi32(xr[1]));
@@ -220,7 +238,7 @@ g32_row(__m512 acc, const int q4, const __m512i *wv, const int8_t *xb, int32_t x
         ia = _mm512_dpbusd_epi32(ia, wv[2 * j], _mm512_set1_epi32(xr[2 * j]));
         ib = _mm512_dpbusd_epi32(ib, wv[2 * j + 1], _mm512_set1_epi32(xr[2 * j + 1]));
     }
-    __m512i isum = _mm512_add_epi32(ia, ib);
+    __m512i isum = _mm512_add_epi32(ia, hi16 ? _mm512_srai_epi32(ib, 4) : ib); /* hi16: ib is 16x, exactly */
     if (!q4) isum = _mm512_sub_epi32(isum, _mm512_set1_epi32(128 * xsum));
     return g32_scale(acc, isum, s, dx);
 }
@@ -229,29 +247,34 @@ static inline __attribute__((always_inline)) VNNI void
 tile_g32(const int MR, const int q4, const int8_t *xq, long K, const float *xd, const int32_t *xs, const float *xc,
          const void *codes, const void *sc, const void *of, int hs, float *out) {
     const long ng = K / 32;
+    const int hi16 = q4 && MR <= HI16_ROWS;
     const __m512i flip = _mm512_set1_epi8((char)0x80);
     __m512 acc[G32_ROWS];
 #pragma GCC unroll 16
     for (int r = 0; r < MR; r++) acc[r] = _mm512_setzero_ps();
+    __m512 fs = _mm512_setzero_ps(), fo = _mm512_setzero_ps(); /* the super-block's factor rows */
     for (long g = 0; g < ng; g++) {
         __m512i wv[8]; /* wv[j] pairs with the activation bytes 4j..4j+3 of the group */
-        g32_codes(q4, codes, g, wv);
+        if (hi16)
+            g32_codes_hi16(codes, g, wv);
+        else
+            g32_codes(q4, codes, g, wv);
         if (!q4) /* vpdpbusd takes unsigned weights: w + 128, which the row's block sum corrects */
 #pragma GCC unroll 8
             for (int j = 0; j < 8; j++) wv[j] = _mm512_xor_si512(wv[j], flip);
-        const __m512 s = group_scales(sc, g, hs);
-        const __m512 o = of ? group_scales(of, g, hs) : _mm512_setzero_ps();
+        const __m512 s = group_scales_next(sc, g, hs, &fs);
+        const __m512 o = of ? group_scales_next(of, g, hs, &fo) : _mm512_setzero_ps();
         g32_prefetch(q4, codes, sc, of, K, g, hs); /* a later panel's, a group's worth per group */
         if (of) { /* the branch out of the row loop: gcc tested it once per row */
 #pragma GCC unroll 16
             for (int r = 0; r < MR; r++) {
-                acc[r] = g32_row(acc[r], q4, wv, xq + r * K + g * 32, xs[r * ng + g], s, xd[r * ng + g]);
+                acc[r] = g32_row(acc[r], q4, hi16, wv, xq + r * K + g * 32, xs[r * ng + g], s, xd[r * ng + g]);
                 acc[r] = _mm512_add_ps(acc[r], _mm512_mul_ps(o, _mm512_set1_ps(xc[r * ng + g])));
             }
         } else {
 #pragma GCC unroll 16
             for (int r = 0; r < MR; r++)
-                acc[r] = g32_row(acc[r], q4, wv, xq + r * K + g * 32, xs[r * ng + g], s, xd[r * ng + g]);
+                acc[r] = g32_row(acc[r], q4, hi16, wv, xq + r * K + g * 32, xs[r * ng + g], s, xd[r * ng + g]);
         }
     }
 #pragma GCC unroll 16

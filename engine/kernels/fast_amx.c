@@ -125,6 +125,7 @@ tile_amx(const int MR, const int q4, const int8_t *xq, long K, const float *xd, 
 #pragma GCC unroll 16
     for (int r = 0; r < MR; r++) acc[r] = _mm512_setzero_ps();
     unpack(q4, codes, 0, b[0]);
+    __m512 fs = _mm512_setzero_ps(), fo = _mm512_setzero_ps(); /* the super-block's factor rows */
     for (long g = 0; g < ng + 2; g++) {
         const int slot = (int)(g & 1);
         if (g < ng) products(q4, slot, xq + g * 32, K, b[slot]);
@@ -135,9 +136,9 @@ tile_amx(const int MR, const int q4, const int8_t *xq, long K, const float *xd, 
         if (g >= 2) { /* group h's sums, stored two steps ago, into the rows' accumulators */
             const long h = g - 2;
             const int32_t *ch = c[slot];
-            const __m512 s = group_scales(sc, h, hs);
+            const __m512 s = group_scales_next(sc, h, hs, &fs);
             if (of) {
-                const __m512 o = group_scales(of, h, hs);
+                const __m512 o = group_scales_next(of, h, hs, &fo);
 #pragma GCC unroll 16
                 for (int r = 0; r < MR; r++) {
                     acc[r] = g32_scale(acc[r], _mm512_load_si512(ch + r * PANEL), s, xd[r * ng + h]);

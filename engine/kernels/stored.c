@@ -290,9 +290,10 @@ ftile512(const int MR, const int q4, const float *x, long ldx, const void *codes
     for (int r = 0; r < MAX_ROWS_512; r++)
         if (r < MR) a[r] = _mm512_setzero_ps();
     const __m512i low = _mm512_set1_epi32(0x0F);
+    __m512 fs = _mm512_setzero_ps(), fo = _mm512_setzero_ps(); /* the super-block's factor rows */
     for (long g = 0; g < K / group; g++) {
-        const __m512 s = group_scales(scales, g, hs);
-        const __m512 o = offsets ? group_scales(offsets, g, hs) : _mm512_setzero_ps();
+        const __m512 s = group_scales_next(scales, g, hs, &fs);
+        const __m512 o = offsets ? group_scales_next(offsets, g, hs, &fo) : _mm512_setzero_ps();
         if (q4) {
             for (long k = g * group; k < (g + 1) * group; k += 8) {
                 __m512i v = _mm512_loadu_si512((const void *)((const uint32_t *)codes + k / 8 * PANEL));

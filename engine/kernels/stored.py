@@ -29,8 +29,7 @@ class StoredLinear:
     __slots__ = ("_bias", "_kernel", "fast", "in_features", "layout", "out_features", "parts")
 
     def __init__(self, parts: list[QuantRows], bias: torch.Tensor | None = None) -> None:
-        merged = cat_rows(parts)
-        self.parts = [StoredPanels.from_rows(p) for p in ([merged] if merged is not None else parts)]
+        self.parts = [StoredPanels.from_rows(p) for p in _merge_runs(parts)]
         self.in_features = self.parts[0].k
         self.out_features = sum(p.n for p in self.parts)
         self._bias = bias.float().contiguous() if bias is not None else None
@@ -75,6 +74,20 @@ class StoredLinear:
             self._native(x.contiguous(), residual, accumulate=True)
             return residual
         return residual.add_(self(x))
+
+
+def _merge_runs(parts: list[QuantRows]) -> list[QuantRows]:
+    """Each run of neighbouring parts that share a format stacked into one: q|k of a Q4_K_M file
+    whose v is Q6_K becomes two products instead of three (every product call costs its thread
+    start-up and its activation quantization, whatever its size)."""
+    runs: list[QuantRows] = []
+    for part in parts:
+        merged = cat_rows([runs[-1], part]) if runs else None
+        if merged is not None:
+            runs[-1] = merged
+        else:
+            runs.append(part)
+    return runs
 
 
 class StoredEmbedding:

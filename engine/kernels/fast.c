@@ -209,7 +209,8 @@ tile(const int MR, const int q4, const int8_t *xq, long K, const float *xd, cons
 #define G32_ROWS 16
 /* Tiles of up to this many rows read a q4 word's high nibbles unshifted (16 times the code, still a
  * byte): their products sum to 16 times the high half's, which one arithmetic shift a row divides
- * back exactly. That trades the group's four shifts for one per row: a gain at one or two rows. */
+ * back exactly. That trades the group's four shifts for one per row: fewer instructions at one or two
+ * rows (its time gain was within the Zen 4's noise, docs/BENCHMARKS.md, session 45). */
 #define HI16_ROWS 2
 
 /* Group g's q4 codes as g32_codes gives them, but with the high nibbles left in place (16 * code). */

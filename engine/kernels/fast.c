@@ -32,11 +32,12 @@
 #include <string.h>
 
 #include "fast.h"
+#include "q6.h"
 
 #define FAST_ROWS 12
 #define AVX2F __attribute__((target("avx2,fma")))
 
-enum { KIND_BF16 = 2, KIND_Q8 = 3, KIND_Q4 = 4 };
+enum { KIND_BF16 = 2, KIND_Q8 = 3, KIND_Q4 = 4, KIND_Q6 = 5 };
 
 static int has_vnni(void) {
     __builtin_cpu_init();
@@ -334,8 +335,9 @@ int stored_linear_fast(const float *x, long M, long K, int kind, long group, con
                        int nthreads, int hs) {
     if (kind == KIND_BF16) /* vdpbf16ps where the CPU has it (fast_bf16.c) */
         return fast_bf16_linear(x, M, K, codes, N, bias, y, ldy, accumulate, nthreads);
-    const int q4 = kind == KIND_Q4;
-    if ((kind != KIND_Q4 && kind != KIND_Q8) || group <= 0 || K % group || group % (q4 ? 8 : 4) || !fast_supported())
+    const int q4 = kind == KIND_Q4, q6 = kind == KIND_Q6;
+    if ((!q4 && !q6 && kind != KIND_Q8) || group <= 0 || K % group || group % (q4 ? 8 : q6 ? 16 : 4) ||
+        !fast_supported())
         return -1;
     if (!scales_form_fits(K / group, hs)) return -1;
     const int vnni = variant == 512, g32 = vnni && group == 32, tiles_amx = g32 && amx && M >= AMX_MIN_ROWS;
@@ -361,18 +363,29 @@ int stored_linear_fast(const float *x, long M, long K, int kind, long group, con
         for (long b = 0; b < ng; b++) xc[r * ng + b] = xd[r * ng + b] * (float)xs[r * ng + b];
     }
     const long npanels = (N + PANEL - 1) / PANEL;
-    const long panel_bytes = q4 ? K * PANEL / 2 : K * PANEL;
+    const long panel_bytes = q4 ? K * PANEL / 2 : q6 ? q6_panel_bytes(K) : K * PANEL;
     const fast_tile_fn *tiles = vnni               ? (q4 ? FT_Q4 : FT_Q8)
                                 : variant == 256 ? (q4 ? FAST_AVXVNNI_Q4 : FAST_AVXVNNI_Q8)
                                                  : (q4 ? FAST_AVX2_Q4 : FAST_AVX2_Q8);
     const fast_g32_fn *gtiles = q4 ? G32_Q4 : G32_Q8;
+    int failed = 0; /* a thread could not allocate its q6 buffer: the call fails (-2), its output undefined */
 #pragma omp parallel num_threads(nthreads)
     {
         if (tiles_amx) fast_amx_begin(); /* tile state is per thread */
+        int8_t *wide = q6 ? aligned_alloc(64, (size_t)((K * PANEL + 63) / 64 * 64)) : 0; /* a q6 panel as q8 */
 #pragma omp for schedule(static)
         for (long p = 0; p < npanels; p++) {
             float out[G32_ROWS * PANEL] __attribute__((aligned(64)));
             const char *pc = (const char *)codes + p * panel_bytes;
+            if (q6 && !wide) {
+#pragma omp atomic write
+                failed = 1;
+                continue;
+            }
+            if (q6) {
+                q6_to_q8((const uint32_t *)pc, K, wide);
+                pc = (const char *)wide;
+            }
             const long sbytes = p * scales_panel_bytes(ng, hs);
             const void *ps = (const char *)scales + sbytes;
             const void *po = offsets ? (const char *)offsets + sbytes : 0;
@@ -390,9 +403,10 @@ int stored_linear_fast(const float *x, long M, long K, int kind, long group, con
             }
         }
         if (tiles_amx) fast_amx_end();
+        free(wide);
     }
     free(xq);
     free(xd);
     free(xs);
-    return 0;
+    return failed ? -2 : 0;
 }

@@ -188,7 +188,7 @@ def test_q6_refuses_codes_and_groups_it_cannot_hold() -> None:
     q8 = QuantRows.quantize_q8(torch.randn(4, 64))
     with pytest.raises(ValueError, match="do not fit 6 bits"):
         q8.to_q6()
-    with pytest.raises(ValueError, match="only q8"):
+    with pytest.raises(ValueError, match="only q8 weights"):
         QuantRows.quantize_q4(torch.randn(4, 64)).to_q6()
     with pytest.raises(ValueError, match=r"0\.\.63"):
         StoredPanels.from_rows(QuantRows("q6", 16, torch.full((4, 64), 64, dtype=torch.uint8), torch.ones(4, 4)))

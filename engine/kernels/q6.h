@@ -13,7 +13,10 @@
  * from word 1's) and brings register j's high bits to bits 4-5 of each byte with one shift of row 2
  * (left 4, left 2, none, right 2), merged in by one masked vpternlogd. Every other product (stored.c's
  * exact one, the AVX2, AVX-VNNI and AMX tiles) widens a panel to the q8 layout (q6_to_q8) in a
- * buffer of its thread and runs its q8 code on it: the same codes, so the same bits.
+ * buffer of its thread and runs its q8 code on it: the same codes, so the same bits. Why only one
+ * tile reads q6 itself: it is the one the default (fast) precision runs for Q6_K (group 16) on an
+ * AVX-512 CPU; elsewhere the widening still reads 6 bits a weight from memory, at the cost of a
+ * pass over each panel in cache, and each variant keeps a single 8-bit code path.
  */
 #ifndef SPECCHAT_Q6_H
 #define SPECCHAT_Q6_H

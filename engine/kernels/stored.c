@@ -411,8 +411,9 @@ static void stored_linear_row(const float *x, long K, int kind, long group, cons
 /*
  * x: [M, K] row-major. codes: per panel p (0..ceil(N/16)-1) a block of K*16 codes
  * (q4: K*8 bytes; q6: K*12, q6.h's layout, each panel widened to the q8 one in a buffer of its
- * thread and multiplied as q8: the same codes, the same bits); scales/offsets: per panel [K/group][16], stored as hs says (scales.h: fp32, the
- * exact fp16 copies or a K-quant's factored form; the same floats), NULL where the kind has none.
+ * thread and multiplied as q8: the same codes, the same bits); scales/offsets: per panel
+ * [K/group][16], stored as hs says (scales.h: fp32, the exact fp16 copies or a K-quant's factored
+ * form; the same floats), NULL where the kind has none.
  * y: row stride ldy; columns 0..N-1 written (accumulate: added). bias: [N] or NULL.
  */
 void stored_linear(const float *x, long M, long K, int kind, long group, const void *codes, const void *scales,
@@ -420,10 +421,13 @@ void stored_linear(const float *x, long M, long K, int kind, long group, const v
                    int nthreads, int hs) {
     const long npanels = (N + PANEL - 1) / PANEL;
     const long code_bytes = kind == KIND_F32 ? 4 : (kind == KIND_F16 || kind == KIND_BF16) ? 2 : 1;
-    const long panel_bytes = kind == KIND_Q4 ? K * PANEL / 2 : kind == KIND_Q6 ? q6_panel_bytes(K) : K * PANEL * code_bytes;
+    const long panel_bytes = kind == KIND_Q4   ? K * PANEL / 2
+                             : kind == KIND_Q6 ? q6_panel_bytes(K)
+                                               : K * PANEL * code_bytes;
     const long ngroups = group > 0 ? K / group : 0;
     const long passes = (M + MAX_ROWS - 1) / MAX_ROWS;
     if (M <= 0 || N <= 0) return; /* nothing to compute (and no zero-row tile to call) */
+    /* (q6 takes the loop below, its buffer one panel: FTILES_Q8[1] there gives the pair tile's bits) */
     if (M == 1 && use_avx512 != 1 && (kind == KIND_Q4 || kind == KIND_Q8)) {
         stored_linear_row(x, K, kind, group, codes, scales, offsets, hs, N, bias, y, accumulate, nthreads,
                           panel_bytes, ngroups);

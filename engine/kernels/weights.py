@@ -99,10 +99,10 @@ class QuantRows:
         return cls("q4", group, codes.to(torch.uint8).view(n, k), scales.contiguous(), low.contiguous())
 
     def to_q6(self) -> QuantRows:
-        """This q8 weight as kind q6 (each code + 32, the factored scales kept): the same values at 6
-        bits a weight. Only where every code lies in -32..31 (Q6_K's): ValueError otherwise."""
-        if self.kind != "q8" or self.offsets is not None:
-            raise ValueError(f"only q8 weights without offsets become q6, not {self.kind!r}")
+        """This q8 weight as kind q6 (each code + 32, the scales kept): the same values at 6 bits a
+        weight. Only where every code lies in -32..31 (Q6_K's): ValueError otherwise."""
+        if self.kind != "q8":
+            raise ValueError(f"only q8 weights become q6, not {self.kind!r}")
         if self.codes.numel() and not (int(self.codes.min()) >= -Q6_BIAS and int(self.codes.max()) < Q6_BIAS):
             raise ValueError("q8 codes outside -32..31 do not fit 6 bits")
         return replace(self, kind="q6", codes=(self.codes + Q6_BIAS).view(torch.uint8))
@@ -243,6 +243,7 @@ def _pack_q6(codes: torch.Tensor) -> torch.Tensor:
 
 
 def _unpack_q6(words: torch.Tensor) -> torch.Tensor:
+    """:func:`_pack_q6` undone: [p, k/16, 3, 16] int32 -> [p, k, 16] uint8 codes."""
     p, nb = words.shape[:2]
     low = _unpack_q4_words(words[:, :, :2].reshape(p, nb * 2, PANEL)).view(p, nb, Q6_BLOCK, PANEL)
     shifts = torch.tensor([_q6_high_shift(t) for t in range(Q6_BLOCK)], dtype=torch.int64).view(1, 1, Q6_BLOCK, 1)

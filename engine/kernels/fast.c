@@ -176,6 +176,11 @@ tile(const int MR, const int form, const int8_t *xq, long K, const float *xd, co
                 }
             }
         } else if (form == FORM_Q6) {
+            /* a later panel's codes and scales for this group, as tile_g32 does (which says why):
+             * this tile is the one-token step's for Q6_K weights (a Q4_K_M file's LM head) */
+            const char *ahead = (const char *)codes + PF_PANELS * q6_panel_bytes(K) + g * q6_panel_bytes(group);
+            for (long l = 0; l < q6_panel_bytes(group); l += 64) _mm_prefetch(ahead + l, _MM_HINT_T0);
+            _mm_prefetch((const char *)sc + PF_PANELS * scales_panel_bytes(ng, hs) + scales_row_at(g, hs), _MM_HINT_T0);
             const uint32_t *cb = (const uint32_t *)codes + g * (group / Q6_BLOCK) * 3 * PANEL;
             for (long b = 0; b < group / Q6_BLOCK; b++) {
                 __m512i wv[4];

@@ -3,9 +3,9 @@ sub-scale per group, as the GGUF file stores them, instead of one fp32 scale (an
 
 The promise: the kernels rebuild each group's fp32 scale as factor * sub, one exact product, so
 every product in either precision and every kernel variant gives the bits it gave with the fp32
-scales, while a step reads fewer bytes (Q4_K 4.6 bits a weight instead of 6, Q6_K 8.6 instead of
-10); and the factored form is kept only where it rebuilds every scale exactly, whatever the file
-held.
+scales, while a step reads fewer bytes (Q4_K 4.6 bits a weight instead of 6, Q6_K 6.6 instead of
+8, its codes kept at 6 bits: kind q6); and the factored form is kept only where it rebuilds every
+scale exactly, whatever the file held.
 """
 
 from __future__ import annotations
@@ -62,13 +62,13 @@ def test_k_quants_are_read_factored_and_decode_unchanged(k_quant) -> None:
     # what a product reads: codes, then one fp16 factor per 256 k and an int8 per group (and again
     # for Q4_K's offsets), where it read an fp32 scale per group
     n_pad, k = 48, rows.shape[1]
-    codes = n_pad * k // 2 if qtype == Q.Q4_K else n_pad * k
+    codes = n_pad * k // 2 if qtype == Q.Q4_K else n_pad * k * 3 // 4  # 4 and 6 bits a code
     per_scale = n_pad * (k // 256 * 2 + k // rows.group)
     assert panels.nbytes == codes + per_scale * (2 if qtype == Q.Q4_K else 1)
     assert _fp32_scales(panels).nbytes == codes + n_pad * k // rows.group * 4 * (2 if qtype == Q.Q4_K else 1)
     assert StoredLinear([rows]).nbytes == panels.nbytes
     bits = panels.nbytes * 8 / (n_pad * k)
-    assert bits == pytest.approx(4.625 if qtype == Q.Q4_K else 8.5625)
+    assert bits == pytest.approx(4.625 if qtype == Q.Q4_K else 6.5625)
 
 
 @needs_kernel
@@ -167,15 +167,22 @@ def _greedy(model: LlamaModel, prompt: torch.Tensor, steps: int) -> tuple[list[i
     return tokens, seen
 
 
+def _q8_codes(rows: QuantRows) -> QuantRows:
+    """Q6_K weights as they were read before kind q6: their q8 form."""
+    return rows.to_q8() if rows.kind == "q6" else rows
+
+
+@pytest.mark.parametrize("plain", [_unfactored, _q8_codes], ids=["fp32 scales", "q8 codes"])
 @pytest.mark.parametrize("precision", ["exact", "fast"])
-def test_a_gguf_model_reads_fewer_bytes_for_the_same_tokens_and_logits(tmp_path: Path, precision: str,
+def test_a_gguf_model_reads_fewer_bytes_for_the_same_tokens_and_logits(tmp_path: Path, precision: str, plain,
                                                                        each_variant: str) -> None:
     """A tiny Q4_K_M-like model (Q4_K, Q6_K lm_head and ffn_down, Q4_1, Q8_0, f16, bf16 beside):
-    factored, it reads fewer weight bytes a step, and its prefill logits, greedy tokens and each
-    step's logits are those of the same model with fp32 scales."""
+    with factored scales and Q6_K's codes at 6 bits, it reads fewer weight bytes a step, and its
+    prefill logits, greedy tokens and each step's logits are those of the same model with fp32
+    scales, and of the same model with Q6_K read as 8-bit codes."""
     write_model_gguf(tmp_path / "m.gguf", tied=False)
     config, state = load_gguf_state(tmp_path / "m.gguf")
-    plain_state = {k: _unfactored(v) if isinstance(v, QuantRows) else v for k, v in state.items()}
+    plain_state = {k: plain(v) if isinstance(v, QuantRows) else v for k, v in state.items()}
     models = [LlamaModel(LlamaConfig.from_dict(config), dict(s), weights="stored") for s in (state, plain_state)]
     if models[0].weights != "stored":
         pytest.skip("no native kernels: stored weights are dequantized at load")
@@ -183,6 +190,7 @@ def test_a_gguf_model_reads_fewer_bytes_for_the_same_tokens_and_logits(tmp_path:
         pytest.skip("no fast kernel here")
     forms = {p.scale_form for p in models[0].lm_head.parts} | {p.scale_form for p in models[0].layers[0].down.parts}
     assert forms == {K_QUANTS[Q.Q6_K]}
+    assert {p.kind for p in models[0].lm_head.parts} == {"q6"}
     assert weight_bytes_per_token(models[0]) < weight_bytes_per_token(models[1])
     prompt = torch.randint(0, VOCAB, (9,), generator=torch.Generator().manual_seed(1))
     runs = []

@@ -16,6 +16,8 @@ import numpy as np
 import pytest
 import torch
 from gguf import GGMLQuantizationType as Q
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from engine.kernels import native
 from engine.kernels.linear import Linear
@@ -140,7 +142,7 @@ def test_neighbouring_parts_of_one_format_run_as_one_product(each_variant: str) 
         parts.append(quant_rows(data, qtype.name, n, 256))
         dense.append(reference(data, qtype, (n, 256)))
     ours = StoredLinear(parts)
-    assert [(p.kind, p.n) for p in ours.parts] == [("q4", 64), ("q8", 16), ("q4", 32)]
+    assert [(p.kind, p.n) for p in ours.parts] == [("q4", 64), ("q6", 16), ("q4", 32)]
     x = torch.randn(5, 256)
     assert torch.equal(ours(x), Linear(torch.cat(dense))(x))
     ours.fast = True
@@ -148,6 +150,76 @@ def test_neighbouring_parts_of_one_format_run_as_one_product(each_variant: str) 
     for lin in alone:
         lin.fast = True
     assert torch.equal(ours(x), torch.cat([lin(x) for lin in alone], dim=1))
+
+
+# kind q6: Q6_K's codes at 6 bits, the same values as their q8 form ---------------------------------
+def _q6_and_q8(n: int, k: int, group: int, seed: int) -> tuple[QuantRows, QuantRows]:
+    """A q6 weight and its q8 form: real Q6_K blocks (factored scales) for group 16 and k a multiple
+    of 256, else random codes 0..63 with fp16-exact scales (the fp16 copies) for even seeds and
+    arbitrary fp32 ones for odd."""
+    gen = torch.Generator().manual_seed(seed)
+    if group == 16 and k % 256 == 0:
+        rng = np.random.default_rng(seed)
+        rows = quant_rows(gguf_bytes(rng.standard_normal((n, k)).astype(np.float32), Q.Q6_K, rng), "Q6_K", n, k)
+        q6 = rows if rows.kind == "q6" else rows.to_q6()
+    else:
+        scales = torch.rand(n, k // group, generator=gen) * 0.01
+        q6 = QuantRows("q6", group, torch.randint(0, 64, (n, k), generator=gen, dtype=torch.uint8),
+                       scales.half().float() if seed % 2 == 0 else scales)
+    return q6, q6.to_q8()
+
+
+@settings(max_examples=40, deadline=None)
+@given(n=st.integers(1, 40), blocks=st.integers(1, 12), seed=st.integers(0, 2**16))
+def test_q6_panels_round_trip_the_codes(n: int, blocks: int, seed: int) -> None:
+    """Kind q6's panels (two q4 words and one word of high bits per 16 k and column) give back every
+    code; the q8 form and back is the identity; the values are the q8 form's; 6 bits a weight."""
+    k = 16 * blocks
+    q6, q8 = _q6_and_q8(n, k, 16, seed)
+    panels = StoredPanels.from_rows(q6)
+    assert torch.equal(panels.to_rows().codes, q6.codes)
+    assert torch.equal(q8.to_q6().codes, q6.codes) and q8.codes.dtype == torch.int8
+    assert torch.equal(q6.dequantize(), q8.dequantize()) and torch.equal(panels.dequantize(), q8.dequantize())
+    n_pad = -(-n // 16) * 16
+    assert panels.codes.numel() * 4 == n_pad * k * 6 // 8 == StoredPanels.from_rows(q8).codes.numel() * 6 // 8
+
+
+def test_q6_refuses_codes_and_groups_it_cannot_hold() -> None:
+    q8 = QuantRows.quantize_q8(torch.randn(4, 64))
+    with pytest.raises(ValueError, match="do not fit 6 bits"):
+        q8.to_q6()
+    with pytest.raises(ValueError, match="only q8 weights"):
+        QuantRows.quantize_q4(torch.randn(4, 64)).to_q6()
+    with pytest.raises(ValueError, match=r"0\.\.63"):
+        StoredPanels.from_rows(QuantRows("q6", 16, torch.full((4, 64), 64, dtype=torch.uint8), torch.ones(4, 4)))
+    with pytest.raises(ValueError, match="multiple of 16"):
+        StoredPanels.from_rows(QuantRows("q6", 8, torch.zeros(4, 64, dtype=torch.uint8), torch.ones(4, 8)))
+
+
+@pytest.mark.parametrize("n,k,group", [(37, 256, 16), (1, 768, 16), (17, 96, 16), (33, 96, 32), (30, 512, 64)])
+def test_q6_gives_the_bits_of_its_q8_form(n: int, k: int, group: int, kernel_variant: str) -> None:
+    """Both products, in every variant this CPU runs, give a q6 weight's outputs the bits of its q8
+    form's (the same integers, the same float steps), for every row count 1..30, written and
+    accumulated, with a bias; the embedding lookup decodes the same rows."""
+    q6, q8 = _q6_and_q8(n, k, group, seed=n + k + group)
+    p6, p8 = StoredPanels.from_rows(q6), StoredPanels.from_rows(q8)
+    assert p6.scale_form == p8.scale_form and p6.nbytes < p8.nbytes
+    gen = torch.Generator().manual_seed(k)
+    bias = torch.randn(n, generator=gen)
+    kernel = native.load()
+    for m in range(1, 31):
+        x = torch.randn(m, k, generator=gen) * 2
+        x[0, :group] = 0  # a zero block: activation scale 0 in the fast precision
+        for product in (kernel.stored_linear, kernel.stored_linear_fast):
+            for accumulate in (False, True):
+                start = torch.randn(m, n, generator=gen)
+                ours, theirs = start.clone(), start.clone()
+                for weight, out in ((p6, ours), (p8, theirs)):
+                    assert product(x, weight, bias, out, accumulate) in (None, True)  # exact: None; fast: True
+                assert torch.equal(ours.view(torch.int32), theirs.view(torch.int32)), (product.__name__, m, accumulate)
+    ids = torch.tensor([n - 1, 0, n // 2, 0])
+    assert torch.equal(StoredEmbedding(q6)(ids), StoredEmbedding(q8)(ids))
+    assert torch.equal(StoredEmbedding(q6)(ids), q8.dequantize()[ids])
 
 
 def test_fallback_without_native_kernel_gives_the_fp32_fallback_answers(stored_weight, monkeypatch) -> None:

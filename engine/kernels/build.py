@@ -31,7 +31,7 @@ _HERE = Path(__file__).parent
 SOURCES = tuple(_HERE / n for n in ("skinny.c", "ops.c", "attention.c", "stored.c", "fast.c", "fast_avx2.c",
                                     "fast_amx.c", "decoder.c", "eagle_native.c", "corpus.c", "attention_shared.c",
                                     "fast_bf16.c"))
-HEADERS = tuple(_HERE / n for n in ("layers.h", "tile.h", "fast.h", "vec.h", "attention.h", "scales.h"))
+HEADERS = tuple(_HERE / n for n in ("layers.h", "tile.h", "fast.h", "vec.h", "attention.h", "scales.h", "q6.h"))
 # -ffp-contract=off: a*b + c stays two roundings wherever the source says so (the rotary product
 # must equal torch's complex multiply); the kernels' FMAs are explicit intrinsics.
 FLAGS = ("-O3", "-shared", "-fPIC", "-fopenmp", "-ffp-contract=off")

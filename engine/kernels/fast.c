@@ -24,7 +24,10 @@
  * Codes as stored.c keeps them: q4 (0..15) eight k per 32-bit word per column, so the even-k and
  * odd-k codes come out as bytes with one mask each, and the activations are stored in the same
  * even/odd order; q8 (signed) as 16 bytes per k, transposed in registers to four k per lane and
- * offset by 128 (vpdpbusd multiplies unsigned by signed bytes), which the block sum corrects.
+ * offset by 128 (vpdpbusd multiplies unsigned by signed bytes), which the block sum corrects; q6
+ * (0..63, the q8 value + 32) as q4 words plus a word of high bits per 16 k (q6.h), read by the
+ * VNNI tile() with q4's activation order and corrected by 32 times the block sum: the q8 form's
+ * exact integers, so its bits. The other variants widen a q6 panel to q8 first (q6.h says why).
  */
 #include <immintrin.h>
 #include <stdint.h>
@@ -32,11 +35,12 @@
 #include <string.h>
 
 #include "fast.h"
+#include "q6.h"
 
 #define FAST_ROWS 12
 #define AVX2F __attribute__((target("avx2,fma")))
 
-enum { KIND_BF16 = 2, KIND_Q8 = 3, KIND_Q4 = 4 };
+enum { KIND_BF16 = 2, KIND_Q8 = 3, KIND_Q4 = 4, KIND_Q6 = 5 };
 
 static int has_vnni(void) {
     __builtin_cpu_init();
@@ -123,9 +127,27 @@ static AVX2F void quantize_row(const float *x, long K, long group, int q4_order,
     }
 }
 
-/* One tile of MR rows by one 16-column panel; results to out[MR][16]. */
+enum { FORM_Q8, FORM_Q4, FORM_Q6 }; /* how tile() reads a panel's codes */
+
+/* The four byte registers of one q6 block (16 k; q6.h) paired with activation words 0..3 of the
+ * block in q4's order: register j's low nibbles as q4's (j = 0, 1 from the first word, 2, 3 from
+ * the second), its high two bits shifted from the high word to bits 4-5 of each byte (left 4, left
+ * 2, none, right 2) and merged in with one vpternlogd (low | (high & 0x30): imm 0xF8). */
+static inline __attribute__((always_inline)) VNNI void q6_block(const uint32_t *blk, __m512i *wv) {
+    const __m512i m4 = _mm512_set1_epi32(0x0F0F0F0F), m30 = _mm512_set1_epi32(0x30303030);
+    const __m512i w0 = _mm512_loadu_si512(blk), w1 = _mm512_loadu_si512(blk + PANEL);
+    const __m512i h = _mm512_loadu_si512(blk + 2 * PANEL);
+    wv[0] = _mm512_ternarylogic_epi32(_mm512_and_si512(w0, m4), _mm512_slli_epi32(h, 4), m30, 0xF8);
+    wv[1] = _mm512_ternarylogic_epi32(_mm512_and_si512(_mm512_srli_epi32(w0, 4), m4), _mm512_slli_epi32(h, 2), m30,
+                                      0xF8);
+    wv[2] = _mm512_ternarylogic_epi32(_mm512_and_si512(w1, m4), h, m30, 0xF8);
+    wv[3] = _mm512_ternarylogic_epi32(_mm512_and_si512(_mm512_srli_epi32(w1, 4), m4), _mm512_srli_epi32(h, 2), m30,
+                                      0xF8);
+}
+
+/* One tile of MR rows by one 16-column panel (codes read as `form` says); results to out[MR][16]. */
 static inline __attribute__((always_inline)) VNNI void
-tile(const int MR, const int q4, const int8_t *xq, long K, const float *xd, const int32_t *xs, long group,
+tile(const int MR, const int form, const int8_t *xq, long K, const float *xd, const int32_t *xs, long group,
      const void *codes, const void *sc, const void *of, int hs, float *out) {
     const long ng = K / group;
     const __m512i m4 = _mm512_set1_epi32(0x0F0F0F0F);
@@ -139,7 +161,7 @@ tile(const int MR, const int q4, const int8_t *xq, long K, const float *xd, cons
         __m512i isum[FAST_ROWS];
 #pragma GCC unroll 12
         for (int r = 0; r < MR; r++) isum[r] = _mm512_setzero_si512();
-        if (q4) {
+        if (form == FORM_Q4) {
             const uint32_t *cw = (const uint32_t *)codes + g * (group / 8) * PANEL;
             for (long w = 0; w < group / 8; w++) {
                 const __m512i word = _mm512_loadu_si512(cw + w * PANEL);
@@ -153,6 +175,27 @@ tile(const int MR, const int q4, const int8_t *xq, long K, const float *xd, cons
                     isum[r] = _mm512_dpbusd_epi32(isum[r], hi, _mm512_set1_epi32(xr[1]));
                 }
             }
+        } else if (form == FORM_Q6) {
+            /* a later panel's codes and scales for this group, as tile_g32 does (which says why):
+             * this tile is the one-token step's for Q6_K weights (a Q4_K_M file's LM head) */
+            const char *ahead = (const char *)codes + PF_PANELS * q6_panel_bytes(K) + g * q6_panel_bytes(group);
+            for (long l = 0; l < q6_panel_bytes(group); l += 64) _mm_prefetch(ahead + l, _MM_HINT_T0);
+            _mm_prefetch((const char *)sc + PF_PANELS * scales_panel_bytes(ng, hs) + scales_row_at(g, hs), _MM_HINT_T0);
+            const uint32_t *cb = (const uint32_t *)codes + g * (group / Q6_BLOCK) * 3 * PANEL;
+            for (long b = 0; b < group / Q6_BLOCK; b++) {
+                __m512i wv[4];
+                q6_block(cb + b * 3 * PANEL, wv);
+                const long k = g * group + b * Q6_BLOCK;
+#pragma GCC unroll 12
+                for (int r = 0; r < MR; r++) {
+                    const int32_t *xr = (const int32_t *)(xq + r * K + k);
+#pragma GCC unroll 4
+                    for (int j = 0; j < 4; j++) isum[r] = _mm512_dpbusd_epi32(isum[r], wv[j], _mm512_set1_epi32(xr[j]));
+                }
+            }
+#pragma GCC unroll 12
+            for (int r = 0; r < MR; r++)
+                isum[r] = _mm512_sub_epi32(isum[r], _mm512_set1_epi32(Q6_BIAS * xs[r * ng + g]));
         } else {
             const int8_t *cb = (const int8_t *)codes + g * group * PANEL;
             for (long w = 0; w < group / 4; w++) {
@@ -307,11 +350,15 @@ typedef void (*fast_tile_fn)(const int8_t *, long, const float *, const int32_t 
 #define FTILE(n)                                                                                                    \
     static VNNI void ft_q4_##n(const int8_t *xq, long K, const float *xd, const int32_t *xs, long group,          \
                                const void *c, const void *s, const void *o, int hs, float *out) {                 \
-        tile(n, 1, xq, K, xd, xs, group, c, s, o, hs, out);                                                        \
+        tile(n, FORM_Q4, xq, K, xd, xs, group, c, s, o, hs, out);                                                  \
     }                                                                                                               \
     static VNNI void ft_q8_##n(const int8_t *xq, long K, const float *xd, const int32_t *xs, long group,          \
                                const void *c, const void *s, const void *o, int hs, float *out) {                 \
-        tile(n, 0, xq, K, xd, xs, group, c, s, o, hs, out);                                                        \
+        tile(n, FORM_Q8, xq, K, xd, xs, group, c, s, o, hs, out);                                                  \
+    }                                                                                                               \
+    static VNNI void ft_q6_##n(const int8_t *xq, long K, const float *xd, const int32_t *xs, long group,          \
+                               const void *c, const void *s, const void *o, int hs, float *out) {                 \
+        tile(n, FORM_Q6, xq, K, xd, xs, group, c, s, o, hs, out);                                                  \
     }
 #define FAST_AVX2_ROWS 4
 /* fast_avx2.c: the AVX2 tiles and the AVX-VNNI ones (the same rows a tile) */
@@ -322,6 +369,8 @@ static const fast_tile_fn FT_Q4[FAST_ROWS + 1] = {0, ft_q4_1, ft_q4_2, ft_q4_3, 
                                                   ft_q4_7, ft_q4_8, ft_q4_9, ft_q4_10, ft_q4_11, ft_q4_12};
 static const fast_tile_fn FT_Q8[FAST_ROWS + 1] = {0, ft_q8_1, ft_q8_2, ft_q8_3, ft_q8_4, ft_q8_5, ft_q8_6,
                                                   ft_q8_7, ft_q8_8, ft_q8_9, ft_q8_10, ft_q8_11, ft_q8_12};
+static const fast_tile_fn FT_Q6[FAST_ROWS + 1] = {0, ft_q6_1, ft_q6_2, ft_q6_3, ft_q6_4, ft_q6_5, ft_q6_6,
+                                                  ft_q6_7, ft_q6_8, ft_q6_9, ft_q6_10, ft_q6_11, ft_q6_12};
 
 /*
  * Arguments as stored_linear's (stored.c), except that the scales and offsets are stored as hs
@@ -334,11 +383,13 @@ int stored_linear_fast(const float *x, long M, long K, int kind, long group, con
                        int nthreads, int hs) {
     if (kind == KIND_BF16) /* vdpbf16ps where the CPU has it (fast_bf16.c) */
         return fast_bf16_linear(x, M, K, codes, N, bias, y, ldy, accumulate, nthreads);
-    const int q4 = kind == KIND_Q4;
-    if ((kind != KIND_Q4 && kind != KIND_Q8) || group <= 0 || K % group || group % (q4 ? 8 : 4) || !fast_supported())
+    const int q4 = kind == KIND_Q4, q6 = kind == KIND_Q6;
+    if ((!q4 && !q6 && kind != KIND_Q8) || group <= 0 || K % group || group % (q4 ? 8 : q6 ? 16 : 4) ||
+        !fast_supported())
         return -1;
     if (!scales_form_fits(K / group, hs)) return -1;
-    const int vnni = variant == 512, g32 = vnni && group == 32, tiles_amx = g32 && amx && M >= AMX_MIN_ROWS;
+    const int vnni = variant == 512, g32 = vnni && group == 32 && !q6, tiles_amx = g32 && amx && M >= AMX_MIN_ROWS;
+    const int widen = q6 && !vnni; /* q6 panels to q8 first: every variant but the VNNI tile() */
     const int rows_max = g32 ? G32_ROWS : vnni ? FAST_ROWS : FAST_AVX2_ROWS;
     const long ng = K / group;
     if (M <= 0 || N <= 0) return 0;
@@ -357,22 +408,33 @@ int stored_linear_fast(const float *x, long M, long K, int kind, long group, con
     memset(xq + M * K, 0, (size_t)((xq_rows - M) * K));
 #pragma omp parallel for num_threads(nthreads) schedule(static) if (M > 1)
     for (long r = 0; r < M; r++) {
-        quantize_row(x + r * K, K, group, q4, xq + r * K, xd + r * ng, xs + r * ng);
+        quantize_row(x + r * K, K, group, q4 || (q6 && !widen), xq + r * K, xd + r * ng, xs + r * ng);
         for (long b = 0; b < ng; b++) xc[r * ng + b] = xd[r * ng + b] * (float)xs[r * ng + b];
     }
     const long npanels = (N + PANEL - 1) / PANEL;
-    const long panel_bytes = q4 ? K * PANEL / 2 : K * PANEL;
-    const fast_tile_fn *tiles = vnni               ? (q4 ? FT_Q4 : FT_Q8)
+    const long panel_bytes = q4 ? K * PANEL / 2 : q6 ? q6_panel_bytes(K) : K * PANEL;
+    const fast_tile_fn *tiles = vnni               ? (q4 ? FT_Q4 : q6 ? FT_Q6 : FT_Q8)
                                 : variant == 256 ? (q4 ? FAST_AVXVNNI_Q4 : FAST_AVXVNNI_Q8)
                                                  : (q4 ? FAST_AVX2_Q4 : FAST_AVX2_Q8);
     const fast_g32_fn *gtiles = q4 ? G32_Q4 : G32_Q8;
+    int failed = 0; /* a thread could not allocate its q6 buffer: the call fails (-2), its output undefined */
 #pragma omp parallel num_threads(nthreads)
     {
         if (tiles_amx) fast_amx_begin(); /* tile state is per thread */
+        int8_t *wide = widen ? aligned_alloc(64, (size_t)((K * PANEL + 63) / 64 * 64)) : 0; /* a q6 panel as q8 */
 #pragma omp for schedule(static)
         for (long p = 0; p < npanels; p++) {
             float out[G32_ROWS * PANEL] __attribute__((aligned(64)));
             const char *pc = (const char *)codes + p * panel_bytes;
+            if (widen && !wide) {
+#pragma omp atomic write
+                failed = 1;
+                continue;
+            }
+            if (widen) {
+                q6_to_q8((const uint32_t *)pc, K, wide);
+                pc = (const char *)wide;
+            }
             const long sbytes = p * scales_panel_bytes(ng, hs);
             const void *ps = (const char *)scales + sbytes;
             const void *po = offsets ? (const char *)offsets + sbytes : 0;
@@ -390,9 +452,10 @@ int stored_linear_fast(const float *x, long M, long K, int kind, long group, con
             }
         }
         if (tiles_amx) fast_amx_end();
+        free(wide);
     }
     free(xq);
     free(xd);
     free(xs);
-    return 0;
+    return failed ? -2 : 0;
 }

@@ -13,7 +13,7 @@ import torch
 
 from engine.kernels.weights import QuantRows
 
-FAST_KINDS = ("q4", "q8")
+FAST_KINDS = ("q4", "q8", "q6")
 
 
 def quantize_activations(x: torch.Tensor, group: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -28,9 +28,12 @@ def quantize_activations(x: torch.Tensor, group: int) -> tuple[torch.Tensor, tor
 
 
 def fast_linear_reference(x: torch.Tensor, rows: QuantRows, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """y [M, N] = the fast precision's x @ W.T (+ bias) for a q4/q8 weight in row form."""
+    """y [M, N] = the fast precision's x @ W.T (+ bias) for a q4/q8/q6 weight in row form (q6 as
+    the q8 form of its values: the kernel's sums of u * x - 32 * sum(x) are those integers)."""
     if rows.kind not in FAST_KINDS:
         raise ValueError(f"the fast precision has no integer product for {rows.kind!r} weights")
+    if rows.kind == "q6":
+        rows = rows.to_q8()
     g = rows.group
     xq, d, sx = quantize_activations(x, g)
     m, k = xq.shape

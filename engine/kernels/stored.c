@@ -29,6 +29,7 @@
 #include <stdint.h>
 #include <stdlib.h>
 
+#include "q6.h"
 #include "scales.h"
 #include "tile.h"
 
@@ -39,7 +40,7 @@
 #define KC 256 /* k values decoded per chunk: 16 KB of fp32, stays in L1 */
 #define AVX2 __attribute__((target("avx2,fma,f16c")))
 
-enum { KIND_F32 = 0, KIND_F16 = 1, KIND_BF16 = 2, KIND_Q8 = 3, KIND_Q4 = 4 };
+enum { KIND_F32 = 0, KIND_F16 = 1, KIND_BF16 = 2, KIND_Q8 = 3, KIND_Q4 = 4, KIND_Q6 = 5 };
 
 /* ---- decoders: panel columns 0..15 of k = k0..k0+kc-1 into buf[kc][16] ---------------------- */
 
@@ -409,8 +410,10 @@ static void stored_linear_row(const float *x, long K, int kind, long group, cons
 
 /*
  * x: [M, K] row-major. codes: per panel p (0..ceil(N/16)-1) a block of K*16 codes
- * (q4: K*8 bytes); scales/offsets: per panel [K/group][16], stored as hs says (scales.h: fp32, the
- * exact fp16 copies or a K-quant's factored form; the same floats), NULL where the kind has none.
+ * (q4: K*8 bytes; q6: K*12, q6.h's layout, each panel widened to the q8 one in a buffer of its
+ * thread and multiplied as q8: the same codes, the same bits); scales/offsets: per panel
+ * [K/group][16], stored as hs says (scales.h: fp32, the exact fp16 copies or a K-quant's factored
+ * form; the same floats), NULL where the kind has none.
  * y: row stride ldy; columns 0..N-1 written (accumulate: added). bias: [N] or NULL.
  */
 void stored_linear(const float *x, long M, long K, int kind, long group, const void *codes, const void *scales,
@@ -418,10 +421,13 @@ void stored_linear(const float *x, long M, long K, int kind, long group, const v
                    int nthreads, int hs) {
     const long npanels = (N + PANEL - 1) / PANEL;
     const long code_bytes = kind == KIND_F32 ? 4 : (kind == KIND_F16 || kind == KIND_BF16) ? 2 : 1;
-    const long panel_bytes = kind == KIND_Q4 ? K * PANEL / 2 : K * PANEL * code_bytes;
+    const long panel_bytes = kind == KIND_Q4   ? K * PANEL / 2
+                             : kind == KIND_Q6 ? q6_panel_bytes(K)
+                                               : K * PANEL * code_bytes;
     const long ngroups = group > 0 ? K / group : 0;
     const long passes = (M + MAX_ROWS - 1) / MAX_ROWS;
     if (M <= 0 || N <= 0) return; /* nothing to compute (and no zero-row tile to call) */
+    /* (q6 takes the loop below, its buffer one panel: FTILES_Q8[1] there gives the pair tile's bits) */
     if (M == 1 && use_avx512 != 1 && (kind == KIND_Q4 || kind == KIND_Q8)) {
         stored_linear_row(x, K, kind, group, codes, scales, offsets, hs, N, bias, y, accumulate, nthreads,
                           panel_bytes, ngroups);
@@ -431,24 +437,30 @@ void stored_linear(const float *x, long M, long K, int kind, long group, const v
     {
         float buf[KC * PANEL] __attribute__((aligned(64)));
         float *acc = aligned_alloc(64, ((M * PANEL * sizeof(float)) + 63) / 64 * 64);
+        int8_t *wide = kind == KIND_Q6 ? aligned_alloc(64, (K * PANEL + 63) / 64 * 64) : 0; /* a q6 panel as q8 */
+        const int pkind = kind == KIND_Q6 ? KIND_Q8 : kind; /* the kind the panel is multiplied as */
 #pragma omp for schedule(static)
         for (long p = 0; p < npanels; p++) {
             const char *pc = (const char *)codes + p * panel_bytes;
+            if (kind == KIND_Q6) { /* (a failed allocation faults here, as acc's would above) */
+                q6_to_q8((const uint32_t *)pc, K, wide);
+                pc = (const char *)wide;
+            }
             const long sbytes = p * scales_panel_bytes(ngroups, hs);
             const char *ps = scales ? (const char *)scales + sbytes : 0;
             const char *po = offsets ? (const char *)offsets + sbytes : 0;
-            const int quant = kind == KIND_Q4 || kind == KIND_Q8;
-            const int wide = use_avx512 == 1 && quant && M <= MAX_ROWS_512;
-            const int fused = wide || (quant && M <= FUSED_MAX_ROWS);
-            if (wide)
-                (kind == KIND_Q4 ? FTILES512_Q4 : FTILES512_Q8)[M](x, K, pc, ps, po, hs, group, K, acc);
+            const int quant = pkind == KIND_Q4 || pkind == KIND_Q8;
+            const int wide512 = use_avx512 == 1 && quant && M <= MAX_ROWS_512;
+            const int fused = wide512 || (quant && M <= FUSED_MAX_ROWS);
+            if (wide512)
+                (pkind == KIND_Q4 ? FTILES512_Q4 : FTILES512_Q8)[M](x, K, pc, ps, po, hs, group, K, acc);
             else if (fused)
-                (kind == KIND_Q4 ? FTILES_Q4 : FTILES_Q8)[M](x, K, pc, ps, po, hs, group, K, acc);
+                (pkind == KIND_Q4 ? FTILES_Q4 : FTILES_Q8)[M](x, K, pc, ps, po, hs, group, K, acc);
             else
                 for (long i = 0; i < M * PANEL; i++) acc[i] = 0.0f;
             for (long k0 = 0; k0 < K && !fused; k0 += KC) {
                 const long kc = K - k0 < KC ? K - k0 : KC;
-                switch (kind) {
+                switch (pkind) {
                 case KIND_F32: decode_f32((const float *)pc, k0, kc, buf); break;
                 case KIND_F16: decode_f16((const uint16_t *)pc, k0, kc, buf); break;
                 case KIND_BF16: decode_bf16((const uint16_t *)pc, k0, kc, buf); break;
@@ -474,13 +486,15 @@ void stored_linear(const float *x, long M, long K, int kind, long group, const v
             }
         }
         free(acc);
+        free(wide);
     }
 }
 
 /*
  * Rows ids[0..n-1] of a row-form weight (QuantRows: codes [rows, K], int8 for q8 and uint8 for
- * q4; scales, offsets [rows, K / group]) decoded to fp32 out[n, K]: an embedding lookup. The
- * values QuantRows.dequantize gives: code * scale, then + offset (q4; the product is exact).
+ * q4 and q6; scales, offsets [rows, K / group]) decoded to fp32 out[n, K]: an embedding lookup. The
+ * values QuantRows.dequantize gives: code * scale (q6: (code - 32) * scale), then + offset (q4;
+ * the product is exact).
  * Returns 0, or -1 when an id is outside 0..nrows-1 (nothing decoded past it).
  *
  * Why: the lookup runs on every target forward and every draft level; as torch ops (two
@@ -501,7 +515,8 @@ int dequantize_rows(int kind, long group, const void *codes, const float *scales
                 for (long j = 0; j < group; j++) yg[j] = (float)c[j] * s;
             } else {
                 const uint8_t *c = (const uint8_t *)codes + r * K + g * group;
-                for (long j = 0; j < group; j++) yg[j] = (float)c[j] * s;
+                const int bias = kind == KIND_Q6 ? Q6_BIAS : 0;
+                for (long j = 0; j < group; j++) yg[j] = (float)(c[j] - bias) * s;
             }
             if (offsets) {
                 const float o = offsets[r * ng + g];

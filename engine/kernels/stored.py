@@ -14,7 +14,7 @@ import torch
 
 from engine.kernels import native
 from engine.kernels.linear import Linear, cpu_layout
-from engine.kernels.weights import KIND_IDS, QuantRows, StoredPanels, cat_rows
+from engine.kernels.weights import KIND_IDS, QUANT_KINDS, QuantRows, StoredPanels, cat_rows
 
 
 class StoredLinear:
@@ -92,11 +92,11 @@ def _merge_runs(parts: list[QuantRows]) -> list[QuantRows]:
 
 class StoredEmbedding:
     """Token embedding lookup from stored rows: only the looked-up rows are decoded (in one call
-    of our kernel for 8- and 4-bit codes: the same values as :meth:`QuantRows.dequantize`)."""
+    of our kernel for 8-, 6- and 4-bit codes: the same values as :meth:`QuantRows.dequantize`)."""
 
     def __init__(self, rows: QuantRows) -> None:
         self.rows = rows
-        quant = rows.kind in ("q8", "q4") and rows.codes.is_contiguous() and rows.scales is not None
+        quant = rows.kind in QUANT_KINDS and rows.codes.is_contiguous() and rows.scales is not None
         self._kernel = native.load() if quant and cpu_layout() == "native" else None
         if self._kernel is not None:
             self._scales = rows.scales.float().contiguous()

@@ -6,12 +6,15 @@ a weight for the same numbers. A weight matrix is held as
 
 - :class:`QuantRows`: the row-major form every stored format reduces to. Weight (n, k) is
   ``scale[n, k // group] * code[n, k] (+ offset[n, k // group])`` with integer codes (kinds
-  ``q8``: int8, ``q4``: 0..15), or a raw 16-bit float (``f16``/``bf16``), or fp32 (``f32``).
+  ``q8``: int8, ``q4``: 0..15), or ``scale * (code - 32)`` with codes 0..63 (``q6``: Q6_K's own
+  codes, the q8 form's plus 32), or a raw 16-bit float (``f16``/``bf16``), or fp32 (``f32``).
   Row permutations (RoPE order) and concatenation (fused q|k|v) act on this form.
 - :class:`StoredPanels`: the same numbers repacked for ``stored.c``: 16 output columns side by
   side for each k, so the kernel decodes 16 columns with a few vector instructions. q4 codes go
   eight k to a 32-bit word per column (code[k+i] in bits 4i..4i+3): one shift and one mask
-  take a code out of eight columns at once.
+  take a code out of eight columns at once. q6 codes go in blocks of 16 k: the low four bits as
+  two q4 words per column, then one word per column of the 16 high two-bit pairs (:func:`_pack_q6`
+  says where each goes): 6 bits a weight where the q8 form read 8.
 
 The kernels read the scales and offsets from compact copies where the same floats come from fewer
 bytes (fp16 copies, or a K-quant's own factoring; ``StoredPanels.scale_form``, ``scales.h``).
@@ -23,12 +26,14 @@ This module is the format only; ``stored.py`` holds the layer that multiplies by
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
 PANEL = 16  # output columns per panel (fixed by stored.c)
-KIND_IDS = {"f32": 0, "f16": 1, "bf16": 2, "q8": 3, "q4": 4}
+KIND_IDS = {"f32": 0, "f16": 1, "bf16": 2, "q8": 3, "q4": 4, "q6": 5}
+QUANT_KINDS = ("q8", "q4", "q6")  # the kinds with integer codes and per-group scales
+Q6_BIAS = 32  # a q6 code is its q8 value + 32
 _FLOAT_VIEWS = {"f16": torch.float16, "bf16": torch.bfloat16}
 SCALES_F16, SCALES_FACTORED = 1, 2  # StoredPanels.scale_form: fp16 copies; factored, + log2(groups a factor)
 
@@ -39,7 +44,7 @@ class QuantRows:
 
     kind: str
     group: int  # k values sharing one scale/offset (0 for float kinds)
-    codes: torch.Tensor  # [n, k]: int8 (q8), uint8 (q4), int16 bit patterns (f16/bf16), float32 (f32)
+    codes: torch.Tensor  # [n, k]: int8 (q8), uint8 (q4, q6), int16 bit patterns (f16/bf16), float32 (f32)
     scales: torch.Tensor | None = None  # [n, k // group] float32
     offsets: torch.Tensor | None = None  # [n, k // group] float32, or None (no offset)
     # A K-quant's scales as its file stores them, where the reader has them (gguf_weights.py):
@@ -93,6 +98,22 @@ class QuantRows:
         codes = torch.round((blocks - low.unsqueeze(-1)) / scales.clamp_min(1e-30).unsqueeze(-1)).clamp_(0, 15)
         return cls("q4", group, codes.to(torch.uint8).view(n, k), scales.contiguous(), low.contiguous())
 
+    def to_q6(self) -> QuantRows:
+        """This q8 weight as kind q6 (each code + 32, the scales kept): the same values at 6 bits a
+        weight. Only where every code lies in -32..31 (Q6_K's): ValueError otherwise."""
+        if self.kind != "q8":
+            raise ValueError(f"only q8 weights become q6, not {self.kind!r}")
+        if self.codes.numel() and not (int(self.codes.min()) >= -Q6_BIAS and int(self.codes.max()) < Q6_BIAS):
+            raise ValueError("q8 codes outside -32..31 do not fit 6 bits")
+        return replace(self, kind="q6", codes=(self.codes + Q6_BIAS).view(torch.uint8))
+
+    def to_q8(self) -> QuantRows:
+        """A q6 weight as the q8 form of the same values (each code - 32): what the fast precision's
+        definition (fast.py) multiplies, as every kernel variant does in effect."""
+        if self.kind != "q6":
+            raise ValueError(f"to_q8 takes q6 weights, not {self.kind!r}")
+        return replace(self, kind="q8", codes=(self.codes.view(torch.int8) - Q6_BIAS))
+
     def rows(self, index: torch.Tensor) -> QuantRows:
         """The rows ``index`` (a permutation, or the tokens of an embedding lookup)."""
         return QuantRows(self.kind, self.group, *(None if t is None else t.index_select(0, index)
@@ -111,14 +132,17 @@ class QuantRows:
         n, k = self.codes.shape
         # each group's scale broadcast over its codes (no repeated copy: an embedding lookup per
         # drafted level is on the critical path)
-        w = self.codes.view(n, k // self.group, self.group).float() * self.scales.unsqueeze(-1)
+        codes = self.codes.view(n, k // self.group, self.group).float()
+        if self.kind == "q6":  # code - 32 is exact: the q8 form's value, one rounding in the product
+            codes -= Q6_BIAS
+        w = codes * self.scales.unsqueeze(-1)
         if self.offsets is not None:  # the product is exact for q4 (<= 21 significant bits); one rounding for q8
             w = w + self.offsets.unsqueeze(-1)
         return w.view(n, k)
 
     @property
     def nbytes(self) -> int:
-        per_code = 0.5 if self.kind == "q4" else self.codes.element_size()
+        per_code = {"q4": 0.5, "q6": 0.75}.get(self.kind, self.codes.element_size())
         extra = sum(t.numel() * 4 for t in (self.scales, self.offsets) if t is not None)
         return int(self.codes.numel() * per_code) + extra
 
@@ -177,6 +201,56 @@ def _unpack_q4_words(words: torch.Tensor) -> torch.Tensor:
     return nibbles.to(torch.uint8).view(p, kw * Q4_PER_WORD, PANEL)
 
 
+Q6_BLOCK = 16  # q6 codes are packed in blocks of 16 k: two q4 words and one word of high bits a column
+
+
+def _q6_high_shift(t: int) -> int:
+    """Where the high two bits of the code at k offset t (0..15) of a q6 block sit in its high word.
+
+    Why this order: the fast tile (fast.c) reads the block's four registers of byte codes from the
+    two q4 words (low nibbles: even k, then odd k, as q4 does), and byte b of register j (j = 2w + e
+    for word w, even/odd e) needs the high bits of k = 8w + 2b + e. Keeping them in byte b, bits
+    2j..2j+1, lets one shift of the whole word (left 4, left 2, none, right 2) bring register j's
+    bits to bits 4-5 of every byte, where one masked merge joins them to the low nibbles."""
+    w, i = divmod(t, 8)
+    b, e = divmod(i, 2)
+    return 8 * b + 2 * (2 * w + e)
+
+
+def _or_field(word: torch.Tensor, value: torch.Tensor, shift: int, width: int) -> None:
+    """word |= value << shift in int32, where the field may end at bit 31 (then sign-extended)."""
+    if shift + width == 32:
+        top = 1 << (width - 1)
+        value = ((value ^ top) - top) * (1 << shift)  # the field's top bit is bit 31: a negative int32
+    else:
+        value = value << shift
+    word |= value
+
+
+def _pack_q6(codes: torch.Tensor) -> torch.Tensor:
+    """[p, k, 16] codes 0..63 -> [p, k/16, 3, 16] int32: per block of 16 k, q4 words of the low
+    nibbles of k 0..7 and 8..15 (:func:`_pack_q4_words`' layout), then the high two bits of all 16
+    (:func:`_q6_high_shift`). One int32 slice at a time, as the q4 packing: no int64 copy."""
+    p, k, _ = codes.shape
+    blocks = codes.view(p, k // Q6_BLOCK, Q6_BLOCK, PANEL)
+    words = torch.zeros(p, k // Q6_BLOCK, 3, PANEL, dtype=torch.int32)
+    for t in range(Q6_BLOCK):
+        code = blocks[:, :, t].to(torch.int32)
+        w, i = divmod(t, Q4_PER_WORD)
+        _or_field(words[:, :, w], code & 15, 4 * i, 4)
+        _or_field(words[:, :, 2], code >> 4, _q6_high_shift(t), 2)
+    return words
+
+
+def _unpack_q6(words: torch.Tensor) -> torch.Tensor:
+    """:func:`_pack_q6` undone: [p, k/16, 3, 16] int32 -> [p, k, 16] uint8 codes."""
+    p, nb = words.shape[:2]
+    low = _unpack_q4_words(words[:, :, :2].reshape(p, nb * 2, PANEL)).view(p, nb, Q6_BLOCK, PANEL)
+    shifts = torch.tensor([_q6_high_shift(t) for t in range(Q6_BLOCK)], dtype=torch.int64).view(1, 1, Q6_BLOCK, 1)
+    high = (words[:, :, 2:3].to(torch.int64) >> shifts) & 3
+    return (low | (high << 4).to(torch.uint8)).view(p, nb * Q6_BLOCK, PANEL)
+
+
 def _fp16_at_least(t: torch.Tensor) -> torch.Tensor:
     """The least fp16 value >= each of ``t``'s (finite, below 65504), as float32."""
     half = t.half()
@@ -200,7 +274,8 @@ class StoredPanels:
     group: int
     n: int
     k: int
-    codes: torch.Tensor  # [n_pad/16, k, 16] (q4: [n_pad/16, k/8, 16] int32, eight k per word)
+    codes: torch.Tensor  # [n_pad/16, k, 16] (q4: [n_pad/16, k/8, 16] int32, eight k per word; q6:
+    # [n_pad/16, k/16, 3, 16] int32, _pack_q6's blocks)
     scales: torch.Tensor | None  # [n_pad/16, k/group, 16] float32
     offsets: torch.Tensor | None
     # Compact copies of the scales and offsets, which both products read (the same floats once
@@ -222,13 +297,17 @@ class StoredPanels:
     @classmethod
     def from_rows(cls, rows: QuantRows) -> StoredPanels:
         n, k = rows.shape
-        step = Q4_PER_WORD if rows.kind == "q4" else 2
-        if rows.kind in ("q8", "q4") and (rows.group <= 0 or k % rows.group or rows.group % step):
+        step = {"q4": Q4_PER_WORD, "q6": Q6_BLOCK}.get(rows.kind, 2)
+        if rows.kind in QUANT_KINDS and (rows.group <= 0 or k % rows.group or rows.group % step):
             raise ValueError(f"group {rows.group} does not divide k={k} evenly (nor is a multiple of {step})")
+        if rows.kind == "q6" and rows.codes.numel() and int(rows.codes.max()) > 63:
+            raise ValueError("q6 codes are 0..63")
         n_pad = -(-n // PANEL) * PANEL
         codes = _to_panels(rows.codes, n_pad)
         if rows.kind == "q4":
             codes = _pack_q4_words(codes)
+        elif rows.kind == "q6":
+            codes = _pack_q6(codes)
         scales = _to_panels(rows.scales, n_pad) if rows.scales is not None else None
         offsets = _to_panels(rows.offsets, n_pad) if rows.offsets is not None else None
         compact = _factored_copies(rows, n_pad) or _half_copies(rows.kind, scales, offsets)
@@ -238,6 +317,8 @@ class StoredPanels:
         codes = self.codes
         if self.kind == "q4":
             codes = _unpack_q4_words(codes)
+        elif self.kind == "q6":
+            codes = _unpack_q6(codes)
         unpack = (lambda t: None if t is None else _from_panels(t, self.n))  # noqa: E731
         return QuantRows(self.kind, self.group, _from_panels(codes, self.n), unpack(self.scales), unpack(self.offsets))
 
@@ -258,7 +339,7 @@ _ScaleCopies = tuple[torch.Tensor | None, torch.Tensor | None, int]
 
 def _half_copies(kind: str, scales: torch.Tensor | None, offsets: torch.Tensor | None) -> _ScaleCopies:
     """fp16 copies of a quant kind's panel scales and offsets, both or neither (then form 0)."""
-    scales16 = _exact_half(scales) if kind in ("q4", "q8") else None
+    scales16 = _exact_half(scales) if kind in QUANT_KINDS else None
     offsets16 = _exact_half(offsets)
     if scales16 is None or (offsets is not None and offsets16 is None):
         return None, None, 0
@@ -269,7 +350,7 @@ def _factored_copies(rows: QuantRows, n_pad: int) -> _ScaleCopies | None:
     """The factored copies (scales.h) of a K-quant's scales and offsets, both or None: None also
     where the rows carry no factoring or it does not rebuild every fp32 value bit for bit, so the
     answers never rest on what the reader assumed of the file."""
-    if rows.kind not in ("q4", "q8") or rows.scales is None or rows.scale_base is None or rows.scale_sub is None:
+    if rows.kind not in QUANT_KINDS or rows.scales is None or rows.scale_base is None or rows.scale_sub is None:
         return None
     pairs = [(rows.scales, rows.scale_base, rows.scale_sub)]
     if rows.offsets is not None:

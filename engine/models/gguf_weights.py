@@ -10,7 +10,9 @@ are computed in float32 exactly as gguf-py's reference ``dequantize`` computes t
 Q4_K and Q6_K also hand over their scales as the file factors them (an fp16 ``d`` per 256 k times
 a small integer per group), which the kernels read instead of the fp32 products: fewer bytes a
 step for the same floats (weights.py checks the factoring before it relies on it).
-Q5_0 (which Q4_K_M files use where a row is no multiple of 256) is kept as 8-bit codes. Formats
+Q6_K keeps its 6-bit codes (kind q6: 6 bits a weight, where 8-bit codes streamed a third more
+bytes for the same values). Q5_0 (which Q4_K_M files use where a row is no multiple of 256) is
+kept as 8-bit codes. Formats
 without a stored kernel (Q5_1, Q5_K, Q2_K, IQ*, ...) are dequantized to fp32 with gguf-py:
 they work, without the memory saving.
 """
@@ -96,9 +98,9 @@ def quant_rows(data: np.ndarray, qtype: str, n: int, k: int) -> QuantRows:
         qh = b[:, 128:192].reshape(-1, 2, 1, 32)
         low = np.concatenate([ql & 15, ql >> 4], axis=2).reshape(-1, 2, 4, 32)
         high = np.concatenate([(qh >> s) & 3 for s in (0, 2, 4, 6)], axis=2)  # [-1, 2, 4, 32]
-        codes = ((low | (high << 4)).astype(np.int8) - np.int8(32)).reshape(-1, 256)
+        codes = (low | (high << 4)).reshape(-1, 256)  # the file's q, 0..63: kind q6, d * sc * (q - 32)
         d, sc = _f16(b[:, 208:210]), b[:, 192:208].view(np.int8)
-        return _rows(codes, n, k, d * sc.astype(np.float32), kind="q8", group=16, factored=(d, sc))
+        return _rows(codes, n, k, d * sc.astype(np.float32), kind="q6", group=16, factored=(d, sc))
     from gguf.constants import GGMLQuantizationType
     from gguf.quants import dequantize
 

@@ -37,7 +37,7 @@ from tests.tiny import TinyTokenizer, hf_model
 LAYERS = 6  # EAGLE-3 heads read layers (2, 3, 5) of the target (tests/heads.py)
 PROMPT = [1, 10, 11, 12, 13, 10, 11, 12]  # a repeat, so the n-gram drafter has something to match
 TOKENS = 10
-METHODS = ("none", "ngram", "eagle", "eagle3", "medusa", "standalone")
+METHODS = ("none", "ngram", "eagle", "eagle3", "medusa", "standalone", "dflash")
 
 
 @pytest.fixture
@@ -68,6 +68,10 @@ def _head_dir(kind: str) -> Path:
         from tests.medusa_heads import write_medusa_head
 
         return write_medusa_head(folder, target, "vllm", heads=3)
+    if kind == "dflash":  # a block of 8: the session's 6-node trees fit in it
+        from tests.dflash_drafts import write_dflash
+
+        return write_dflash(folder, target, block=8)
     from tests.heads import write_head
 
     return write_head(folder, target, kind, layout="sglang" if kind == "eagle" else "specforge",
@@ -86,7 +90,7 @@ def session(method: str, device: str, adaptive: bool = False, dtype: torch.dtype
     if method == "standalone":
         draft = llama(device, dtype=dtype)
         drafters["standalone"] = lambda: StandaloneDrafter(draft, 97)
-    elif method in ("eagle", "eagle3", "medusa"):
+    elif method in ("eagle", "eagle3", "medusa", "dflash"):
         from engine.drafters.draft_loader import load_draft
 
         bundle = load_draft(str(_head_dir(method)), target, TinyTokenizer(), method=method)
@@ -111,6 +115,7 @@ CEILINGS: dict[str, tuple[int, int]] = {
     "eagle3": (10, 2),
     "medusa": (20, 2),
     "standalone": (960, 13),
+    "dflash": (10, 2),
 }
 
 

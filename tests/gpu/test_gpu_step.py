@@ -100,9 +100,11 @@ def session(method: str, device: str, adaptive: bool = False, dtype: torch.dtype
 
 # Per step, once every graph the step needs is captured: (launches outside graphs, host waits), at
 # most. What is a graph now: the verify forward of every method (features captured for EAGLE and
-# Medusa), the standalone model's root forward, and EAGLE's whole greedy draft
+# Medusa), the standalone model's root forward, EAGLE's whole greedy draft
 # (engine/drafters/eagle_graphs.py: the head's catch-up per bucket, every tree level and the choice
-# of the tree in one graph). What is left outside: the inputs' copies from pinned memory, the
+# of the tree in one graph) and DFlash's block forward with its chain or DDTree
+# (engine/drafters/dflash/graphs.py: the target's 7 as EAGLE-3's, plus the drafter's upload and its
+# features' copy into the graph's buffer). What is left outside: the inputs' copies from pinned memory, the
 # features' copies into the draft's buffer, Medusa's ranking. The waits: the verdict's one read, and
 # for a drafter the drafted tree's one read. What is not a graph yet (issue 51, item 2, open): the
 # standalone model's tree levels (an eager forward of the draft model each, ~300 ops, and a read a
@@ -115,7 +117,7 @@ CEILINGS: dict[str, tuple[int, int]] = {
     "eagle3": (10, 2),
     "medusa": (20, 2),
     "standalone": (960, 13),
-    "dflash": (10, 2),
+    "dflash": (9, 2),
 }
 
 

@@ -236,14 +236,15 @@ class DFlashDrafter:
         return self.last_block
 
     def _block_on_device(self, root: int, rows: int, key: tuple, pick: Pick) -> tuple[BlockDraft, torch.Tensor]:
-        """:meth:`block` replayed from a graph, with ``pick`` of its log-probabilities (the
-        graph's tensor: read it before the next block)."""
+        """:meth:`block` replayed from a graph, with ``pick`` of its log-probabilities. Both, and
+        ``last_block``'s rows, are the graph's tensors, rewritten by the next block: the step reads
+        the block's guesses (engine/step.py, ``block_guesses``) before that, so no copy is paid."""
         n = len(self._tokens)
         if self._graphs is None:
             self._graphs = BlockGraphs(self.runner)
         logp, picked = self._graphs.run(self._waiting(), self.cache, root, key, pick)
         self._pending = []
-        self.last_block = BlockDraft(n, logp[:rows].clone(), self.runner.vocab_ids)  # the next replay rewrites logp
+        self.last_block = BlockDraft(n, logp[:rows], self.runner.vocab_ids)
         return self.last_block, picked
 
     def _waiting(self) -> list[torch.Tensor]:

@@ -19,7 +19,7 @@ sequence of sorts, one level (position) at a time:
 * Scores are summed from the root down in float64 starting at +0.0, the heap's sums negated (so the
   same floats, and never a -0.0 that a radix sort would order apart).
 
-tests/gpu/test_device_tree.py checks it against the heap (hypothesis, with ties).
+tests/gpu/test_gpu_dflash.py checks it against the heap (hypothesis, with ties) and replays it from a graph.
 """
 
 from __future__ import annotations

@@ -35,6 +35,10 @@ forward. Why every sampling rule stays exact:
 
 :meth:`DFlashDrafter.block` is that forward alone, its rows kept in ``last_block`` and the
 candidates a tree was grown from in ``last_offers``: what the app shows of a block.
+
+On CUDA the forward is a graph replay (engine/drafters/dflash/graphs.py) and a greedy step's chain
+or DDTree is picked inside the same graph (engine/drafters/dflash/device_tree.py for the tree): the
+same trees as the host's, read back in one copy. Sampled drafts replay the forward and pick here.
 """
 
 from __future__ import annotations

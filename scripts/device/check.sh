@@ -1,15 +1,16 @@
 #!/usr/bin/env bash
-# Issue 51's device check, inference first: one call (at most 540 s of section timeouts, ~6 minutes expected on an H200; timeout_s 600) after two
+# Issue 51's device check, inference first: one call (at most 570 s of section timeouts, ~6 minutes expected on an H200; timeout_s 600) after two
 # stash calls that bring the embedded GGUF (98 MB, over one call's 64 MiB) in six parts:
 #   bash scripts/device/check.sh stash   carry .device/gguf-1 .device/gguf-2 .device/gguf-3  (~5 s)
 #   bash scripts/device/check.sh stash   carry .device/gguf-4 .device/gguf-5 .device/gguf-6  (~5 s)
-#   bash scripts/device/check.sh         carry assets/eagle3-smollm2-135m assets/medusa-smollm2-135m .whl/site
+#   bash scripts/device/check.sh         carry assets/eagle3-smollm2-135m assets/medusa-smollm2-135m
+#                                        assets/dflash-smollm2-135m .whl/site  (~58 MB with the tree)
 # (scripts/device/vendor.sh makes the carries; slim.sh on keeps the tree at ~2.3 MB). Sections, each
 # under its own timeout, each recorded (exit code, seconds) even when it fails or is skipped:
 #   pytest    tests/gpu compiled on the device (real CUDA, not the interpreter)
 #   random    the Llama-3.1-8B-shaped random model in bf16: decode tok/s, fraction of the HBM limit and
 #             the verify cost curve to 64, with SPECCHAT_CUDA_LINEAR=invariant and =cublas
-#   embedded  the embedded model from its GGUF in bf16: none, ngram, eagle3, medusa on MT-bench (first
+#   embedded  the embedded model from its GGUF in bf16: none, ngram, eagle3, medusa, dflash on MT-bench (first
 #             24) and the rewrite set; standalone (the model drafting for itself: the path, not a speed-up)
 #   pilot     the chat app headless (textual's Pilot) on the device: load, one answer
 # A machine found fresh (the GGUF parts gone with the last one) skips embedded and pilot with the
@@ -30,7 +31,7 @@ else
   PYTEST_ARGS=${PYTEST_ARGS:-tests/gpu}
 fi
 SETS=${SETS:-mt_bench rewrite}
-METHODS=${METHODS:-none,ngram,eagle3,medusa}
+METHODS=${METHODS:-none,ngram,eagle3,medusa,dflash}
 files=$OUT/check-files
 mkdir -p "$files"
 : > "$files/sections.tsv"
@@ -64,7 +65,7 @@ skip() { printf '%s\tskipped\t0\t%s\n' "$1" "$2" >> "$files/sections.tsv"; echo 
     skip pilot "no embedded GGUF"
   else
     for set in $SETS; do
-      section "embedded-$set" "${EMBEDDED_S:-85}" "$PY" -m specchat bench --prompts "scripts/device/prompts/$set.jsonl" \
+      section "embedded-$set" "${EMBEDDED_S:-100}" "$PY" -m specchat bench --prompts "scripts/device/prompts/$set.jsonl" \
         --limit "$LIMIT" --methods "$METHODS" --device "$DEVICE" --dtype bfloat16 --max-new-tokens "$TOKENS" \
         --json "$files/embedded-$set.json"
     done

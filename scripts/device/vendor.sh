@@ -21,5 +21,5 @@ tree=$(git ls-files -z | xargs -0 du -cb 2>/dev/null | tail -1 | cut -f1)
 echo "tree (tracked files): $tree bytes"
 echo "call 1 (stash): .device/gguf-1 .device/gguf-2 .device/gguf-3  $(( tree + $(size .device/gguf-{1,2,3}) )) bytes"
 echo "call 2 (stash): .device/gguf-4 .device/gguf-5 .device/gguf-6  $(( tree + $(size .device/gguf-{4,5,6}) )) bytes"
-echo "call 3 (check): assets/eagle3-smollm2-135m assets/medusa-smollm2-135m .whl/site  $(( tree + \
-$(size assets/eagle3-smollm2-135m assets/medusa-smollm2-135m .whl/site) )) bytes (limit 67108864)"
+echo "call 3 (check): assets/eagle3-smollm2-135m assets/medusa-smollm2-135m assets/dflash-smollm2-135m .whl/site  $(( tree + \
+$(size assets/eagle3-smollm2-135m assets/medusa-smollm2-135m assets/dflash-smollm2-135m .whl/site) )) bytes (limit 67108864)"

@@ -37,7 +37,7 @@ from tests.tiny import TinyTokenizer, hf_model
 LAYERS = 6  # EAGLE-3 heads read layers (2, 3, 5) of the target (tests/heads.py)
 PROMPT = [1, 10, 11, 12, 13, 10, 11, 12]  # a repeat, so the n-gram drafter has something to match
 TOKENS = 10
-METHODS = ("none", "ngram", "eagle", "eagle3", "medusa", "standalone")
+METHODS = ("none", "ngram", "eagle", "eagle3", "medusa", "standalone", "dflash")
 
 
 @pytest.fixture
@@ -68,6 +68,10 @@ def _head_dir(kind: str) -> Path:
         from tests.medusa_heads import write_medusa_head
 
         return write_medusa_head(folder, target, "vllm", heads=3)
+    if kind == "dflash":  # a block of 8: the session's 6-node trees fit in it
+        from tests.dflash_drafts import write_dflash
+
+        return write_dflash(folder, target, block=8)
     from tests.heads import write_head
 
     return write_head(folder, target, kind, layout="sglang" if kind == "eagle" else "specforge",
@@ -86,7 +90,7 @@ def session(method: str, device: str, adaptive: bool = False, dtype: torch.dtype
     if method == "standalone":
         draft = llama(device, dtype=dtype)
         drafters["standalone"] = lambda: StandaloneDrafter(draft, 97)
-    elif method in ("eagle", "eagle3", "medusa"):
+    elif method in ("eagle", "eagle3", "medusa", "dflash"):
         from engine.drafters.draft_loader import load_draft
 
         bundle = load_draft(str(_head_dir(method)), target, TinyTokenizer(), method=method)
@@ -96,9 +100,11 @@ def session(method: str, device: str, adaptive: bool = False, dtype: torch.dtype
 
 # Per step, once every graph the step needs is captured: (launches outside graphs, host waits), at
 # most. What is a graph now: the verify forward of every method (features captured for EAGLE and
-# Medusa), the standalone model's root forward, and EAGLE's whole greedy draft
+# Medusa), the standalone model's root forward, EAGLE's whole greedy draft
 # (engine/drafters/eagle_graphs.py: the head's catch-up per bucket, every tree level and the choice
-# of the tree in one graph). What is left outside: the inputs' copies from pinned memory, the
+# of the tree in one graph) and DFlash's block forward with its chain or DDTree
+# (engine/drafters/dflash/graphs.py: the target's 7 as EAGLE-3's, plus the drafter's upload and its
+# features' copy into the graph's buffer). What is left outside: the inputs' copies from pinned memory, the
 # features' copies into the draft's buffer, Medusa's ranking. The waits: the verdict's one read, and
 # for a drafter the drafted tree's one read. What is not a graph yet (issue 51, item 2, open): the
 # standalone model's tree levels (an eager forward of the draft model each, ~300 ops, and a read a
@@ -111,6 +117,7 @@ CEILINGS: dict[str, tuple[int, int]] = {
     "eagle3": (10, 2),
     "medusa": (20, 2),
     "standalone": (960, 13),
+    "dflash": (9, 2),
 }
 
 

@@ -35,11 +35,16 @@ forward. Why every sampling rule stays exact:
 
 :meth:`DFlashDrafter.block` is that forward alone, its rows kept in ``last_block`` and the
 candidates a tree was grown from in ``last_offers``: what the app shows of a block.
+
+On CUDA the forward is a graph replay (engine/drafters/dflash/graphs.py) and a greedy step's chain
+or DDTree is picked inside the same graph (engine/drafters/dflash/device_tree.py for the tree): the
+same trees as the host's, read back in one copy. Sampled drafts replay the forward and pick here.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -48,6 +53,8 @@ import torch
 
 from engine.config import SpecConfig
 from engine.drafters.dflash.ddtree import Offers, ddtree
+from engine.drafters.dflash.device_tree import ddtree_rows, tree_from_rows
+from engine.drafters.dflash.graphs import BlockGraphs, Pick
 from engine.drafters.dflash.runner import DFlashRunner
 from engine.drafters.draft_loader import Checked, DraftBundle, feature_spec
 from engine.drafters.tree_search import (
@@ -102,6 +109,9 @@ class DFlashDrafter:
         self._random = DraftRandom()
         self.last_block: BlockDraft | None = None
         self.last_offers: Offers | None = None  # each position's candidates of the last tree (None: a chain)
+        # the block forward and the greedy pick as graphs (engine/drafters/dflash/graphs.py) on CUDA
+        self.on_device = runner.device.type == "cuda"
+        self._graphs: BlockGraphs | None = None
 
     # -- the Drafter protocol ------------------------------------------------------------------
     def check(self, config: SpecConfig) -> None:
@@ -147,6 +157,9 @@ class DFlashDrafter:
             return DraftTree.root_only(root)
         runner = self.runner
         drafts = min(config.num_draft_tokens, runner.spec.block_size) - 1
+        if config.greedy and self.on_device:
+            return self._propose_on_device(root, drafts, min(config.tree_width, runner.vocab_size),
+                                           config.num_draft_tokens - 1)
         block = self.block(root, drafts)
         coupled = coupled_scores(config, noise, block.position, runner.vocab_ids, runner.kernel)
         width = min(config.tree_width, runner.vocab_size)
@@ -187,20 +200,64 @@ class DFlashDrafter:
                                                                                for j in range(rows)]
         return Offers(ids_rows, value_rows) if coupled is None else _ranked(ids_rows, value_rows)
 
+    def _propose_on_device(self, root: int, drafts: int, width: int, budget: int) -> DraftTree:
+        """The greedy chain or DDTree as one graph replay and one host read
+        (engine/drafters/dflash/graphs.py): the block's per-position argmax, or its top-``width``
+        searched on the device (engine/drafters/dflash/device_tree.py); the same tree as the host's.
+        ``last_offers`` stays None here: the candidates never leave the device."""
+        runner = self.runner
+        self.last_offers = None
+        if width > 1:
+            def pick(logp: torch.Tensor) -> torch.Tensor:
+                values, index = logp[:drafts].topk(width, dim=-1)
+                return ddtree_rows(runner.to_target(index), values, budget)
+
+            block, rows = self._block_on_device(root, drafts, ("tree", drafts, width, budget), pick)
+            return dataclasses.replace(tree_from_rows(root, rows.tolist()), block=block)
+
+        def best(logp: torch.Tensor) -> torch.Tensor:
+            values, index = logp[:drafts].max(dim=-1)
+            return torch.stack([runner.to_target(index).to(torch.float64), values.to(torch.float64)])
+
+        block, rows = self._block_on_device(root, drafts, ("chain", drafts), best)
+        ids, values = rows.tolist()  # the draft's one host wait
+        chain = DraftTree((root, *(int(i) for i in ids)), tuple(range(-1, drafts)),
+                          (1.0, *(math.exp(v) for v in values)))
+        return dataclasses.replace(chain, block=block)
+
     # -- the block -------------------------------------------------------------------------------
     def block(self, root: int, rows: int) -> BlockDraft:
         """One block forward after ``root``: the waiting context rows join the cache, and the
         log-probabilities of the block's first ``rows`` guesses come back (kept in ``last_block``)."""
+        if self.on_device:
+            return self._block_on_device(root, rows, ("rows",), lambda logp: logp[:0, 0])[0]
         n = len(self._tokens)
-        first = self.cache.length
-        have = sum(f.shape[0] for f in self._pending)
-        if have != n - first:
-            raise RuntimeError(f"DFlash drafter out of step: {have} features for {n - first} positions")
-        features = None if not have else self._pending[0] if len(self._pending) == 1 else torch.cat(self._pending)
+        features = self._waiting()
+        features = None if not features else features[0] if len(features) == 1 else torch.cat(features)
         hidden = self.runner.forward(features, self.cache, root)
         self._pending = []
         self.last_block = BlockDraft(n, self.runner.log_probs(hidden[1: rows + 1]), self.runner.vocab_ids)
         return self.last_block
+
+    def _block_on_device(self, root: int, rows: int, key: tuple, pick: Pick) -> tuple[BlockDraft, torch.Tensor]:
+        """:meth:`block` replayed from a graph, with ``pick`` of its log-probabilities. Both, and
+        ``last_block``'s rows, are the graph's tensors, rewritten by the next block: the step reads
+        the block's guesses (engine/step.py, ``block_guesses``) before that, so no copy is paid."""
+        n = len(self._tokens)
+        if self._graphs is None:
+            self._graphs = BlockGraphs(self.runner)
+        logp, picked = self._graphs.run(self._waiting(), self.cache, root, key, pick)
+        self._pending = []
+        self.last_block = BlockDraft(n, logp[:rows], self.runner.vocab_ids)
+        return self.last_block, picked
+
+    def _waiting(self) -> list[torch.Tensor]:
+        """The waiting features, checked to be one per position without a context row."""
+        n, first = len(self._tokens), self.cache.length
+        have = sum(f.shape[0] for f in self._pending)
+        if have != n - first:
+            raise RuntimeError(f"DFlash drafter out of step: {have} features for {n - first} positions")
+        return [f for f in self._pending if f.shape[0]]
 
     def _levels(self, logp: torch.Tensor, *, picked: bool) -> list[Level]:
         """One Level per row; for a plain greedy chain with every row's best child picked in one

@@ -26,7 +26,7 @@ import torch
 
 from engine.drafters.device_search import Frontier, search_on_device, tree_from_rows
 from engine.drafters.eagle_head import EagleHead
-from engine.gpu.graphs import GraphSet, PinnedUpload, graphs_wanted
+from engine.gpu.graphs import CountsGraphs, GraphSet, PinnedUpload, graphs_wanted
 from engine.gpu.static import MAX_TOKENS, bucket_for
 from engine.models.kv_cache import KVCache
 from engine.tree import DraftTree
@@ -34,7 +34,7 @@ from engine.tree import DraftTree
 _FIRST, _LAST, _N, _TOKENS = 0, 1, 2, 3  # the upload's layout: first slot, last real row, n, tokens[64]
 
 
-class EagleDraftGraphs:
+class EagleDraftGraphs(CountsGraphs):
     """The catch-up and tree search of one EagleDrafter's head as replayable graphs (see the module)."""
 
     def __init__(self, head: EagleHead, graphs: bool | None = None) -> None:
@@ -47,14 +47,6 @@ class EagleDraftGraphs:
         self.root_g = torch.zeros(head.spec.hidden_size, dtype=head.dtype, device=dev)
         self.features: torch.Tensor | None = None  # [64, feature width], made on the first catch-up
         self._graphs = GraphSet(graphs_wanted(dev) if graphs is None else graphs)
-
-    @property
-    def replays(self) -> int:
-        return self._graphs.replays
-
-    @property
-    def captures(self) -> int:
-        return self._graphs.captures
 
     def draft(self, cache: KVCache, tokens: list[int], pending: list[torch.Tensor], root: int, *, steps: int,
               topk: int, budget: int) -> DraftTree:

@@ -106,3 +106,18 @@ class GraphSet:
             output = body()
         self.captures += 1
         return graph, output
+
+
+class CountsGraphs:
+    """A holder of one :class:`GraphSet` (``self._graphs``) whose counts the tests and the bench read."""
+
+    _graphs: GraphSet
+
+    @property
+    def replays(self) -> int:
+        """Runs served from a captured graph."""
+        return self._graphs.replays
+
+    @property
+    def captures(self) -> int:
+        return self._graphs.captures

@@ -28,7 +28,7 @@ import torch
 import torch.nn.functional as F
 
 from engine import gpu
-from engine.gpu.graphs import GraphSet, PinnedUpload, graphs_wanted
+from engine.gpu.graphs import CountsGraphs, GraphSet, PinnedUpload, graphs_wanted
 from engine.gpu.rms_norm import rms_norm
 from engine.gpu.tree_attention import tree_attention
 from engine.models.layer import ForwardOutput
@@ -178,7 +178,7 @@ def _torch_mask(inputs: StepInputs, capacity: int, window: int | None, dtype: to
     return torch.zeros(b, capacity, dtype=dtype, device=slots.device).masked_fill_(~allowed, float("-inf"))
 
 
-class StaticDecoder:
+class StaticDecoder(CountsGraphs):
     """Runs LlamaModel forwards of up to 64 tokens through bucketed static shapes (graphs on CUDA).
 
     ``forward`` returns None when a call does not fit (more tokens, no logits asked for, too
@@ -199,15 +199,6 @@ class StaticDecoder:
         self.attention: Attention = attention or ("triton" if cuda and gpu.triton_available() else "torch")
         self.buffers = StaticBuffers(self.device)
         self._graphs = GraphSet(graphs)
-
-    @property
-    def replays(self) -> int:
-        """Forwards served from a captured graph (for tests and the bench)."""
-        return self._graphs.replays
-
-    @property
-    def captures(self) -> int:
-        return self._graphs.captures
 
     def forward(self, tokens: torch.Tensor, cache, positions: torch.Tensor | None, tree_mask: torch.Tensor | None,
                 logits: str, wanted: Wanted = Wanted()) -> ForwardOutput | None:

@@ -28,7 +28,7 @@ import torch
 
 from engine.drafters.dflash.model import run_layer
 from engine.drafters.dflash.runner import DFlashRunner
-from engine.gpu.graphs import GraphSet, PinnedUpload, graphs_wanted
+from engine.gpu.graphs import CountsGraphs, GraphSet, PinnedUpload, graphs_wanted
 from engine.gpu.rms_norm import rms_norm
 from engine.gpu.static import MAX_TOKENS, bucket_for
 from engine.models.kv_cache import KVCache
@@ -38,7 +38,7 @@ _FIRST, _NEW, _ANCHOR = 0, 1, 2  # the upload's layout
 Pick = Callable[[torch.Tensor], torch.Tensor]
 
 
-class BlockGraphs:
+class BlockGraphs(CountsGraphs):
     """One DFlashRunner's block forward and pick as replayable graphs (see the module)."""
 
     def __init__(self, runner: DFlashRunner, graphs: bool | None = None) -> None:
@@ -50,14 +50,6 @@ class BlockGraphs:
         self.rows = torch.arange(MAX_TOKENS + runner.spec.block_size, device=dev)
         self.features: torch.Tensor | None = None  # [64, feature width], made on the first block
         self._graphs = GraphSet(graphs_wanted(dev) if graphs is None else graphs)
-
-    @property
-    def replays(self) -> int:
-        return self._graphs.replays
-
-    @property
-    def captures(self) -> int:
-        return self._graphs.captures
 
     def run(self, pending: Sequence[torch.Tensor], cache: KVCache, anchor: int, key: Hashable, pick: Pick
             ) -> tuple[torch.Tensor, torch.Tensor]:

@@ -38,7 +38,10 @@ def gpu(monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
 def session(topk: int, *, on_device: bool = True) -> Session:
     """A greedy session on the device: dflash (block 8) drafting 5 tokens, as a chain (top-k 1) or
     a DDTree of width ``topk``; ``on_device`` False: the host path (an eager forward, the heap)."""
-    config = SpecConfig(method="dflash", num_steps=3, eagle_topk=topk, num_draft_tokens=6, max_new_tokens=10)
+    # adaptive drafting off: its gate judges measured wall-clock rates, so with it on the two paths
+    # could prune or pause different steps and the trees would depend on the host's timing
+    config = SpecConfig(method="dflash", num_steps=3, eagle_topk=topk, num_draft_tokens=6, max_new_tokens=10,
+                        adaptive_draft=False)
     target = llama("cuda")
     bundle = load_draft(str(_head_dir("dflash")), target, TinyTokenizer(), method="dflash")
 

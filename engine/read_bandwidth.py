@@ -10,11 +10,17 @@ z GB/s", specchat/bench_bandwidth.py).
 
 What it measures: the best of a few passes of one streaming read, a torch sum over a buffer far
 larger than the last-level cache (so it comes from memory, not the L3), on the thread count the
-engine's forwards use, each pass timed alone. A sum reads with wide vector loads and does one add a
-value, so it is bound by memory, as the decode's matrix-vector products are; it stands for what
-those products could read at most. It is a measurement, not a bound: a model whose weights fit in
-the L3 (the 135M model on a 260 MB-L3 Xeon) can read faster than memory, and its share then
-exceeds 100% (:attr:`ReadBandwidth.l3_bytes` lets a report say so).
+engine's forwards use, each pass timed alone. "Far larger" is at least 1 GiB and the model's weights,
+whatever sysfs says of the cache: a VM's sysfs gives the cache of its own slice (32 MiB on the Zen 5
+guests), not what it shares on the host. On that guest the probe once read 87 GB/s over 4 x 32 MiB,
+the speed it reads 16 MiB at (93 GB/s), while the 1.5B model's decode never moved (session 46); a
+buffer the size of the weights is read from where the weights are read from.
+
+A sum reads with wide vector loads and does one add a value, so it is bound by memory, as the
+decode's matrix-vector products are; it stands for what those products could read at most. It is a
+measurement, not a bound: a model whose weights fit in the L3 (the 135M model on a 260 MB-L3 Xeon)
+can read faster than memory, and its share then exceeds 100% (:attr:`ReadBandwidth.l3_bytes` lets a
+report say so).
 """
 
 from __future__ import annotations
@@ -27,8 +33,8 @@ from pathlib import Path
 import torch
 
 _CACHE_DIR = Path("/sys/devices/system/cpu")
-_CACHE_MULTIPLE = 4  # the buffer spans this many last-level caches (all of them, every socket)
-_MIN_BUFFER = 256 << 20  # bytes, however small the cache says it is
+_CACHE_MULTIPLE = 8  # the buffer spans this many last-level caches (all of them, every socket)
+_MIN_BUFFER = 1 << 30  # bytes, however small the cache says it is (see the module's docstring)
 _MAX_BUFFER = 4 << 30  # bytes, however large the cache (a few passes stay under a second)
 _MEMORY_SHARE = 4  # and at most this fraction of the memory available now
 PASSES = 5  # the best pass is the machine's speed; the others catch a pass the host interrupted
@@ -92,25 +98,27 @@ def available_memory_bytes(meminfo: Path = Path("/proc/meminfo")) -> int | None:
     return None
 
 
-def buffer_bytes(l3_bytes: int, available: int | None) -> int:
-    """The probe's buffer: several last-level caches, within [256 MiB, 4 GiB] and a quarter of the
-    memory available (a machine short of memory gets a smaller probe, never a swapped one)."""
-    size = min(max(_CACHE_MULTIPLE * l3_bytes, _MIN_BUFFER), _MAX_BUFFER)
+def buffer_bytes(l3_bytes: int, available: int | None, at_least: int = 0) -> int:
+    """The probe's buffer: several last-level caches and at least ``at_least`` bytes (the weights a
+    step reads), within [1 GiB, 4 GiB] and a quarter of the memory available (a machine short of
+    memory gets a smaller probe, never a swapped one)."""
+    size = min(max(_CACHE_MULTIPLE * l3_bytes, _MIN_BUFFER, at_least), _MAX_BUFFER)
     if available is not None:
         size = min(size, available // _MEMORY_SHARE)
     return max(size, 1 << 20) // 64 * 64
 
 
 def measure_read_bandwidth(threads: int | None = None, passes: int = PASSES, nbytes: int | None = None,
-                           clock: Callable[[], float] = time.perf_counter) -> ReadBandwidth:
-    """The best of ``passes`` timed sums over a buffer of ``nbytes`` (default: :func:`buffer_bytes`),
+                           clock: Callable[[], float] = time.perf_counter, at_least: int = 0) -> ReadBandwidth:
+    """The best of ``passes`` timed sums over a buffer of ``nbytes`` (default: :func:`buffer_bytes`
+    of ``at_least``),
     on ``threads`` torch threads (default: the count in force), which are restored after. The buffer
     is written before the first pass (its pages are mapped, not faulted in while timed) and freed
     after the last."""
     if passes < 1:
         raise ValueError(f"passes must be 1 or more, not {passes}")
     l3 = last_level_cache_bytes()
-    values = (nbytes if nbytes is not None else buffer_bytes(l3, available_memory_bytes())) // 4
+    values = (nbytes if nbytes is not None else buffer_bytes(l3, available_memory_bytes(), at_least)) // 4
     if values < 1:
         raise ValueError(f"the buffer must hold at least 4 bytes, not {nbytes}")
     size = 4 * values

@@ -19,7 +19,8 @@ from engine.read_bandwidth import ReadBandwidth
 def read_probe(model: Any) -> Callable[[], ReadBandwidth] | None:
     """The probe bench runs each round, on the threads in force now (the engine's, as loaded): for our
     models on a CPU only. A GPU has its datasheet peak (:func:`baseline_bandwidth`), and a
-    transformers model no count of the bytes its step reads."""
+    transformers model no count of the bytes its step reads. The probe reads at least as many bytes
+    as a step of ``model`` does, so that no more of them can sit in a cache than of the weights."""
     import torch
 
     from engine.read_bandwidth import measure_read_bandwidth
@@ -27,7 +28,8 @@ def read_probe(model: Any) -> Callable[[], ReadBandwidth] | None:
     device = getattr(model, "device", None)
     if not hasattr(model, "layers") or device is None or device.type != "cpu":
         return None
-    return functools.partial(measure_read_bandwidth, torch.get_num_threads())
+    return functools.partial(measure_read_bandwidth, torch.get_num_threads(),
+                             at_least=weights_read_per_token(model) or 0)
 
 
 def weights_read_per_token(model: Any) -> int | None:

@@ -286,7 +286,8 @@ def test_the_last_level_cache_is_summed_over_its_instances(tmp_path: Path) -> No
 
 
 def test_the_probe_buffer_outsizes_the_cache_within_bounds() -> None:
-    assert buffer_bytes(32 << 20, None) == 256 << 20  # 4 x 32 MiB is under the minimum
-    assert buffer_bytes(260 << 20, None) == 1040 << 20  # a 260 MB-L3 Xeon: 4 of them
+    assert buffer_bytes(32 << 20, None) == 1 << 30  # 8 x 32 MiB is under the minimum
+    assert buffer_bytes(260 << 20, None) == 2080 << 20  # a 260 MB-L3 Xeon: 8 of them
+    assert buffer_bytes(32 << 20, None, at_least=3 << 30) == 3 << 30  # never smaller than the weights
     assert buffer_bytes(4 << 30, None) == 4 << 30  # capped
     assert buffer_bytes(260 << 20, 1 << 30) == 256 << 20  # a quarter of the memory available

@@ -264,6 +264,45 @@ def test_auto_finds_the_data_train_draft_generated_for_these_weights(tmp_path: P
         "smollm2-135m", "smollm2-135m-gpu", "smollm2-135m-tasks"]
 
 
+def test_auto_finds_a_ggufs_data_whichever_form_of_its_weights_wrote_or_reads_it(tmp_path: Path,
+                                                                                 monkeypatch) -> None:
+    """A GGUF's fp32 conversion and its stored form (config and tokenizer only) share one weights
+    id, so data ``train-draft`` wrote on one form is found by ``auto`` on the other (it was not: the
+    id came from the safetensors' sizes, and a stored folder has none). Data written under the fp32
+    form's former id is still found, and ``--resume`` goes on in its folder."""
+    from test_gguf_convert import write_tiny_gguf
+
+    from engine.drafters.corpus_files import generated_corpus
+    from engine.models.resolve import resolve_model, weights_id, weights_ids
+    from engine.train.data import GenSettings
+    from engine.train.pipeline import Target, data_folder
+
+    cache = tmp_path / "cache"
+    monkeypatch.setenv("SPECCHAT_CACHE_DIR", str(cache))
+    write_tiny_gguf(tmp_path / "a.gguf")
+    write_tiny_gguf(tmp_path / "b.gguf", tied=False)  # another file: another id
+    fp32 = resolve_model(str(tmp_path / "a.gguf")).path
+    stored = resolve_model(str(tmp_path / "a.gguf"), weights="stored").path
+    other = resolve_model(str(tmp_path / "b.gguf"), weights="stored").path
+    assert fp32 != stored and weights_id(fp32) == weights_id(stored) != weights_id(other)
+    current, former = weights_ids(fp32)
+    assert weights_ids(stored) == (current,)
+
+    for name, model_id in (("new", current), ("old", former)):
+        data = cache / "train-data" / name
+        write_shards(data, [[1, 2, 3]])
+        (data / "settings.json").write_text(f'{{"model_id": "{model_id}"}}')
+    assert [f.name for f in generated_corpus(stored, cache)] == ["new"]
+    assert [f.name for f in generated_corpus(fp32, cache)] == ["new", "old"]
+    assert generated_corpus(other, cache) == []
+
+    settings = GenSettings()
+    target = Target(None, None, "a", current, former_ids=(former,))
+    assert data_folder(target, settings).name == settings.digest(current)  # nothing written yet
+    (cache / "train-data" / settings.digest(former)).mkdir()
+    assert data_folder(target, settings).name == settings.digest(former)  # resumed where it was
+
+
 def test_the_bench_row_says_how_much_the_corpus_drafted() -> None:
     from types import SimpleNamespace
 

@@ -42,18 +42,19 @@ def shipped_corpus(model_key: str) -> list[Path]:
 def generated_corpus(model_folder: Path, cache: Path) -> list[Path]:
     """The data folders ``specchat train-draft --data-only`` wrote for the weights in
     ``model_folder`` (``<cache>/train-data/<hash>``, matched by the weights id in their
-    settings.json), so ``--ngram-corpus auto`` finds a model's own answers once they exist."""
+    settings.json, whichever form of a GGUF wrote them), so ``--ngram-corpus auto`` finds a
+    model's own answers once they exist."""
 
-    from engine.models.resolve import weights_id
+    from engine.models.resolve import weights_ids
 
     try:
-        wanted = weights_id(model_folder)
-    except OSError:
-        return []  # no config.json there (a GGUF read as stored): nothing to match
+        wanted = weights_ids(model_folder)
+    except (OSError, UserError):
+        return []  # no readable config.json there: nothing to match
     found = []
     for settings in sorted((cache / "train-data").glob("*/settings.json")):
         try:
-            same = loads(read_text(settings, limit=SMALL_LIMIT)).get("model_id") == wanted
+            same = loads(read_text(settings, limit=SMALL_LIMIT)).get("model_id") in wanted
         except (OSError, ValueError, AttributeError, UserError):  # unreadable, not JSON, not an object
             continue
         if same and any(settings.parent.glob("batch-*.npz")):

@@ -101,11 +101,40 @@ def cache_dir() -> Path:
 
 
 def weights_id(folder: Path) -> str:
-    """A short id of the exact weights in a model folder (its config.json and the sizes of its
-    safetensors files): what names a model's self-distilled data (``train-draft``'s cache key)."""
+    """A short id of the exact weights a model folder stands for: what names a model's
+    self-distilled data (``train-draft``'s cache key, ``--ngram-corpus auto``'s match).
+
+    A folder made from a GGUF (either form: converted to fp32, or config and tokenizer only, its
+    blocks read as stored) is named by its config.json and the GGUF's size, so both forms of one
+    file share an id; any other folder by its config.json and the sizes of its safetensors files."""
+    return weights_ids(folder)[0]
+
+
+def weights_ids(folder: Path) -> tuple[str, ...]:
+    """Every id the weights in ``folder`` have been known by, :func:`weights_id` first: a GGUF's fp32
+    conversion was once named by its safetensors' sizes, and data written then must still be found."""
     config = read_bytes(folder / "config.json", limit=SMALL_LIMIT, what="a config.json")
     sizes = sorted(p.stat().st_size for p in folder.glob("*.safetensors"))
-    return hashlib.sha256(config + json.dumps(sizes).encode()).hexdigest()[:16]
+    legacy = _short_id(config + json.dumps(sizes).encode())
+    source = _gguf_source_size(folder)
+    if source is None:
+        return (legacy,)
+    current = _short_id(b"gguf:" + config + json.dumps([source]).encode())
+    return (current, legacy) if sizes else (current,)
+
+
+def _short_id(blob: bytes) -> str:
+    return hashlib.sha256(blob).hexdigest()[:16]
+
+
+def _gguf_source_size(folder: Path) -> int | None:
+    """The size of the GGUF ``folder`` was made from (its conversion manifest says), or None for a
+    folder that is not one of our conversions."""
+    try:
+        size = loads(read_text(folder / MANIFEST, limit=SMALL_LIMIT)).get("source_size")
+    except (OSError, ValueError, AttributeError, UserError):
+        return None
+    return size if isinstance(size, int) and not isinstance(size, bool) else None
 
 
 def resolve_model(

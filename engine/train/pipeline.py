@@ -36,6 +36,7 @@ class Target:
     name: str
     model_id: str  # identifies the exact weights (part of the data cache key)
     engine: Any = None  # our LlamaModel on CPU: generates the data ~2.5x faster than hf's batches
+    former_ids: tuple[str, ...] = ()  # ids the same weights had before (data written then is resumed)
 
     @property
     def generator_model(self) -> Any:
@@ -45,11 +46,11 @@ class Target:
 def load_target(name: str | None, *, device: str = "cpu", revision: str | None = None) -> Target:
     from transformers import AutoModelForCausalLM
 
-    from engine.models.resolve import resolve_model, weights_id
+    from engine.models.resolve import resolve_model, weights_ids
     from engine.tokenizer import Tokenizer
 
     resolved = resolve_model(name, revision=revision)
-    model_id = weights_id(resolved.path)
+    model_id, *former = weights_ids(resolved.path)
     hf = AutoModelForCausalLM.from_pretrained(resolved.path, dtype=torch.float32).to(device).eval()
     for p in hf.parameters():
         p.requires_grad_(False)
@@ -62,13 +63,16 @@ def load_target(name: str | None, *, device: str = "cpu", revision: str | None =
             engine = load_model(name, backend="specchat", revision=revision, threads=torch.get_num_threads()).model
         except UnsupportedModelError:
             engine = None  # an architecture our engine does not run: transformers generates
-    return Target(hf, Tokenizer.from_dir(resolved.path), resolved.name, model_id, engine)
+    return Target(hf, Tokenizer.from_dir(resolved.path), resolved.name, model_id, engine, tuple(former))
 
 
 def data_folder(target: Target, settings: GenSettings) -> Path:
+    """The data cache for these weights and settings: a folder written under one of the weights'
+    former ids if there is one (so ``--resume`` goes on with it), else the current id's."""
     from engine.models.resolve import cache_dir
 
-    return cache_dir() / "train-data" / settings.digest(target.model_id)
+    folders = [cache_dir() / "train-data" / settings.digest(i) for i in (target.model_id, *target.former_ids)]
+    return next((f for f in folders if f.is_dir()), folders[0])
 
 
 def prompt_list_and_digest(prompts: str | None, use_builtin: bool = True) -> tuple[list, str]:

@@ -142,6 +142,30 @@ def test_a_gguf_draft_keeps_its_weights_as_stored_like_its_target(tmp_path: Path
     assert bool(draft.stored_kinds) == (weights == "stored")  # GGUF blocks kept, not upcast
 
 
+@pytest.mark.parametrize("codes", ["q4", "stored"])
+def test_a_stored_draft_model_is_narrowed_to_4_bit_codes_and_stays_lossless(tmp_path: Path, monkeypatch,
+                                                                           codes: str) -> None:
+    """Under a target on stored weights a draft model's matrices become 4-bit codes (its Q8_0, F16 and
+    F32 blocks here; the Qwen2.5-Coder 0.5B's 487 MB a level became ~307 MB), as a draft head's do,
+    unless ``SPECCHAT_HEAD_WEIGHTS`` keeps the file's; either way the answer is the baseline's."""
+    from test_gguf_convert import write_tiny_gguf
+
+    from engine.loader import load_model
+
+    monkeypatch.setenv("SPECCHAT_HEAD_WEIGHTS", codes)
+    write_tiny_gguf(tmp_path / "target.gguf")
+    write_tiny_gguf(tmp_path / "draft.gguf")
+    target = load_model(str(tmp_path / "target.gguf"), device="cpu", weights="stored")
+    bundle = load_draft(str(tmp_path / "draft.gguf"), target.model, target.tokenizer)
+    kinds = bundle.factory().model.stored_kinds
+    assert (kinds == {"q4"}) if codes == "q4" else ({"q8", "f16"} <= kinds)
+    config = SpecConfig(method="standalone", max_new_tokens=16, adaptive_draft=False)
+    spec = Session(target.model, target.tokenizer, config, drafters={"standalone": bundle.factory})
+    plain = Session(target.model, target.tokenizer, SpecConfig(max_new_tokens=16), drafters={"none": NoDrafter})
+    for prompt in ([1, 5, 9], [3, 4, 5, 6, 7]):
+        assert tokens_of(spec.generate_ids(prompt)) == tokens_of(plain.generate_ids(prompt))
+
+
 def test_checking_a_gguf_draft_before_the_load_converts_nothing(tmp_path: Path, monkeypatch) -> None:
     """The pre-flight check reads the draft GGUF's header in place: no fp32 safetensors appear (it
     used to convert the whole file, ~2 GB for the Qwen2.5-Coder 0.5B, before a load that now reads

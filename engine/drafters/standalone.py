@@ -19,7 +19,7 @@ from collections.abc import Sequence
 import torch
 
 from engine.config import SpecConfig
-from engine.drafters.base import heads_take_fast_products
+from engine.drafters.base import head_codes, heads_take_fast_products
 from engine.drafters.draft_loader import (
     Checked,
     DraftBundle,
@@ -172,6 +172,8 @@ def load_model_draft(found: Checked, target, tokenizer) -> DraftBundle:
 
     draft_config, model_class = standalone_config(found.config, found.label)
     check_same_tokenizer(draft_tokenizer(found.path, found.label), tokenizer, found.label)
+    if head_codes(getattr(target, "weights", "fp32") == "stored") == "q4":
+        narrow_codes(found.state)
     try:
         model = model_class(draft_config, found.state, dtype=target.dtype, device=target.device, consume=True,
                             weights=getattr(target, "weights", "fp32"))
@@ -182,3 +184,29 @@ def load_model_draft(found: Checked, target, tokenizer) -> DraftBundle:
     vocab = target.config.vocab_size
     return DraftBundle("standalone", lambda: StandaloneDrafter(model, vocab), None,
                        f"standalone draft {found.label} ({draft_config.num_layers} layers)")
+
+
+def narrow_codes(state: dict) -> int:
+    """A draft model's matrices (its file's 8- and 6-bit blocks, float ones, or dense weights)
+    requantized to 4-bit codes in place (group 32,
+    Q4_1's recipe), as a draft head's are (engine/drafters/base.py: ``SPECCHAT_HEAD_WEIGHTS``, q4 by
+    default; "q8" or "stored" keep the file's blocks). Returns the matrices narrowed.
+
+    Why: a standalone drafter streams all its weights once a level, so its bytes are its price,
+    and its drafts are verified, so their rounding never reaches the answer. The Qwen2.5-Coder 0.5B
+    (Q5_0/Q8_0 blocks, read as 8-bit codes, and its 151,936-row tied embedding in Q8_0) read 487 MB
+    a level, half of what its 1.5B target reads in a whole step; at 4 bits it reads about 307 MB.
+    One matrix at a time, so the fp32 copy a requantization needs is never the whole model's."""
+    from engine.kernels.weights import QuantRows
+
+    narrowed = 0
+    for name, weight in state.items():
+        if isinstance(weight, QuantRows) and weight.kind != "q4" and weight.shape[1] % 32 == 0:
+            state[name] = QuantRows.quantize_q4(weight.dequantize())
+        elif isinstance(weight, torch.Tensor) and weight.dim() == 2 and weight.is_floating_point() \
+                and weight.shape[1] % 32 == 0:
+            state[name] = QuantRows.quantize_q4(weight)
+        else:
+            continue
+        narrowed += 1
+    return narrowed

@@ -214,6 +214,8 @@ class TrainDraftOptions:
     draft_layers: int | None
     anchors: int | None
     loss_decay_gamma: float | None
+    pack_rows: int | None  # None: one conversation a drafter forward
+    eval_blocks: int | None  # None: the trainer's 10,000
     ttt_steps: int
     intermediate_size: int | None
     epochs: float
@@ -225,6 +227,7 @@ class TrainDraftOptions:
     checkpoint_every: int
     seed: int
     import_data: list[str] | None
+    live_target: bool  # run the target on each batch even where the data engine could store its features
     data_only: bool
     gen_batch: int | None
     rows: int

@@ -68,6 +68,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--loss-decay-gamma", type=bounded(float, 0, 1000), default=None,
                    help="dflash: block position k weighs exp(-(k-1)/GAMMA) in the loss (0: all alike; default: "
                         "block size / 2)")
+    p.add_argument("--pack-rows", type=bounded(int, 1, 1 << 20), default=None,
+                   help="dflash: block rows per drafter forward, several conversations packed into one (each block "
+                        "sees only its own conversation); for a GPU, where a forward per conversation (the "
+                        "default) is launch overhead")
+    p.add_argument("--eval-blocks", type=bounded(int, 1, 10**7), default=None,
+                   help="dflash: held-out blocks measured at each evaluation (default 10000)")
     p.add_argument("--ttt-steps", type=bounded(int, 1, 64), default=5,
                    help="training-time-test steps unrolled per position")
     p.add_argument("--intermediate-size", type=bounded(int, 1, 1 << 17), default=None,
@@ -89,6 +95,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="first copy the id shards (batch-*.npz) of DIR into the data cache (e.g. the shipped "
                         "assets/train-data/...; repeat for several folders); their target features are computed "
                         "here")
+    p.add_argument("--live-target", action="store_true",
+                   help="eagle3, dflash: compute the target's features by running it on each training batch (one "
+                        "padded forward), never the data engine's stored ones: what a GPU does anyway (its data "
+                        "engine stores none); on a CPU, a dry run of that path")
     p.add_argument("--data-only", action="store_true",
                    help="generate (or extend) the self-distilled data and stop; --out is not written")
     p.add_argument("--gen-batch", type=bounded(int, 1, 4096), default=None,
@@ -128,7 +138,8 @@ def run_train_draft(options: TrainDraftOptions) -> int:
     samples, cache = prepare_data(target, settings, options.tokens, options.prompts,
                                   use_builtin_prompts=not options.no_builtin_prompts, rows=options.rows,
                                   precision=options.data_precision, import_from=options.import_data or (),
-                                  hidden_only=options.method == "medusa", budget_features=options.method == "dflash")
+                                  hidden_only=options.method == "medusa", budget_features=options.method == "dflash",
+                                  features=not options.live_target)
     if options.data_only:
         print(f"data: {len(samples)} conversations, {answer_tokens(samples)} answer tokens in {cache.folder}")
         return 0
@@ -163,9 +174,14 @@ def check_args(options: TrainDraftOptions) -> Path:
     if options.method != "medusa" and (options.export_layout or options.medusa_train_lm_head
                                        or options.medusa_heads is not None):
         raise UsageError("--medusa-heads, --export-layout and --medusa-train-lm-head go with --method medusa")
-    block_flags = (options.block_size, options.draft_layers, options.anchors, options.loss_decay_gamma)
+    block_flags = (options.block_size, options.draft_layers, options.anchors, options.loss_decay_gamma,
+                   options.pack_rows, options.eval_blocks)
     if options.method != "dflash" and any(v is not None for v in block_flags):
-        raise UsageError("--block-size, --draft-layers, --anchors and --loss-decay-gamma go with --method dflash")
+        raise UsageError("--block-size, --draft-layers, --anchors, --loss-decay-gamma, --pack-rows and --eval-blocks "
+                         "go with --method dflash")
+    if options.method == "medusa" and options.live_target:
+        raise UsageError("--live-target goes with --method eagle3 or dflash (Medusa heads read the target's last "
+                         "hidden state, computed once for all the data)")
     if options.method != "eagle3" and options.init_from is not None:
         raise UsageError(f"--method {options.method} takes no --init-from (use --resume)")
     if options.refit_vocab and (options.init_from is None or options.method != "eagle3"):
@@ -223,7 +239,8 @@ def _train(options: TrainDraftOptions, out: Path, target: Any, cache: Any, train
     )
     card = {**_run_card(options, target, cache, trains, held, device, threads), "settings": dict(vars(settings))}
     json.dumps(card)  # the card must stay serialisable
-    source = StoredTarget(cache, target.hf) if cache.has_features(trains + held) else None
+    stored = not options.live_target and cache.has_features(trains + held)
+    source = StoredTarget(cache, target.hf) if stored else None
     print("training reads the stored target features" if source else "training runs the target on every batch")
     if options.refit_vocab:  # said in the log, since a device run is read from it afterwards
         print(f"draft vocabulary: re-picked from this run's data ({settings.draft_vocab_size} most frequent answer "
@@ -240,7 +257,8 @@ def _train(options: TrainDraftOptions, out: Path, target: Any, cache: Any, train
 def _train_dflash(options: TrainDraftOptions, out: Path, target: Any, cache: Any, trains: list, held: list,
                   device: Any, threads: int, deadline: float | None) -> int:
     """Train a DFlash drafter on the first ``--tokens`` answer tokens whose features are stored (the
-    data engine fills only those of imported shards) and export it to ``out``; print where it is."""
+    data engine fills only those of imported shards; with ``--live-target``, or where none are stored
+    as on a GPU, of all the data, the target run on each step) and export it to ``out``; print where it is."""
     from dataclasses import asdict
 
     from engine.drafters.dflash.train import DFlashSettings, capture_layers, train_drafter
@@ -252,25 +270,30 @@ def _train_dflash(options: TrainDraftOptions, out: Path, target: Any, cache: Any
         block_size=options.block_size or 8, draft_layers=options.draft_layers or 1,
         draft_vocab_size=min(options.draft_vocab_size, int(target.hf.config.vocab_size)),
         intermediate_size=options.intermediate_size, anchors=options.anchors or 64,
-        loss_decay_gamma=options.loss_decay_gamma, batch_tokens=options.batch_tokens, lr=options.lr or 6e-4,
-        epochs=options.epochs, max_steps=options.max_steps, checkpoint_every=options.checkpoint_every,
-        eval_every=options.eval_every, seed=options.seed, export_dtype=options.export_dtype, bf16=options.bf16)
-    stored = _with_features(cache, trains + held)
+        loss_decay_gamma=options.loss_decay_gamma, batch_tokens=options.batch_tokens, pack_rows=options.pack_rows or 0,
+        lr=options.lr or 6e-4, epochs=options.epochs, max_steps=options.max_steps,
+        checkpoint_every=options.checkpoint_every, eval_every=options.eval_every, seed=options.seed,
+        export_dtype=options.export_dtype, bf16=options.bf16, **({"max_eval_blocks": options.eval_blocks}
+                                                                   if options.eval_blocks else {}))
+    stored = [] if options.live_target else _with_features(cache, trains + held)
     if stored:
         trains, held = [s for s in stored if not s.held_out], [s for s in stored if s.held_out]
     trains = budget(trains, options.tokens)
     layers = list(capture_layers(int(target.hf.config.num_hidden_layers)))
     card = {**_run_card(options, target, cache, trains, held, device, threads), "method": "dflash",
             "settings": {**asdict(settings), "loss_decay_gamma": settings.gamma},
-            "target_features": f"the residual streams entering layers {layers} (EAGLE-3's capture layers, the "
-                               "ones the data engine stores), so training ran no target of its own",
+            "target_features": f"the residual streams entering layers {layers} (EAGLE-3's capture layers, "
+                               + ("the ones the data engine stores), so training ran no target of its own" if stored
+                                  else f"the data engine's), computed by the target's forward over each step's "
+                                       f"conversations at once, on {device}"),
             "labels": "the target's greedy token at each block position, along the greedy path from the anchor"}
     json.dumps(card)  # the card must stay serialisable
     source = StoredTarget(cache, target.hf) if stored else None
     print(f"training a DFlash drafter (blocks of {settings.block_size}, {settings.draft_layers} layer(s), "
           f"{settings.draft_vocab_size} draft tokens) on {answer_tokens(trains)} answer tokens ({len(trains)} "
           f"conversations), {len(held)} held out; "
-          + ("the stored target features" if source else "the target run on every conversation"))
+          + ("the stored target features" if source else "the target run on every step's conversations at once")
+          + (f"; up to {settings.pack_rows} block rows a drafter forward" if settings.pack_rows else ""))
     result = train_drafter(target.hf, trains, held, out, settings, source=source, verifier=target.name,
                            stop_ids=sorted(target.tokenizer.stop_token_ids), resume=options.resume, card=card,
                            deadline=deadline)

@@ -110,3 +110,65 @@ def test_the_check_runs_dry_on_the_cpu_and_writes_one_json(tmp_path: Path) -> No
         assert report["headline"][f"random-{linear}"]["verify_max_over_1"] is not None
     assert rows["pilot"]["rc"] is None and rows["pilot"]["skipped"]
     assert sorted(p.name for p in out.iterdir()) == ["check-files.tgz", "check.json", "check.log"]
+
+
+def _install_module():
+    spec = importlib.util.spec_from_file_location("install_dflash", DEVICE / "install_dflash.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_dflash_call_runs_dry_and_its_parts_install(tmp_path: Path) -> None:
+    """lease15.sh d (the DFlash drafter a lent GPU trains) on the CPU with a tiny model and tiny id
+    shards: the target run on each batch (--live-target, the GPU's path), the drafter exported in
+    parts with their sha256 and card; install_dflash.py joins them into a folder the DFlash loader
+    reads, and refuses a part that does not match."""
+    import sys
+
+    import torch
+    from heads import write_tiny_model
+
+    from engine.drafters.draft_loader import load_draft
+    from engine.kernels import native
+    from engine.loader import load_model
+    from engine.train.data import DataCache, Sample
+
+    if native.load() is None:
+        pytest.skip(f"no native kernel: {native.why_not}")
+    model = write_tiny_model(tmp_path / "model", layers=8, vocab=300)
+    ids = DataCache(tmp_path / "ids", 300)
+    g = torch.Generator().manual_seed(0)
+    for shard in range(3):
+        ids.write(shard, [Sample(torch.randint(3, 300, (40,), generator=g).tolist(), 8, i % 2 == 0) for i in range(12)],
+                  conversations=range(shard * 12, shard * 12 + 12))
+    out = tmp_path / "out"
+    env = {**os.environ, "PY": sys.executable, "DEVICE": "cpu", "MODEL": str(model), "IMPORT": str(ids.folder),
+           "STEPS": "3", "BATCH": "256", "PACK": "256", "EVAL_BLOCKS": "16", "EVAL_EVERY": "2", "THREADS": "1",
+           "OUT": str(out), "SPECCHAT_CACHE_DIR": str(tmp_path / "cache"), "SPECCHAT_STASH": str(tmp_path / "stash"),
+           "SPECCHAT_DATA_DIR": str(tmp_path / "data")}
+    proc = subprocess.run(["bash", str(DEVICE / "lease15.sh"), "d"], capture_output=True, text=True, env=env,
+                          cwd=DEVICE.parent.parent, timeout=240)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
+    names = sorted(p.name for p in out.iterdir())
+    assert names[:3] == ["drafter-config.json", "drafter-tau.json", "drafter.safetensors.part-aa"]
+    assert names[-2:] == ["drafter.sha256", "results-d.tgz"] and len(names) <= 8
+    card = json.loads((out / "drafter-config.json").read_text())["specchat_training"]
+    total = sum(len(s.ids) - s.answer_start for s in ids.samples())
+    assert f"--tokens {total}" in card["command"] and "--live-target" in card["command"]  # all of it, none generated
+    assert card["steps"] == 3 and card["settings"]["draft_layers"] == 2 and card["settings"]["pack_rows"] == 256
+    assert "computed by the target's forward" in card["target_features"]
+
+    install = _install_module()
+    into = tmp_path / "assets" / "dflash"
+    install.install(out, into)
+    assert sorted(p.name for p in into.iterdir()) == ["README.md", "config.json", "model.safetensors"]
+    assert "2 Qwen3-style layers" in (into / "README.md").read_text()
+    bundle = load_draft(str(into), load_model(str(model), threads=1).model, None)
+    assert bundle.method == "dflash" and bundle.features.capture_layers == (2, 4, 5)
+
+    part = out / "drafter.safetensors.part-aa"
+    part.write_bytes(b"x" + part.read_bytes()[1:])
+    with pytest.raises(SystemExit, match="checksum mismatch"):
+        install.install(out, tmp_path / "broken")
+    assert not any((tmp_path / "broken").iterdir())

@@ -36,6 +36,8 @@ from engine.drafters.dflash.train import (
     draft_index,
     measure_blocks,
     new_drafter,
+    packed_hidden,
+    packs,
     pick_mask_token,
     train_drafter,
     used_ids,
@@ -170,6 +172,48 @@ def _loss(draft, source, embed, samples, block_size: int) -> float:
             total += float((ce * w.expand_as(keep)[keep]).sum())
             weight += float(w.expand_as(keep)[keep].sum())
     return total / weight
+
+
+def test_the_batched_target_gives_each_conversation_its_own_forwards_features(target, data) -> None:
+    """A GPU step's target: one right-padded forward over conversations of different lengths gives
+    each the features and argmax of a forward over it alone (only the products' shapes differ)."""
+    hf, _ = target
+    trains, _ = data
+    source = LiveTarget(hf)
+    batch = [trains[0], Sample(trains[1].ids[:20], trains[1].answer_start, True), trains[2]]
+    assert len({len(s.ids) for s in batch}) == 2  # padding is exercised
+    layers = capture_layers(8)
+    for s, (features, argmax) in zip(batch, source.sequences(batch, layers), strict=True):
+        alone, top = source.sequence(s, layers)
+        assert features.shape == alone.shape == (len(s.ids), 3 * hf.config.hidden_size)
+        torch.testing.assert_close(features, alone, atol=1e-5, rtol=1e-5)
+        assert torch.equal(argmax, top)
+
+
+def test_packs_group_consecutive_conversations_up_to_the_row_budget() -> None:
+    assert packs([3, 4, 10, 2, 2], 8) == [range(0, 2), range(2, 3), range(3, 5)]
+    assert packs([3, 4], 0) == [range(0, 1), range(1, 2)] and packs([], 8) == []
+
+
+def test_packed_blocks_are_each_conversations_own_forward(target, data) -> None:
+    """Several conversations' blocks in one forward (each at its own positions, seeing only its own
+    rows) give what a forward per conversation gives; a packed run trains the same drafter."""
+    hf, _ = target
+    trains, _ = data
+    draft, source = new_drafter(hf, trains, _settings(), [STOP]), LiveTarget(hf)
+    embed = hf.get_input_embeddings().weight
+    parts = [conversation_blocks(s, source, draft.spec, lambda a: a[::3]) for s in trains[:4]]
+    with torch.no_grad():
+        packed = packed_hidden(draft, embed, [(b, b.anchors) for b in parts])
+        alone = torch.cat([block_hidden(draft, embed, b) for b in parts])
+    torch.testing.assert_close(packed, alone, atol=1e-5, rtol=1e-5)
+
+
+def test_a_packed_run_trains_the_drafter_a_forward_per_conversation_does(target, data, tmp_path: Path) -> None:
+    one = _train(target, data, tmp_path / "one", max_steps=6)
+    packed = _train(target, data, tmp_path / "packed", max_steps=6, pack_rows=10_000)
+    for (k, a), b in zip(packed.draft.state_dict().items(), one.draft.state_dict().values(), strict=True):
+        torch.testing.assert_close(a, b, atol=2e-5, rtol=1e-4, msg=k)
 
 
 def test_training_lowers_the_loss_and_raises_held_out_acceptance(target, data, trained) -> None:

@@ -90,7 +90,7 @@ def prompt_list_and_digest(prompts: str | None, use_builtin: bool = True) -> tup
 def prepare_data(target: Target, settings: GenSettings, token_budget: int, prompts: str | None = None,
                  *, use_builtin_prompts: bool = True, aux_layer_ids: list[int] | None = None, rows: int = 48,
                  precision: str = "auto", import_from: Sequence[str | Path] = (), hidden_only: bool = False,
-                 budget_features: bool = False, log=print) -> tuple[list, DataCache]:
+                 budget_features: bool = False, features: bool = True, log=print) -> tuple[list, DataCache]:
     """Generate (resuming) until the cache holds ``token_budget`` answer tokens.
 
     On our native CPU engine the rows engine generates many conversations per forward and
@@ -102,6 +102,8 @@ def prepare_data(target: Target, settings: GenSettings, token_budget: int, promp
     cache folder is the same, so an EAGLE-3 run later fills in the features it lacks.
     ``budget_features`` (a trainer that reads only its first ``token_budget`` training tokens):
     imported shards get features only until they hold that many, as Medusa's always do.
+    ``features`` False (training runs the target itself: ``--live-target``): imported shards
+    get none.
     """
     from tqdm.auto import tqdm
 
@@ -138,7 +140,7 @@ def prepare_data(target: Target, settings: GenSettings, token_budget: int, promp
         capture = [] if hidden_only else [i + 1 for i in aux]
         samples = generate_data_rows(engine, target.tokenizer, cache, token_budget=token_budget, settings=settings,
                                      capture_layers=capture, prompt_list=prompt_rows, rows=rows, progress=progress)
-        if not cache.has_features(samples, HIDDEN_FILES if hidden_only else FEATURE_FILES):
+        if features and not cache.has_features(samples, HIDDEN_FILES if hidden_only else FEATURE_FILES):
             bar.close()
             bar = tqdm(desc="target features (shards)", unit="shard", dynamic_ncols=True)
 

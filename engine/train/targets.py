@@ -11,8 +11,10 @@ Two sources with one method, ``batch(head, samples, ids) -> (embeds, features, p
 ``probs`` is the target's next-token distribution over the draft vocabulary (renormalised),
 ``inside`` whether its argmax over the full vocabulary lies in the draft vocabulary.
 
-A block drafter reads one conversation at a time instead: ``sequence(sample,
-aux_layer_ids) -> (features, argmax)``, the same features and the target's argmax after each token.
+A block drafter reads per conversation instead: ``sequences(samples, aux_layer_ids) ->
+[(features, argmax)]``, the same features and the target's argmax after each token, for a step's
+conversations at once (``LiveTarget``: one padded forward of the target for all of them, which on a
+GPU is what keeps it busy; ``sequence`` is the one-conversation case).
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from engine.train.data import DataCache, Sample
 from engine.train.eagle3_head import Eagle3Head
 
 Batch = tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]
+ARGMAX_CHUNK = 512  # rows of hidden states per product with the full LM head (49,152 columns for SmolLM2)
 
 
 class TargetSource(Protocol):
@@ -83,16 +86,30 @@ class LiveTarget:
     def __init__(self, hf: torch.nn.Module) -> None:
         self.hf = hf
 
-    @torch.no_grad()
     def sequence(self, sample: Sample, aux_layer_ids: Sequence[int]) -> tuple[torch.Tensor, torch.Tensor]:
         """(features [n, F], argmax [n]) of one conversation from one forward of the target."""
+        return self.sequences([sample], aux_layer_ids)[0]
+
+    @torch.no_grad()
+    def sequences(self, samples: Sequence[Sample], aux_layer_ids: Sequence[int]
+                  ) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """(features [n, F], argmax [n]) of each conversation, from one forward of the target over
+        all of them right-padded (a causal query never sees the pads after it, so each row's
+        features are its own conversation's; only the products' shapes differ from one forward
+        each). The argmax is taken at the real tokens only, ``ARGMAX_CHUNK`` rows a product, and
+        comes back on the CPU (where the labels are made) in one copy for the batch."""
         device = next(self.hf.parameters()).device
-        ids = torch.tensor([sample.ids], device=device)
-        _, feats, hidden = target_features(self.hf, ids, aux_layer_ids)
+        lengths = [len(s.ids) for s in samples]
+        ids = torch.zeros(len(samples), max(lengths), dtype=torch.long)
+        for r, s in enumerate(samples):
+            ids[r, :lengths[r]] = torch.tensor(s.ids)
+        _, feats, hidden = target_features(self.hf, ids.to(device), aux_layer_ids)
+        real = torch.arange(ids.shape[1])[None, :] < torch.tensor(lengths)[:, None]
+        flat = hidden[real.to(device)]
         w = self.hf.get_output_embeddings().weight
-        flat = hidden[0]
-        top = torch.cat([(flat[s:s + 512] @ w.T).argmax(-1) for s in range(0, flat.shape[0], 512)])
-        return feats[0], top
+        top = torch.cat([(flat[s:s + ARGMAX_CHUNK] @ w.T).argmax(-1) for s in range(0, flat.shape[0], ARGMAX_CHUNK)])
+        tops = top.cpu().split(lengths)
+        return [(feats[r, :n], tops[r]) for r, n in enumerate(lengths)]
 
     @torch.no_grad()
     def batch(self, head: Eagle3Head, samples: Sequence[Sample], ids: torch.Tensor) -> Batch:
@@ -100,7 +117,8 @@ class LiveTarget:
         w = self.hf.get_output_embeddings().weight
         B, T, H = hidden.shape
         flat = hidden.reshape(B * T, H)
-        inside = torch.cat([head.t2d[(flat[s:s + 512] @ w.T).argmax(-1)] for s in range(0, B * T, 512)]).view(B, T)
+        inside = torch.cat([head.t2d[(flat[s:s + ARGMAX_CHUNK] @ w.T).argmax(-1)]
+                            for s in range(0, B * T, ARGMAX_CHUNK)]).view(B, T)
         rows = answer_rows(samples, T, ids.device)
         return embeds, feats, draft_labels(hidden, w[head.used_ids], rows), inside
 
@@ -139,6 +157,11 @@ class StoredTarget:
             raise ValueError(f"stored features of width {feats.shape[1]} are not the {len(aux_layer_ids)} layers "
                              f"{list(aux_layer_ids)} asked for")
         return feats, torch.from_numpy(np.asarray(arrs["argmax"][at:at + n], dtype=np.int64))
+
+    def sequences(self, samples: Sequence[Sample], aux_layer_ids: Sequence[int]
+                  ) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """:meth:`sequence` of each (reading stored rows gains nothing from a batch)."""
+        return [self.sequence(s, aux_layer_ids) for s in samples]
 
     @torch.no_grad()
     def batch(self, head: Eagle3Head, samples: Sequence[Sample], ids: torch.Tensor) -> Batch:

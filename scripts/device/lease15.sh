@@ -17,13 +17,16 @@
 #   stash: only the GGUF's parts (carry three, then two): session 31 spent 60 s on two such calls
 #      and the rest of the lease on c.
 #   m: carry assets/train-data .whl/site: Medusa heads trained from scratch on all the shipped ids.
+#   d: carry assets/train-data .whl/site: a DFlash drafter trained from scratch on all the shipped ids, the
+#      target's features computed batched on the GPU (train_dflash.sh says what and why), exported as
+#      drafter.safetensors.part-*, drafter.sha256 and drafter-config.json (install_dflash.py installs them).
 #
 # At most 8 files come back from $OUT, so the small ones are bundled into results-<part>.tgz.
 # The working tree travels too (64 MiB a call with what is carried): scripts/device/slim.sh keeps
 # the big tracked files behind while these calls run (README.md).
 # Dry run here: PY=.venv/bin/python DEVICE=cpu SHAPE=smollm2-135m TOKENS=16 LIMIT=1 \
 #   DATA_S=60 STEPS=2 GEN_BATCH=8 BATCH=2048 bash scripts/device/lease15.sh a   (then b)
-part=${1:?usage: lease15.sh a|b|b2|c|stash|m}
+part=${1:?usage: lease15.sh a|b|b2|c|stash|m|d}
 case $part in
   a)
     DTYPES=bfloat16 PYTEST_S=${PYTEST_S:-150} bash scripts/device/plan1.sh
@@ -66,9 +69,11 @@ print(sum(answer_tokens(DataCache(Path(d), 49152).samples()) for d in sys.argv[1
     cp "$HEAD/config.json" "$OUT/medusa-config.json"
     split -b 12m "$HEAD/model.safetensors" "$OUT/head.safetensors.part-"
     sha256sum "$HEAD/model.safetensors" > "$OUT/head.sha256" ;;
-  *) echo "lease15.sh: part must be a, b, b2, c, stash or m" >&2; exit 2 ;;
+  d)
+    bash scripts/device/train_dflash.sh ;;
+  *) echo "lease15.sh: part must be a, b, b2, c, stash, m or d" >&2; exit 2 ;;
 esac
 OUT=${OUT:-.device/out}
-cd "$OUT" && small=$(find . -maxdepth 1 -type f -size -4M ! -name 'head.safetensors.part-*' ! -name '*.tgz' -printf '%P\n') \
+cd "$OUT" && small=$(find . -maxdepth 1 -type f -size -4M ! -name 'head.safetensors.part-*' ! -name 'drafter*' ! -name '*.tgz' -printf '%P\n') \
   && [ -n "$small" ] && tar -czf "results-$part.tgz" $small && rm -f $small
 ls -la

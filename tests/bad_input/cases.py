@@ -770,7 +770,11 @@ TRAIN_DRAFT = [
     case("train-draft-dflash-refit-vocab", f"train-draft {M} {OUT} --method dflash --refit-vocab",
          r"--refit-vocab goes with --init-from"),
     case("train-draft-block-size-without-dflash", f"train-draft {M} {OUT} --block-size 8",
-         r"--block-size, --draft-layers, --anchors and --loss-decay-gamma go with --method dflash"),
+         r"--block-size, --draft-layers, --anchors, --loss-decay-gamma, --pack-rows and --eval-blocks go with "
+         r"--method dflash"),
+    case("train-draft-pack-rows-with-eagle3", f"train-draft {M} {OUT} --pack-rows 4096", r"go with --method dflash"),
+    case("train-draft-live-target-with-medusa", f"train-draft {M} {OUT} --method medusa --live-target",
+         r"--live-target goes with --method eagle3 or dflash"),
     case("train-draft-anchors-with-medusa", f"train-draft {M} {OUT} --method medusa --anchors 8",
          r"go with --method dflash"),
     case("train-draft-dflash-few-layers", f"train-draft {M} {OUT} --method dflash --tokens 50",

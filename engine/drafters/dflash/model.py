@@ -185,9 +185,22 @@ def block_mask(anchors: torch.Tensor, block_size: int, context: int) -> torch.Te
     """[N * block_size, context + N * block_size] bool: block i sees the context rows before its
     anchor (at inference the anchor's own features are not computed yet) and its own positions,
     in both directions; never another block."""
+    zeros = torch.zeros(context, dtype=torch.int64, device=anchors.device)
+    return packed_block_mask(anchors, torch.zeros_like(anchors), block_size,
+                             torch.arange(context, device=anchors.device), zeros)
+
+
+def packed_block_mask(anchors: torch.Tensor, segments: torch.Tensor, block_size: int,
+                      context_positions: torch.Tensor, context_segments: torch.Tensor) -> torch.Tensor:
+    """:func:`block_mask` for the blocks of several sequences in one forward (a GPU's training step:
+    one forward for many conversations instead of one each). Block i belongs to sequence
+    ``segments[i]``; context row c is position ``context_positions[c]`` of sequence
+    ``context_segments[c]``. Block i sees the context rows of its own sequence before its anchor and
+    its own positions; never another sequence's rows, nor another block."""
     n = anchors.shape[0]
     rows = torch.arange(n, device=anchors.device).repeat_interleave(block_size)
-    sees_context = torch.arange(context, device=anchors.device)[None, :] < anchors[rows][:, None]
+    sees_context = (context_positions[None, :] < anchors[rows][:, None]) & \
+        (context_segments[None, :] == segments[rows][:, None])
     sees_block = rows[:, None] == rows[None, :]
     return torch.cat([sees_context, sees_block], dim=1)
 
@@ -276,17 +289,21 @@ class DFlashDraft(nn.Module):
         return self.hidden_norm(self.fc(features))
 
     def forward(self, features: torch.Tensor, block_embeds: torch.Tensor, positions: torch.Tensor,
-                mask: torch.Tensor | None = None) -> torch.Tensor:
+                mask: torch.Tensor | None = None, context_positions: torch.Tensor | None = None) -> torch.Tensor:
         """Hidden states [R, H] (after the final norm) of R block rows.
 
-        ``features`` [S, feature_width]: the context, one row per token at positions 0..S-1;
+        ``features`` [S, feature_width]: the context, one row per token at positions 0..S-1
+        (``context_positions`` [S]: at those positions instead, several sequences side by side);
         ``block_embeds`` [R, H]: the blocks' rows, embedded by the target (:func:`block_ids`);
         ``positions`` [R]: their RoPE positions (:func:`block_positions`); ``mask`` [R, S + R]:
-        what each row sees of the context rows then the block rows (:func:`block_mask`; None:
-        everything, a single block anchored after the whole context, as at inference)."""
+        what each row sees of the context rows then the block rows (:func:`block_mask`,
+        :func:`packed_block_mask`; None: everything, a single block anchored after the whole
+        context, as at inference)."""
         S = features.shape[0]
         ctx = self.project(features)
-        rot = self._rotations(torch.cat([torch.arange(S, device=positions.device), positions]))
+        if context_positions is None:
+            context_positions = torch.arange(S, device=positions.device)
+        rot = self._rotations(torch.cat([context_positions, positions]))
 
         def keep(k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
             return k.transpose(0, 1).unsqueeze(0), v.transpose(0, 1).unsqueeze(0)

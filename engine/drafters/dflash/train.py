@@ -4,13 +4,16 @@ The data is the project's self-distilled conversations and what the data engine 
 them: the residual streams entering EAGLE-3's capture layers (2, L//2 and L-3) and the target's
 argmax after every answer token. The drafter's context reads exactly those layers, so no target
 runs again (ids without stored features, as on a GPU, get them from one forward of transformers'
-model per conversation: :class:`~engine.train.targets.LiveTarget`). Its labels are the target's
+model over a step's conversations: :class:`~engine.train.targets.LiveTarget`). Its labels are the target's
 greedy tokens along the greedy path (blocks.py): the drafter learns what greedy verification accepts.
 
 A step takes a batch of conversations (``batch_tokens`` of them, as for EAGLE-3), samples up to
 ``anchors`` anchors in each answer and runs all of a conversation's blocks in one forward of the
-module (model.py's block mask); the loss is the cross entropy over the draft vocabulary at every
-labelled position, weighted exp(-(k - 1) / gamma) by position and averaged. The embedding and the
+module (model.py's block mask), or, with ``pack_rows``, several conversations' blocks in one forward
+(each block seeing only its own conversation's rows: what a GPU needs, where a forward per
+conversation is launch overhead, while on a CPU the dense mask's extra columns cost real time). The
+loss is the cross entropy over the draft vocabulary at every labelled position, weighted
+exp(-(k - 1) / gamma) by position and averaged. The embedding and the
 LM head rows are the target's, frozen: why train a copy of rows the target already fits to its own
 hidden space, on a few hundred thousand tokens, when the drafter's final norm can learn to land
 there; it also halves the LM head's backward, the largest product of a step on a CPU.
@@ -42,7 +45,7 @@ from engine.drafters.dflash.blocks import (
     sample_anchors,
 )
 from engine.drafters.dflash.export import export_dflash
-from engine.drafters.dflash.model import DFlashDraft, DFlashSpec, block_ids, block_mask, block_positions
+from engine.drafters.dflash.model import DFlashDraft, DFlashSpec, block_ids, block_positions, packed_block_mask
 from engine.models.llama_config import shape_fields
 from engine.train.data import Sample, answer_token_counts, answer_tokens
 from engine.train.eagle3_head import default_aux_layer_ids, draft_vocab
@@ -73,6 +76,7 @@ class DFlashSettings:
     anchors: int = 64  # blocks per conversation and step
     loss_decay_gamma: float | None = None  # position k weighs exp(-(k - 1) / gamma); None: block_size / 2
     batch_tokens: int = 1024  # conversation tokens (padded, as EAGLE-3 counts them) per step
+    pack_rows: int = 0  # block rows per drafter forward, conversations packed up to it (0: one conversation each)
     lr: float = 6e-4
     warmup_steps: int = 20
     epochs: float = 2.0
@@ -110,9 +114,8 @@ def pick_mask_token(samples: Sequence[Sample], vocab_size: int, stop_ids: Sequen
     """The token the block's guessed positions are embedded as: the lowest id the data holds least
     often (none of it, in practice), never a stop token. The layout has no embedding of its own
     for it (the target's row is used), so it should be one the drafter never reads as a real token."""
-    counts = torch.zeros(vocab_size, dtype=torch.int64)
-    for s in samples:
-        counts += torch.bincount(torch.tensor(s.ids), minlength=vocab_size)[:vocab_size]
+    counts = torch.bincount(torch.tensor([t for s in samples for t in s.ids], dtype=torch.int64),
+                            minlength=vocab_size)[:vocab_size].clone()
     counts[[i for i in stop_ids if 0 <= i < vocab_size]] = counts.max() + 1
     return int(torch.argmin(counts))
 
@@ -193,7 +196,12 @@ class Blocks:
 def conversation_blocks(sample: Sample, source: Source, spec: DFlashSpec, pick: Callable[[torch.Tensor], torch.Tensor]
                         ) -> Blocks | None:
     """The blocks ``pick`` chooses among the answer's eligible anchors (None when it has none)."""
-    features, argmax = source.sequence(sample, spec.target_layer_ids)
+    return blocks_of(sample, *source.sequence(sample, spec.target_layer_ids), spec, pick)
+
+
+def blocks_of(sample: Sample, features: torch.Tensor, argmax: torch.Tensor, spec: DFlashSpec,
+              pick: Callable[[torch.Tensor], torch.Tensor]) -> Blocks | None:
+    """:func:`conversation_blocks` from the target's side of the conversation already computed."""
     argmax = argmax.cpu()
     anchors = pick(eligible_anchors(sample.answer_start, argmax))
     if not anchors.numel():
@@ -207,13 +215,43 @@ def block_hidden(draft: DFlashDraft, embed: torch.Tensor, blocks: Blocks, anchor
                  ) -> torch.Tensor:
     """[N, block_size - 1, H] the drafter's final hidden state at every guessed position of the
     blocks at ``anchors`` (default: all of ``blocks``'), one forward over the context they need."""
+    return packed_hidden(draft, embed, [(blocks, blocks.anchors if anchors is None else anchors)])
+
+
+def packed_hidden(draft: DFlashDraft, embed: torch.Tensor, parts: Sequence[tuple[Blocks, torch.Tensor]]
+                  ) -> torch.Tensor:
+    """:func:`block_hidden` of several conversations' blocks (each ``(blocks, anchors)``) in one
+    forward, their rows in that order: each conversation's context rows (those before its last
+    anchor) side by side at their own positions, each block seeing only its own conversation's."""
     spec, device = draft.spec, embed.device
-    anchors = (blocks.anchors if anchors is None else anchors).to(device)
-    context = int(anchors.max())  # a block sees the rows before its anchor
-    rows = block_ids(blocks.ids.to(device), anchors, spec.block_size, spec.mask_token_id)
-    hidden = draft(blocks.features[:context].to(device).float(), F.embedding(rows, embed),
-                   block_positions(anchors, spec.block_size), block_mask(anchors, spec.block_size, context))
-    return hidden.view(anchors.shape[0], spec.block_size, -1)[:, 1:]
+    features, context_positions, context_segments, rows, anchors, segments = [], [], [], [], [], []
+    for i, (blocks, at) in enumerate(parts):
+        at = at.to(device)
+        context = int(at.max())  # a block sees the rows before its anchor
+        features.append(blocks.features[:context].to(device).float())
+        context_positions.append(torch.arange(context, device=device))
+        context_segments.append(torch.full((context,), i, device=device))
+        rows.append(block_ids(blocks.ids.to(device), at, spec.block_size, spec.mask_token_id))
+        anchors.append(at)
+        segments.append(torch.full_like(at, i))
+    at, positions = torch.cat(anchors), torch.cat(context_positions)
+    mask = packed_block_mask(at, torch.cat(segments), spec.block_size, positions, torch.cat(context_segments))
+    hidden = draft(torch.cat(features), F.embedding(torch.cat(rows), embed), block_positions(at, spec.block_size),
+                   mask, context_positions=positions)
+    return hidden.view(at.shape[0], spec.block_size, -1)[:, 1:]
+
+
+def packs(rows: Sequence[int], max_rows: int) -> list[range]:
+    """Consecutive conversations (``rows``: each one's block rows) grouped into forwards of at most
+    ``max_rows`` rows (one with more goes alone; ``max_rows`` 0: one conversation a forward)."""
+    out: list[range] = []
+    start, total = 0, 0
+    for i, n in enumerate(rows):
+        if i > start and total + n > max_rows:
+            out.append(range(start, i))
+            start, total = i, 0
+        total += n
+    return [*out, range(start, len(rows))] if rows else out
 
 
 # evaluation ------------------------------------------------------------------------------------------------
@@ -299,15 +337,18 @@ class _Run:
         self.bf16 = self.settings.use_bf16()
 
     def _blocks(self, batch: Sequence[Sample]) -> list[Blocks]:
-        st = self.settings
+        """The step's blocks, the target's side of all its conversations computed at once."""
+        st, spec = self.settings, self.draft.spec
         gen = torch.Generator().manual_seed(step_seed(st.seed, self.state["epoch"], self.state["batch"]))
-        found = (conversation_blocks(s, self.source, self.draft.spec, lambda a: sample_anchors(a, st.anchors, gen))
-                 for s in batch)
+        found = (blocks_of(s, features, argmax, spec, lambda a: sample_anchors(a, st.anchors, gen))
+                 for s, (features, argmax) in zip(batch, self.source.sequences(batch, spec.target_layer_ids),
+                                                  strict=True))
         return [b for b in found if b is not None]
 
     def step(self, batch: Sequence[Sample]) -> None:
-        """One optimizer step: every conversation's blocks in one forward each, their gradients
-        summed (each scaled by the batch's total weight, so the loss is the batch's weighted mean)."""
+        """One optimizer step: the conversations' blocks in one forward each (or packed, ``pack_rows``
+        block rows a forward), their gradients summed (each scaled by the batch's total weight, so
+        the loss is the batch's weighted mean whatever the packing)."""
         st, state, device = self.settings, self.state, self.embed.device
         for g in self.opt.param_groups:
             g["lr"] = lr_at(state["step"], st.lr, st.warmup_steps, self.total)
@@ -316,10 +357,13 @@ class _Run:
         weight = sum(float((self.weights * (t >= 0)).sum()) for t in targets)
         self.opt.zero_grad(set_to_none=True)
         loss_total, counts, accepted, n_blocks = 0.0, torch.zeros(3, st.block_size - 1, dtype=torch.int64), 0, 0
-        for b, target in zip(blocks, targets, strict=True):
-            valid = b.valid.to(device)
+        for group in packs([b.anchors.numel() * st.block_size for b in blocks], st.pack_rows):
+            pack = [blocks[i] for i in group]
+            labels, valid_cpu = torch.cat([b.labels for b in pack]), torch.cat([b.valid for b in pack])
+            target, valid = torch.cat([targets[i] for i in group]), valid_cpu.to(device)
             with torch.autocast(device.type, dtype=torch.bfloat16, enabled=self.bf16):
-                logits = self.draft.lm_head(block_hidden(self.draft, self.embed, b)[valid])
+                hidden = packed_hidden(self.draft, self.embed, [(b, b.anchors) for b in pack])
+                logits = self.draft.lm_head(hidden[valid])
             labelled = target[valid]
             inside = labelled >= 0
             ce = F.cross_entropy(logits[inside].float(), labelled[inside], reduction="none")
@@ -329,9 +373,9 @@ class _Run:
             loss_total += float(loss.detach())
             with torch.no_grad():
                 right = torch.zeros_like(valid)
-                right[valid] = self.used[logits.argmax(-1)] == b.labels.to(device)[valid]
-                runs = accepted_runs(right.cpu(), b.valid)
-            counts += acceptance_counts(runs, b.valid)
+                right[valid] = self.used[logits.argmax(-1)] == labels.to(device)[valid]
+                runs = accepted_runs(right.cpu(), valid_cpu)
+            counts += acceptance_counts(runs, valid_cpu)
             accepted += int(runs.sum())
             n_blocks += runs.numel()
         torch.nn.utils.clip_grad_norm_([p for p in self.draft.parameters() if p.requires_grad], st.grad_clip)

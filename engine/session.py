@@ -229,8 +229,8 @@ class Session:
                                      **capture.forward_kwargs)
             features = capture.spec.extract(out) if capture.on and capture.spec is not None else None
             for drafter, settings in runs:
-                # b new rows: a feature reader runs one per token it has no row for (DFlash's context
-                # rows, EAGLE's entries), a draft model those tokens and the root
+                # b new rows: a feature reader runs one per token it has no row for (a block
+                # drafter's context rows, EAGLE's entries), a draft model those tokens and the root
                 history = [0] * (b if drafter.needs_features else b - 1)
                 drafter.truncate(0)
                 drafter.reset(history, features)

@@ -3,10 +3,10 @@ graphs captured on first use per shape and dropped when the memory they read mov
 memory a drafter's graphs were captured on, kept from one conversation to the next.
 
 Why shared: the target's verify (engine/gpu/static.py) and the drafters' (EAGLE's
-engine/drafters/eagle_graphs.py, DFlash's engine/drafters/dflash/graphs.py, a standalone draft
-model's own static decoder) all replay graphs whose inputs are device buffers at fixed addresses,
-filled each step from the host without a wait, and whose captured kernels read caches and tables
-that move when they grow.
+engine/drafters/eagle_graphs.py, a block drafter's forward, a standalone draft model's own static
+decoder) all replay graphs whose inputs are device buffers at fixed addresses, filled each step
+from the host without a wait, and whose captured kernels read caches and tables that move when
+they grow.
 """
 
 from __future__ import annotations
@@ -134,7 +134,7 @@ class CountsGraphs:
 
 G = TypeVar("G", bound=CountsGraphs)
 # a draft cache's rows past the conversation in one step: up to 64 new rows (a bucket's, padded) and
-# a DFlash block or an EAGLE tree's scratch rows after them
+# a drafted block or an EAGLE tree's scratch rows after them
 _STEP_ROWS = 128
 
 
@@ -150,7 +150,7 @@ class DraftMemory(Generic[G]):
     theirs); what the cache holds is the old conversation's and is cut away by the new drafter's
     first ``reset``. A drafter of another draft never does, and the memory goes with the draft."""
 
-    owner: object  # what the graphs run: a DFlash runner, an EAGLE head, a draft model
+    owner: object  # what the graphs run: a drafter's weights (an EAGLE head, a block drafter's, a draft model)
     cache: KVCache
     graphs: G | None = None  # made on the first on-device draft (a draft model's: its static decoder)
 
@@ -167,6 +167,6 @@ class DraftMemory(Generic[G]):
 @runtime_checkable
 class KeepsGraphs(Protocol):
     """A drafter whose graphs and draft cache live in ``memory``, handed from one drafter of a draft
-    to the next (engine/drafting.py): DFlash, EAGLE and standalone drafters."""
+    to the next (engine/drafting.py): the EAGLE, block and standalone drafters."""
 
     memory: DraftMemory[Any]

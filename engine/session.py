@@ -34,7 +34,7 @@ from engine.conversation import Conversation, context_refusal
 from engine.drafting import DrafterFactory, Drafters, default_drafters
 from engine.events import Event, Finished, Started, Step
 from engine.features import FeatureSpec
-from engine.gpu.graphs import GraphCounts
+from engine.gpu.graphs import GraphCounts, KeepsGraphs
 from engine.gpu.static import BUCKETS
 from engine.precision import PrecisionSwitch
 from engine.step import SpecLoop, refused
@@ -171,40 +171,70 @@ class Session:
     # -- CUDA graphs: what a benchmark settles before it times ------------------------------------------
     @property
     def graph_counts(self) -> GraphCounts | None:
-        """The target's verify graphs captured and replayed so far; None where it runs eagerly (CPU)."""
-        return self.model.graph_counts
+        """The CUDA graphs captured and replayed so far, the target's verify graphs and the drafters'
+        together; None where the target runs eagerly (CPU)."""
+        target = self.model.graph_counts
+        return None if target is None else target + self._drafters.graph_counts()
 
     def reserve(self, tokens: int) -> None:
-        """Room in the KV cache for ``tokens`` now. Graphs are captured per cache address, and the
-        cache grows when an answer needs more room: growing later recaptures every bucket there."""
+        """Room in the KV caches (the target's, the drafters') for ``tokens`` now. Graphs are
+        captured per cache address, and a cache grows when an answer needs more room: growing later
+        recaptures every graph that reads it there."""
         self._idle()
         self._conversation.ensure_capacity(tokens)
+        self._drafters.reserve(tokens)
 
-    def capture_verify_graphs(self) -> int:
-        """Capture the verify forward's graph of every tree-size bucket (1, 2, ... 64) that fits the
-        cache, with the features the drafter in force reads (EAGLE's verify graphs capture target
-        layers: their own graphs); returns how many were captured here (0 where it runs eagerly).
+    def capture_graphs(self, configs: Sequence[SpecConfig] = ()) -> int:
+        """Capture every CUDA graph an answer under one of ``configs`` (default: the settings in force)
+        replays, so that none is captured inside an answer, a hot-swap's included; returns how many
+        were captured here (0 where the target runs eagerly).
 
-        engine/gpu/static.py captures a bucket's graph the first time a forward of that size runs;
-        an adaptive tree's size varies step by step, so a short warm-up answer reaches only some.
-        The forwards run on the emptied cache (K/V land in slots the next prefill overwrites), and
-        the cache is emptied again after."""
+        Graphs are captured the first time a shape runs (engine/gpu/graphs.py), and an adaptive
+        tree's size varies step by step, so a short warm-up answer reaches only some. Here every
+        tree-size bucket (1, 2, ... 64) runs: the verify forward with the features each method's
+        drafter reads (another set of features is another graph), then the drafter over that many
+        new rows, once for each setting the adaptive budget may ask of it (SpecLoop.may_ask), so a
+        drafter that keeps its graphs (DraftMemory) captures them all. The forwards run on the
+        emptied cache (K/V land in slots the next prefill overwrites), the drafters are forgotten
+        after (their graphs kept), and the cache is emptied again."""
         before = self.graph_counts
         if before is None:
             return 0
+        by_features: dict[FeatureSpec | None, list[SpecConfig]] = {}  # one verify sweep per set of features
+        for config in [self._drafters.checked(c) for c in configs] or [self.config]:
+            by_features.setdefault(self._drafters.features_of(config.method), []).append(config)
         self.forget_cache()
-        cache = self._conversation.cache
-        if cache is not None:
-            features = self._drafters.capture.forward_kwargs
-            for b in BUCKETS:
-                if b > cache.capacity:
-                    break
-                self.model.forward(torch.zeros(b, dtype=torch.int64), cache, positions=torch.arange(b),
-                                   tree_mask=torch.ones(b, b, dtype=torch.bool).tril_(), **features)
-            sync(self.model)
+        cache = self._conversation.ensure_capacity(BUCKETS[-1])
+        self._drafters.reserve(cache.capacity)  # graphs for conversations as long as the target's cache holds
+        for group in by_features.values():
+            self._capture_for(group)
+        sync(self.model)
+        self._drafters.forget()
         self.forget_cache()
         after = self.graph_counts
         return after.captures - before.captures if after is not None else 0
+
+    def _capture_for(self, configs: list[SpecConfig]) -> None:
+        """Each bucket's verify forward with the features ``configs``' drafters read, then each of
+        those drafters that keeps its graphs over that many new rows, in every setting it may be asked."""
+        capture = self._drafters.use_capture(configs[0].method)
+        runs = []
+        for config in configs:
+            drafter = self._drafters.get(config.method)
+            if isinstance(drafter, KeepsGraphs):
+                runs += [(drafter, settings) for settings in SpecLoop.may_ask(config, drafter)]
+        for b in BUCKETS:
+            out = self.model.forward(torch.zeros(b, dtype=torch.int64), self._conversation.cache,
+                                     positions=torch.arange(b), tree_mask=torch.ones(b, b, dtype=torch.bool).tril_(),
+                                     **capture.forward_kwargs)
+            features = capture.spec.extract(out) if capture.on and capture.spec is not None else None
+            for drafter, settings in runs:
+                # b new rows: a feature reader runs one per token it has no row for (a block
+                # drafter's context rows, EAGLE's entries), a draft model those tokens and the root
+                history = [0] * (b if drafter.needs_features else b - 1)
+                drafter.truncate(0)
+                drafter.reset(history, features)
+                drafter.propose(history, 0, settings)
 
     def reset(self) -> None:
         """A new conversation (the cache keeps the preamble every conversation opens with:

@@ -257,6 +257,17 @@ class SpecLoop:
                                                                                 eagle_topk=answer.width))
         return last[3]
 
+    @staticmethod
+    def may_ask(config: SpecConfig, drafter: Drafter) -> list[SpecConfig]:
+        """Every setting :meth:`ask` may give ``drafter`` under ``config``: the budget's widths (the
+        tree's top-k or a chain) and, for a drafter that pays per level, its depths (1 to
+        ``num_steps``). What a warm-up captures the drafter's graphs for (Session.capture_graphs)."""
+        pays, one_pass = drafter.pays_per_level, methods.one_pass_tree(config.method)
+        if not config.adaptive_draft or not (pays or one_pass):
+            return [config]
+        levels = range(1, config.num_steps + 1) if pays else (config.num_steps,)
+        return [config.replace(num_steps=d, eagle_topk=w) for w in sorted({1, config.tree_width}) for d in levels]
+
     def verify(self, config: SpecConfig, tree: DraftTree) -> tuple[Any, int]:
         """One target forward over the whole tree; returns its output and the cache position of
         the tree's root."""

@@ -45,7 +45,7 @@ from specchat.bench_report import (
     print_table,
 )
 from specchat.bench_rounds import print_rounds, round_order, row_results
-from specchat.bench_warmup import capture_verify_graphs, graph_report, size_cache_for
+from specchat.bench_warmup import capture_graphs, graph_report, size_cache_for
 from specchat.llamacpp_tools import print_tg128
 from specchat.options import UsageError, draft_options, given_knobs, make_config
 
@@ -351,7 +351,8 @@ def _warm_up(plan: Plan, sessions: dict[str, Any], hf: Any, peers: list[Any]) ->
     for mode in plan.modes:
         for config in plan.configs.values():
             run_ours(sessions[mode], plan.prompts[0], config.replace(max_new_tokens=8))
-    graphs = {mode: capture_verify_graphs(sessions[mode]) for mode in plan.modes}  # every bucket, not just those used
+    # every bucket of every method, not just those the short answers used
+    graphs = {mode: capture_graphs(sessions[mode], plan.configs.values()) for mode in plan.modes}
     if hf is not None:
         hf.warm(plan.prompts[0])
     for peer in peers:

@@ -1,10 +1,11 @@
 """``specchat bench``'s warm-up: nothing that happens once lands inside a timed prompt.
 
 Every runner answers once, untimed, before the timed runs. On CUDA the warm-up also sizes each
-session's KV cache for the longest prompt and captures the verify forward's CUDA graph of every
-tree-size bucket (``Session.reserve``, ``Session.capture_verify_graphs``), so neither a capture, a
-Triton compile nor a cache reallocation lands inside a timed prompt. Everything here goes through
-the session's public API.
+session's KV caches (the target's and the drafters') for the longest prompt and captures every CUDA
+graph the timed methods replay: the verify forward's of every tree-size bucket with each method's
+features, and each drafter's own, which then serve every prompt (``Session.reserve``,
+``Session.capture_graphs``), so neither a capture, a Triton compile nor a cache reallocation lands
+inside a timed prompt. Everything here goes through the session's public API.
 """
 
 from __future__ import annotations
@@ -27,11 +28,11 @@ def size_cache_for(session: Session, prompts: list[Prompt], configs: Iterable[An
     session.reserve(max(len(p.ids(session.tokenizer)) for p in prompts) + room)
 
 
-def capture_verify_graphs(session: Session) -> dict[str, int]:
-    """CUDA: every tree-size bucket's verify graph captured before timing (Session.capture_verify_graphs).
-    Returns {"captured": graphs captured here, "total": captures so far}; zeros where the target has no
-    graphs (CPU, --backend hf)."""
-    captured = session.capture_verify_graphs()
+def capture_graphs(session: Session, configs: Iterable[Any]) -> dict[str, int]:
+    """CUDA: every graph an answer under ``configs`` replays, captured before timing
+    (Session.capture_graphs). Returns {"captured": graphs captured here, "total": captures so far};
+    zeros where the target has no graphs (CPU, --backend hf)."""
+    captured = session.capture_graphs(list(configs))
     counts = session.graph_counts
     return {"captured": captured, "total": counts.captures if counts is not None else 0}
 

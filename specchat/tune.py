@@ -27,7 +27,7 @@ from engine.outputs import Output, check_outputs
 from engine.prompts import Prompt, load_prompts
 from specchat.bench import check_prompts_fit, load_sessions, run_ours, weights_modes
 from specchat.bench_report import Row, StepSplit, machine_info
-from specchat.bench_warmup import capture_verify_graphs, size_cache_for
+from specchat.bench_warmup import capture_graphs, size_cache_for
 from specchat.export import EMBEDDED_HUB_ID, SERVERS, launch_line, serving_model
 from specchat.options import ALGORITHMS, UsageError, given_knobs, make_config, spec_overrides
 
@@ -306,7 +306,7 @@ def _every_config(baseline: SpecConfig, searches: list[Search]) -> list[SpecConf
 def _warm_up(session: Any, prompts: list[Prompt], baseline: SpecConfig, searches: list[Search],
              sweep: Sweep, budget: Budget) -> list[Search]:
     """One short untimed answer per method (a method the session cannot run is dropped with its
-    reason, loudly); on CUDA the cache sized and every verify graph captured first."""
+    reason, loudly); on CUDA the caches sized first, and every graph the settings left replay captured."""
     size_cache_for(session, prompts, _every_config(baseline, searches))
     warm = run_ours(session, prompts[0], baseline.replace(max_new_tokens=8))
     prefill = warm.prefill_s or 0.0  # the first batch's pace: this prefill, then every token as fast as these
@@ -323,7 +323,7 @@ def _warm_up(session: Any, prompts: list[Prompt], baseline: SpecConfig, searches
             sweep.skipped.append({"method": search.method, "knobs": {}, "reason": str(exc)})
             continue
         kept.append(search)
-    capture_verify_graphs(session)
+    capture_graphs(session, _every_config(baseline, kept))
     return kept
 
 

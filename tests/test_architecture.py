@@ -178,7 +178,7 @@ def test_the_private_read_finder_finds_one() -> None:
 def test_the_bench_and_the_calibration_reach_the_engine_through_its_public_api() -> None:
     """Once specchat/bench_warmup.py read ``session._cache``, ``session._capture`` and
     ``model._static``: a refactor of the session broke the bench, and the bench's timings depended
-    on the session's insides. They use ``Session.reserve``, ``capture_verify_graphs`` and
+    on the session's insides. They use ``Session.reserve``, ``capture_graphs`` and
     ``graph_counts`` now; this keeps every module that times the engine on its public side."""
     paths = sorted({p for pattern in MEASURERS for p in ROOT.glob(pattern)})
     assert len(paths) >= 10

@@ -47,7 +47,7 @@ def test_the_static_draft_grows_the_host_searchs_trees(kind: str, vocab: int | N
     prompts = [[1, 5, 6, 7, 5, 6], [1, *range(3, 73)]]
     host, host_answers, _ = _trees_and_tokens(kind, vocab, False, prompts, config)
     static, answers, made = _trees_and_tokens(kind, vocab, True, prompts, config)
-    assert made and all(d._graphs is not None for d in made), "the static draft did not run"
+    assert made and all(d.memory.graphs is not None for d in made), "the static draft did not run"
     assert answers == host_answers
     assert answers[0] == list(baseline(tuple(prompts[0]), 12))
     assert static == host
@@ -81,7 +81,7 @@ def test_the_device_draft_takes_the_sessions_stop_cancel_first_rule_left_to_the_
     cancel = threading.Event()
     d = fresh()
     tree = d.propose(history, 9, config, stop=Cancellable(rule, cancel))
-    assert not asked and d._graphs is not None and max(tree.depths) == 3
+    assert not asked and d.memory.graphs is not None and max(tree.depths) == 3
     cancel.set()
     assert fresh().propose(history, 9, config, stop=Cancellable(rule, cancel)).tokens == (9,)
     assert levels_on_device(None) and not levels_on_device(rule)

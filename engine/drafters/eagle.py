@@ -36,8 +36,10 @@ from engine.drafters.tree_search import (
     grow_tree,
     levels_on_device,
 )
+from engine.gpu.graphs import DraftMemory
 from engine.kernels.eagle_native import Keys
 from engine.methods import chain_size
+from engine.models.kv_cache import KVCache
 from engine.prefix import common_prefix
 from engine.sampling import GumbelNoise
 from engine.tree import DraftTree
@@ -50,21 +52,27 @@ class EagleDrafter:
     def __init__(self, head: EagleHead, name: str | None = None) -> None:
         self.head = head
         self.name = name or head.spec.kind
-        self.cache = head.new_cache(512)
+        # the head's cache and the draft's graphs, taken over by the next drafter of this head
+        # (engine/gpu/graphs.py, DraftMemory): captured once, not once a conversation
+        self.memory: DraftMemory[EagleDraftGraphs] = DraftMemory(head, head.new_cache(512))
         self._tokens: list[int] = []  # tokens in the target cache, as far as this drafter knows
         self._pending: list[torch.Tensor] = []  # features of committed positions without a head entry yet
         self._random = DraftRandom()
         # the greedy draft as graphs (engine/drafters/eagle_graphs.py) where the per-op head runs on
         # CUDA; tests set it on the CPU, where the same bodies run eagerly
         self.on_device = head.native is None and head.device.type == "cuda"
-        self._graphs: EagleDraftGraphs | None = None
+
+    @property
+    def cache(self) -> KVCache:
+        """The head's KV cache: one entry per committed position (the memory's, where the graphs read it)."""
+        return self.memory.cache
 
     @property
     def graphs(self) -> EagleDraftGraphs:
         """The draft's graphs, made on the first on-device draft."""
-        if self._graphs is None:
-            self._graphs = EagleDraftGraphs(self.head)
-        return self._graphs
+        if self.memory.graphs is None:
+            self.memory.graphs = EagleDraftGraphs(self.head)
+        return self.memory.graphs
 
     # -- the Drafter protocol ------------------------------------------------------------------
     def check(self, config: SpecConfig) -> None:

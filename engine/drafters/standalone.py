@@ -15,6 +15,7 @@ only the rest (at most the last accepted node, and the new root) is run in the n
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import torch
 
@@ -29,7 +30,9 @@ from engine.drafters.draft_loader import (
     standalone_config,
 )
 from engine.drafters.tree_search import Candidates, DraftRandom, StopRule, check_topk, coupled_scores, grow_tree
+from engine.gpu.graphs import DraftMemory
 from engine.methods import chain_size
+from engine.models.kv_cache import KVCache
 from engine.prefix import common_prefix
 from engine.sampling import GumbelNoise
 from engine.tree import DraftTree
@@ -45,11 +48,18 @@ class StandaloneDrafter:
         self.model = model
         self.vocab_size = min(vocab_size, model.config.vocab_size)
         self.target_vocab = vocab_size
-        self.cache = model.new_cache(512)
+        # the cache, with the draft model's graphs that read it, taken over by the next drafter of
+        # this model (engine/gpu/graphs.py, DraftMemory): a new cache would capture them again
+        self.memory: DraftMemory[Any] = DraftMemory(model, model.new_cache(512), model.static_graphs)
         self._tokens: list[int] = []
         self._random = DraftRandom()
         # the last proposal: (tree, scratch slot of each tree row that has an entry)
         self._last: tuple[DraftTree, dict[int, int]] | None = None
+
+    @property
+    def cache(self) -> KVCache:
+        """The draft model's KV cache (the memory's, where its graphs read it)."""
+        return self.memory.cache
 
     def check(self, config: SpecConfig) -> None:
         check_topk(config, self.vocab_size, "draft model")

@@ -1,10 +1,12 @@
 """What every CUDA-graph user of the engine shares: inputs sent from pinned memory in one copy,
-and graphs captured on first use per shape and dropped when the memory they read moves.
+graphs captured on first use per shape and dropped when the memory they read moves, and the
+memory a drafter's graphs were captured on, kept from one conversation to the next.
 
-Why shared: the target's verify (engine/gpu/static.py) and the EAGLE draft
-(engine/drafters/eagle_graphs.py) both replay graphs whose inputs are device buffers at fixed
-addresses, filled each step from the host without a wait, and whose captured kernels read caches
-and tables that move when they grow.
+Why shared: the target's verify (engine/gpu/static.py) and the drafters' (EAGLE's
+engine/drafters/eagle_graphs.py, a block drafter's forward, a standalone draft model's own static
+decoder) all replay graphs whose inputs are device buffers at fixed addresses, filled each step
+from the host without a wait, and whose captured kernels read caches and tables that move when
+they grow.
 """
 
 from __future__ import annotations
@@ -12,18 +14,25 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar, runtime_checkable
 
 import torch
+
+if TYPE_CHECKING:
+    from engine.models.kv_cache import KVCache
 
 
 @dataclass(frozen=True)
 class GraphCounts:
-    """A model's verify graphs so far: how many were captured, how many forwards replayed one (the
-    bench reports both, and warns of a capture inside a timed run)."""
+    """Graphs so far (a model's verify graphs, a drafter's, a session's together): how many were
+    captured, how many runs replayed one (the bench reports both, and warns of a capture inside a
+    timed run)."""
 
     captures: int
     replays: int
+
+    def __add__(self, other: GraphCounts) -> GraphCounts:
+        return GraphCounts(self.captures + other.captures, self.replays + other.replays)
 
 
 def graphs_wanted(device: torch.device) -> bool:
@@ -121,3 +130,43 @@ class CountsGraphs:
     @property
     def captures(self) -> int:
         return self._graphs.captures
+
+
+G = TypeVar("G", bound=CountsGraphs)
+# a draft cache's rows past the conversation in one step: up to 64 new rows (a bucket's, padded) and
+# a drafted block or an EAGLE tree's scratch rows after them
+_STEP_ROWS = 128
+
+
+@dataclass
+class DraftMemory(Generic[G]):
+    """A drafter's graphs and the draft KV cache they read, which outlive the drafter.
+
+    Why: the session makes its drafters afresh for every conversation (engine/drafting.py,
+    ``Drafters.forget``: the bench resets before each prompt), and graphs are captured per cache
+    address, so a drafter with a cache of its own captured every graph again on every prompt (tens
+    of ms to seconds each on a GPU, inside the timed rows). The next drafter of the same draft takes
+    its predecessor's memory over instead (``owner``: the weights both run, so the graphs are
+    theirs); what the cache holds is the old conversation's and is cut away by the new drafter's
+    first ``reset``. A drafter of another draft never does, and the memory goes with the draft."""
+
+    owner: object  # what the graphs run: a drafter's weights (an EAGLE head, a block drafter's, a draft model)
+    cache: KVCache
+    graphs: G | None = None  # made on the first on-device draft (a draft model's: its static decoder)
+
+    def counts(self) -> GraphCounts:
+        graphs = self.graphs
+        return GraphCounts(0, 0) if graphs is None else GraphCounts(graphs.captures, graphs.replays)
+
+    def reserve(self, tokens: int) -> None:
+        """Room now for a conversation of ``tokens`` and a step's rows past it: a cache that grows
+        later moves, and every graph reading it is captured again."""
+        self.cache.grow(tokens + _STEP_ROWS)
+
+
+@runtime_checkable
+class KeepsGraphs(Protocol):
+    """A drafter whose graphs and draft cache live in ``memory``, handed from one drafter of a draft
+    to the next (engine/drafting.py): the EAGLE, block and standalone drafters."""
+
+    memory: DraftMemory[Any]

@@ -172,6 +172,12 @@ class LlamaModel:
         static = self._static
         return None if static is None else GraphCounts(static.captures, static.replays)
 
+    @property
+    def static_graphs(self) -> StaticDecoder | None:
+        """The static decoder (its graphs); None where the forward runs eagerly (CPU). A standalone
+        drafter keeps it with its cache (engine/gpu/graphs.py, DraftMemory)."""
+        return self._static
+
     def new_cache(self, capacity: int) -> KVCache:
         c = self.config
         if self._static is not None:

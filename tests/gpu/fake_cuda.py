@@ -28,12 +28,14 @@ The mechanism, three layers:
   fail in C++ before any dispatch on a CPU-only build, so they are rewritten here to make the CPU
   tensor and wrap it. ``pin_memory`` becomes a copy marked as pinned. Python indexing and a few
   hand-written Tensor methods (``copy_``, ``contiguous``, ``nonzero``, ``new_tensor``, ``~``) open
-  a CUDA device guard in C++, so on device tensors they are sent to the aten op (same checks).
+  a CUDA device guard in C++, so on device tensors they are sent to the aten op (same checks);
+  ``scaled_dot_product_attention``, whose C++ makes device tensors of its own for a causal or
+  boolean mask, runs on the host data (the eager prefill's attention, a catch-up's).
   ``torch.Generator(device="cuda")`` cannot be faked: engine code that makes one (random_init,
   train/data) cannot run here; the session's path makes none.
 * Patches of ``torch.cuda`` (``Event``, ``Stream``, ``stream``, ``current_stream``,
-  ``CUDAGraph``, ``graph``, ``graph_pool_handle``) with emulations, and of ``engine.gpu.kernel``
-  so a Triton launch checks that every tensor argument is on the device (Triton refuses host
+  ``synchronize``, ``CUDAGraph``, ``graph``, ``graph_pool_handle``) with emulations, and of
+  ``engine.gpu.kernel`` so a Triton launch checks that every tensor argument is on the device (Triton refuses host
   pointers) and then runs the real kernel under triton's CPU interpreter on the wrapped data.
 
 The graph emulation keeps the CUDA-graph contract: while ``torch.cuda.graph`` captures, ops on
@@ -307,6 +309,21 @@ _GUARDED: dict[Any, Callable[..., Any]] = {
 }
 
 
+# torch functions whose C++ builds device tensors of its own (sdpa's causal or boolean mask), which
+# a CPU-only build cannot: run on the host data behind the wrappers, after CUDA's checks
+_HOST_COMPOSITES = {torch.nn.functional.scaled_dot_product_attention}
+
+
+def _composite(func: Callable[..., Any], args: tuple, kwargs: dict) -> Any:
+    _check(func, args, kwargs)
+    _launched(getattr(func, "__name__", str(func)))
+    out = tree_map(lambda x: FakeCudaTensor(x) if isinstance(x, torch.Tensor) else x,
+                   func(*tree_map(_unwrap, args), **tree_map(_unwrap, kwargs)))
+    if STATE.tape is not None:  # inside a capture: a graph node
+        STATE.tape.append(_replayer(func, args, kwargs, out))
+    return out
+
+
 class FakeCudaMode(TorchFunctionMode):
     """Rewrites every torch call that names ``cuda`` into a CPU call whose result is wrapped."""
 
@@ -320,6 +337,8 @@ class FakeCudaMode(TorchFunctionMode):
             return _index(func, *args)
         if func in _GUARDED and any(_is_fake(a) for a in args):
             return _GUARDED[func](*args, **kwargs)
+        if func in _HOST_COMPOSITES and any(_is_fake(a) for a in args):
+            return _composite(func, args, kwargs)
         if func is torch.Tensor.cuda:
             return self._to_device(args[0], DEVICE, None, kwargs.get("non_blocking", False))
         if func is torch.Tensor.to:
@@ -438,6 +457,11 @@ class _Stream:
         _sync("torch.cuda.Stream.synchronize()")
 
 
+def _synchronize(device: Any = None) -> None:
+    """torch.cuda.synchronize: the host waits for the device (a timing's end, the warm-up's)."""
+    _sync("torch.cuda.synchronize()")
+
+
 class _CUDAGraph:
     """torch.cuda.CUDAGraph: the ops recorded while captured, re-run by :meth:`replay`."""
 
@@ -530,6 +554,7 @@ def fake_cuda(monkeypatch: Any, *, kernels: bool = True) -> Iterator[_State]:
     monkeypatch.setattr(torch.cuda, "CUDAGraph", _CUDAGraph)
     monkeypatch.setattr(torch.cuda, "graph", _graph)
     monkeypatch.setattr(torch.cuda, "graph_pool_handle", lambda: object())
+    monkeypatch.setattr(torch.cuda, "synchronize", _synchronize)
     # inference mode cannot version a wrapper subclass made inside it ("Cannot set version_counter for
     # inference tensor": the Medusa heads' logits run under it); it only spares autograd's
     # bookkeeping, so no_grad computes the same values here

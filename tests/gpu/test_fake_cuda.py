@@ -149,6 +149,7 @@ SYNCS: dict[str, Callable[[torch.Tensor], Any]] = {
     "to_device": lambda t: t + torch.ones(4).to("cuda"),
     "host_factory": lambda t: t + torch.tensor([1.0, 2.0, 3.0, 4.0], device="cuda"),
     "event_sync": lambda t: torch.cuda.Event().synchronize(),
+    "device_sync": lambda t: torch.cuda.synchronize(t.device),  # a timing's end (engine/calibrate.py's sync)
 }
 
 

@@ -246,24 +246,26 @@ def test_the_random_eagle3_head_fits_its_target_in_the_public_layout(tiny6_confi
 def test_the_cuda_warm_up_sizes_the_cache_and_runs_every_verify_bucket(tiny_config) -> None:
     """specchat bench's CUDA warm-up, checked on CPU through the eager static decoder: the session's
     KV cache is sized for the longest prompt's answer and tree, and one forward of every bucket
-    runs (on CUDA each captures its graph) before timing; the session is left empty. A CPU model
-    (no static decoder) gets neither."""
+    runs (on CUDA each captures its graph) before timing, once for the two methods that read no
+    target features; the session is left empty. A CPU model (no static decoder) gets neither."""
     from engine.config import SpecConfig
     from engine.drafters.base import NoDrafter
+    from engine.drafters.ngram import NgramDrafter
     from engine.events import Step
     from engine.gpu.static import BUCKETS, StaticDecoder
     from engine.prompts import Prompt
     from engine.session import Session
-    from specchat.bench_warmup import capture_verify_graphs, size_cache_for
+    from specchat.bench_warmup import capture_graphs, size_cache_for
     from tests.tiny import TinyTokenizer
 
     _, model = random_model(str(tiny_config), dtype=torch.float32, device="cpu")
-    session = Session(model, TinyTokenizer(), SpecConfig(max_new_tokens=8), drafters={"none": NoDrafter})
+    session = Session(model, TinyTokenizer(), SpecConfig(max_new_tokens=8),
+                      drafters={"none": NoDrafter, "ngram": NgramDrafter})
     prompts = [Prompt("short", text="hi"), Prompt("long", messages=[{"role": "user", "content": "x" * 50}])]
     configs = [SpecConfig(max_new_tokens=40), SpecConfig(method="ngram", num_draft_tokens=12, max_new_tokens=40)]
     size_cache_for(session, prompts, configs)
     assert session._cache is None  # CPU: the cache grows as it always did
-    assert capture_verify_graphs(session) == {"captured": 0, "total": 0}
+    assert capture_graphs(session, configs) == {"captured": 0, "total": 0}
 
     model._static = StaticDecoder(model, graphs=False)
     seen: list[int] = []
@@ -277,7 +279,7 @@ def test_the_cuda_warm_up_sizes_the_cache_and_runs_every_verify_bucket(tiny_conf
     size_cache_for(session, prompts, configs)
     longest = len(TinyTokenizer().encode_chat(prompts[1].messages))
     assert session._cache.capacity >= longest + 40 + 12
-    assert capture_verify_graphs(session) == {"captured": 0, "total": 0}  # eager: nothing to capture on CPU
+    assert capture_graphs(session, configs) == {"captured": 0, "total": 0}  # eager: nothing to capture on CPU
     assert seen == list(BUCKETS) and session._cache.length == 0
     steps = [e for e in session.generate_ids([1, 5, 9], SpecConfig(max_new_tokens=4)) if isinstance(e, Step)]
     assert steps  # the session answers as before

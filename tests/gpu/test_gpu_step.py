@@ -191,6 +191,8 @@ def test_the_counts_see_an_eager_op_and_a_wait(gpu) -> None:
     assert gpu.syncs == waits
     x.copy_(torch.ones(4), non_blocking=True)  # from pageable memory CUDA stages it: the host waits
     assert gpu.syncs == waits + 1
+    torch.cuda.synchronize()  # the host waits for everything queued
+    assert gpu.syncs == waits + 2
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         z = x * 3

@@ -70,6 +70,8 @@ from engine.drafters.tree_search import (
     grow_tree,
     to_host,
 )
+from engine.gpu.graphs import DraftMemory
+from engine.models.kv_cache import KVCache
 from engine.prefix import common_prefix
 from engine.sampling import GumbelNoise
 from engine.tree import DraftTree
@@ -103,7 +105,9 @@ class DFlashDrafter:
     def __init__(self, runner: DFlashRunner, name: str) -> None:
         self.runner = runner
         self.name = name
-        self.cache = runner.new_cache(512)
+        # the draft cache and the block's graphs, taken over by the next drafter of this runner
+        # (engine/gpu/graphs.py, DraftMemory): captured once, not once a conversation
+        self.memory: DraftMemory[BlockGraphs] = DraftMemory(runner, runner.new_cache(512))
         self._tokens: list[int] = []  # tokens in the target cache, as far as this drafter knows
         self._pending: list[torch.Tensor] = []  # features of committed tokens without a context row yet
         self._random = DraftRandom()
@@ -111,7 +115,11 @@ class DFlashDrafter:
         self.last_offers: Offers | None = None  # each position's candidates of the last tree (None: a chain)
         # the block forward and the greedy pick as graphs (engine/drafters/dflash/graphs.py) on CUDA
         self.on_device = runner.device.type == "cuda"
-        self._graphs: BlockGraphs | None = None
+
+    @property
+    def cache(self) -> KVCache:
+        """The draft KV cache: one context row per committed token (the memory's, where the graphs read it)."""
+        return self.memory.cache
 
     # -- the Drafter protocol ------------------------------------------------------------------
     def check(self, config: SpecConfig) -> None:
@@ -244,9 +252,9 @@ class DFlashDrafter:
         ``last_block``'s rows, are the graph's tensors, rewritten by the next block: the step reads
         the block's guesses (engine/step.py, ``block_guesses``) before that, so no copy is paid."""
         n = len(self._tokens)
-        if self._graphs is None:
-            self._graphs = BlockGraphs(self.runner)
-        logp, picked = self._graphs.run(self._waiting(), self.cache, root, key, pick)
+        if self.memory.graphs is None:
+            self.memory.graphs = BlockGraphs(self.runner)
+        logp, picked = self.memory.graphs.run(self._waiting(), self.cache, root, key, pick)
         self._pending = []
         self.last_block = BlockDraft(n, logp[:rows], self.runner.vocab_ids)
         return self.last_block, picked

@@ -3,6 +3,8 @@
 Tiny random models gain nothing from a second thread, and on a shared 2-core machine two OpenMP
 threads per test process stall at every barrier whenever another process holds a core (see
 engine/loader.configure_threads). Tests that load the real model set their own thread count.
+
+The suite runs on its own specchat cache folder, never the user's (tests/suite_cache.py).
 """
 
 import torch
@@ -14,7 +16,30 @@ from collections.abc import Iterator  # noqa: E402
 
 import pytest  # noqa: E402
 
+from tests import suite_cache  # noqa: E402
+
 VARIANT_PARAMS = ["cpu", "avx512", "avxvnni", "avx2"]
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """The suite's cache is in place before collection: test modules build the kernel at import."""
+    suite_cache.start()
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    suite_cache.stop()
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _own_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """After the last test: what the run made of files outside the temp folders goes to the user's
+    cache (the next run reuses it), and anything else new there fails the run, by name."""
+    yield
+    leaked = suite_cache.finish([tmp_path_factory.getbasetemp()])
+    if leaked:
+        shown = "\n  ".join(leaked[:20]) + (f"\n  ... and {len(leaked) - 20} more" if len(leaked) > 20 else "")
+        pytest.fail(f"the tests wrote into the user's specchat cache {suite_cache.user_cache()} (or another "
+                    f"specchat process did meanwhile):\n  {shown}", pytrace=False)
 
 
 @pytest.fixture(params=VARIANT_PARAMS)

@@ -76,17 +76,21 @@ def user_cache(*entries: str) -> Path:
     return cache.user
 
 
-def finish(temporary: list[Path]) -> list[str]:
-    """Hand over what the run made from files outside ``temporary`` (the temp folders: pytest's
-    and this run's), then the lines naming what else appeared or changed in the user's cache."""
+def finish(basetemp: Path) -> tuple[list[str], list[str]]:
+    """Hand over what the run made from files outside the temp folders (pytest's ``basetemp``, the
+    system's, this run's cache), then name what else appeared or changed in the user's cache: the
+    leaks, and apart those that provably came from another test run meanwhile (conversions of
+    files in a temp folder that is not this run's: another checkout's suite, on a shared machine)."""
     cache = _require()
-    roots = [p.resolve() for p in (*temporary, Path(tempfile.gettempdir()), cache.root)]
-    for made in _handovers(cache.root, roots):
+    own = [basetemp.resolve(), cache.root.resolve()]
+    for made in _handovers(cache.root, [*own, Path(tempfile.gettempdir()).resolve()]):
         destination = cache.user / made.relative_to(cache.root)
         _hand_over(made, destination)
         cache.handed_over.append(destination)
     allowed = [*cache.handed_over, *(cache.user / name for name in cache.claimed)]
-    return leaks(cache.before, snapshot(cache.user), cache.user, allowed)
+    found = leaks(cache.before, snapshot(cache.user), cache.user, allowed)
+    others = [rel for rel in found if _from_another_run(cache.user / rel, own)]
+    return [rel for rel in found if rel not in others], others
 
 
 def stop() -> None:
@@ -124,6 +128,17 @@ def _handovers(root: Path, temporary: list[Path]) -> list[Path]:
     shipped = _shipped_index_names()
     made += [p for p in _entries(root / "ngram") if p.name in shipped]
     return made
+
+
+def _from_another_run(folder: Path, own: list[Path]) -> bool:
+    """Whether ``folder`` is a conversion of a file in a temp folder none of ``own``: this run
+    cannot have made it (its tests' files all lie under its own temp folders)."""
+    try:
+        source = Path(_expected(folder)["source"]).resolve()
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return False
+    return source.is_relative_to(Path(tempfile.gettempdir()).resolve()) and not any(source.is_relative_to(t)
+                                                                                     for t in own)
 
 
 def _converted_from_outside(folder: Path, temporary: list[Path]) -> bool:
@@ -188,12 +203,14 @@ def snapshot(folder: Path) -> Snapshot:
 
 
 def leaks(before: Snapshot, after: Snapshot, folder: Path, allowed: list[Path]) -> list[str]:
-    """The paths of ``after`` that ``before`` lacked or held with another size or mtime, except
-    those at or under ``allowed`` (or folders above them, which a hand-over may have created)."""
+    """The paths of ``after`` that ``before`` lacked or held with another size or mtime (a new
+    folder named, not its files), except those at or under ``allowed`` (or folders above them,
+    which a hand-over may have created)."""
     kept = [os.path.relpath(p, folder) for p in allowed]
 
     def accepted(rel: str) -> bool:
         return any(rel == k or rel.startswith(k + os.sep) or (after[rel][0] < 0 and k.startswith(rel + os.sep))
                    for k in kept)
 
-    return sorted(rel for rel, stat in after.items() if before.get(rel) != stat and not accepted(rel))
+    found = sorted(rel for rel, stat in after.items() if before.get(rel) != stat and not accepted(rel))
+    return [rel for rel in found if not any(rel.startswith(top + os.sep) for top in found)]  # a new folder once

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import tempfile
 from pathlib import Path
 
 from engine.models.resolve import MANIFEST
@@ -69,6 +70,16 @@ def test_the_check_names_what_is_new_or_changed_except_the_hand_overs(tmp_path: 
     (user / "big.gguf").write_bytes(b"22")
     after = suite_cache.snapshot(user)
     assert suite_cache.leaks(before, after, user, [user / "kernels" / "k.so"]) == [
-        "big.gguf", "models/gguf-target-0123456789", "models/gguf-target-0123456789/config.json"]
+        "big.gguf", "models/gguf-target-0123456789"]
     assert suite_cache.leaks(before, after, user, [user / "kernels" / "k.so", user / "big.gguf",
                                                    user / "models" / "gguf-target-0123456789"]) == []
+
+
+def test_a_conversion_of_another_runs_temp_file_is_told_apart(tmp_path: Path) -> None:
+    """On a shared machine another checkout's suite may leak meanwhile: its tmp files are not ours."""
+    temp = Path(tempfile.gettempdir()) / "pytest-of-someone"  # named only: nothing is written there
+    own = temp / "pytest-7"
+    theirs = conversion(tmp_path / "models" / "a", str(temp / "pytest-8" / "test_x0" / "target.gguf"))
+    mine = conversion(tmp_path / "models" / "b", str(own / "test_x0" / "target.gguf"))
+    outside = conversion(tmp_path / "models" / "c", "/opt/a.gguf")
+    assert [suite_cache._from_another_run(f, [own]) for f in (theirs, mine, outside)] == [True, False, False]

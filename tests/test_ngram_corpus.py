@@ -333,9 +333,9 @@ def test_a_session_that_starts_on_ngram_indexes_its_corpus_behind_the_loading_sc
     from engine.loader import LoadedModel, load_session
     from tests.tiny import our_model
 
+    tiny = our_model("llama", 0)[0]  # first: its kernel from the suite's cache, not built afresh under tmp_path
     monkeypatch.setenv("SPECCHAT_CACHE_DIR", str(tmp_path / "cache"))
     monkeypatch.setenv("SPECCHAT_CALIBRATE", "0")
-    tiny = our_model("llama", 0)[0]
     monkeypatch.setattr(engine.loader, "load_model", lambda *a, **k: LoadedModel(tiny, TinyTokenizer(), "tiny", "",
                                                                                  "specchat"))
     write_shards(tmp_path / "data", [[5, 6, 7, 5, 6, 7, 5, 6, 7]])

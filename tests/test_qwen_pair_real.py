@@ -17,7 +17,7 @@ import pytest
 
 from engine.config import SpecConfig
 from engine.events import Step
-from tests.chunked_gguf import QWEN_CODER_0_5B, QWEN_CODER_1_5B, assemble
+from tests.chunked_gguf import QWEN_CODER_0_5B, QWEN_CODER_1_5B, assemble_in_user_cache
 
 pytestmark = pytest.mark.slow
 
@@ -30,9 +30,7 @@ MAX_NEW = 48
 
 @pytest.fixture(scope="module")
 def pair() -> tuple[Path, Path]:
-    from engine.models.resolve import cache_dir
-
-    return assemble(QWEN_CODER_1_5B, cache_dir()), assemble(QWEN_CODER_0_5B, cache_dir())
+    return assemble_in_user_cache(QWEN_CODER_1_5B), assemble_in_user_cache(QWEN_CODER_0_5B)
 
 
 @pytest.fixture(scope="module")

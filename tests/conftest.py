@@ -34,18 +34,18 @@ def pytest_unconfigure(config: pytest.Config) -> None:
 @pytest.fixture(scope="session", autouse=True)
 def _own_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
     """After the last test: what the run made of files outside the temp folders goes to the user's
-    cache (the next run reuses it), and anything else new there fails the run, by name; what
-    another test run left there meanwhile (another checkout's suite) is only a warning."""
+    cache (the next run reuses it); a leak this run provably made fails the run, by name, and a
+    change it cannot tell from another program's (tests/suite_cache.py: finish) is a warning."""
     yield
     leaked, others = suite_cache.finish(tmp_path_factory.getbasetemp())
     user = suite_cache.user_cache()
     if others:
-        warnings.warn(f"another test run wrote into the user's specchat cache {user} meanwhile: "
+        warnings.warn(f"the user's specchat cache {user} changed during the run (another specchat process, "
+                      f"or a test that left the suite's cache): "
                       f"{', '.join(others)}", stacklevel=1)
     if leaked:
         shown = "\n  ".join(leaked[:20]) + (f"\n  ... and {len(leaked) - 20} more" if len(leaked) > 20 else "")
-        pytest.fail(f"the tests wrote into the user's specchat cache {user} (or another specchat process did "
-                    f"meanwhile):\n  {shown}", pytrace=False)
+        pytest.fail(f"the tests wrote into the user's specchat cache {user}:\n  {shown}", pytrace=False)
 
 
 @pytest.fixture(params=VARIANT_PARAMS)

@@ -78,9 +78,12 @@ def user_cache(*entries: str) -> Path:
 
 def finish(basetemp: Path) -> tuple[list[str], list[str]]:
     """Hand over what the run made from files outside the temp folders (pytest's ``basetemp``, the
-    system's, this run's cache), then name what else appeared or changed in the user's cache: the
-    leaks, and apart those that provably came from another test run meanwhile (conversions of
-    files in a temp folder that is not this run's: another checkout's suite, on a shared machine)."""
+    system's, this run's cache), then name what else appeared or changed in the user's cache, in two
+    lists: the leaks this run provably made (a conversion of one of its own temp files, or a new
+    entry at the top of the cache, where specchat itself writes nothing new), and the changes it
+    cannot tell from another program's (another checkout's suite, or the user's own specchat
+    writing a conversion, a kernel or an index meanwhile). Only the first fail the run: a verdict
+    must not depend on what else the machine runs."""
     cache = _require()
     own = [basetemp.resolve(), cache.root.resolve()]
     for made in _handovers(cache.root, [*own, Path(tempfile.gettempdir()).resolve()]):
@@ -89,8 +92,15 @@ def finish(basetemp: Path) -> tuple[list[str], list[str]]:
         cache.handed_over.append(destination)
     allowed = [*cache.handed_over, *(cache.user / name for name in cache.claimed)]
     found = leaks(cache.before, snapshot(cache.user), cache.user, allowed)
-    others = [rel for rel in found if _from_another_run(cache.user / rel, own)]
-    return [rel for rel in found if rel not in others], others
+    return split_leaks(found, cache.before, cache.user, own)
+
+
+def split_leaks(found: list[str], before: Snapshot, folder: Path, own: list[Path]) -> tuple[list[str], list[str]]:
+    """``found`` (paths under ``folder``) as (this run's, anyone's): this run's are conversions of
+    files under ``own`` and new entries at the top, beside none of the areas ``before`` had."""
+    areas = {*SHARED_AREAS, *(rel for rel in before if os.sep not in rel)}
+    ours = [rel for rel in found if rel.split(os.sep)[0] not in areas or _made_here(folder / rel, own)]
+    return ours, [rel for rel in found if rel not in ours]
 
 
 def stop() -> None:
@@ -130,15 +140,14 @@ def _handovers(root: Path, temporary: list[Path]) -> list[Path]:
     return made
 
 
-def _from_another_run(folder: Path, own: list[Path]) -> bool:
-    """Whether ``folder`` is a conversion of a file in a temp folder none of ``own``: this run
-    cannot have made it (its tests' files all lie under its own temp folders)."""
+def _made_here(folder: Path, own: list[Path]) -> bool:
+    """Whether ``folder`` is a conversion of a file under one of ``own``, this run's temp folders:
+    no other program knows those files."""
     try:
         source = Path(_expected(folder)["source"]).resolve()
     except (OSError, ValueError, KeyError, TypeError, AttributeError):
         return False
-    return source.is_relative_to(Path(tempfile.gettempdir()).resolve()) and not any(source.is_relative_to(t)
-                                                                                     for t in own)
+    return any(source.is_relative_to(t) for t in own)
 
 
 def _converted_from_outside(folder: Path, temporary: list[Path]) -> bool:

@@ -75,11 +75,25 @@ def test_the_check_names_what_is_new_or_changed_except_the_hand_overs(tmp_path: 
                                                    user / "models" / "gguf-target-0123456789"]) == []
 
 
-def test_a_conversion_of_another_runs_temp_file_is_told_apart(tmp_path: Path) -> None:
-    """On a shared machine another checkout's suite may leak meanwhile: its tmp files are not ours."""
+def test_only_a_conversion_of_this_runs_own_temp_file_is_provably_its_leak(tmp_path: Path) -> None:
+    """On a shared machine another checkout's suite, or the user's specchat, may write meanwhile."""
     temp = Path(tempfile.gettempdir()) / "pytest-of-someone"  # named only: nothing is written there
     own = temp / "pytest-7"
     theirs = conversion(tmp_path / "models" / "a", str(temp / "pytest-8" / "test_x0" / "target.gguf"))
     mine = conversion(tmp_path / "models" / "b", str(own / "test_x0" / "target.gguf"))
     outside = conversion(tmp_path / "models" / "c", "/opt/a.gguf")
-    assert [suite_cache._from_another_run(f, [own]) for f in (theirs, mine, outside)] == [True, False, False]
+    assert [suite_cache._made_here(f, [own]) for f in (theirs, mine, outside)] == [False, True, False]
+
+
+def test_a_new_top_entry_or_an_own_conversion_fails_and_other_changes_only_warn(tmp_path: Path) -> None:
+    user, own = tmp_path / "user", tmp_path / "basetemp"
+    (user / "train-data").mkdir(parents=True)
+    (user / "models").mkdir()
+    before = suite_cache.snapshot(user)
+    conversion(user / "models" / "gguf-target-1", str(own / "test_a0" / "target.gguf"))
+    conversion(user / "models" / "gguf-target-2", "/opt/elsewhere.gguf")
+    (user / "train-data" / "new").mkdir()
+    (user / "leak-probe").write_text("x")
+    found = suite_cache.leaks(before, suite_cache.snapshot(user), user, [])
+    assert suite_cache.split_leaks(found, before, user, [own]) == (
+        ["leak-probe", "models/gguf-target-1"], ["models/gguf-target-2", "train-data/new"])

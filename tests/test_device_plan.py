@@ -13,11 +13,16 @@ import pytest
 DEVICE = Path(__file__).resolve().parent.parent / "scripts" / "device"
 
 
-def _parts_module():
-    spec = importlib.util.spec_from_file_location("gguf_parts", DEVICE / "gguf_parts.py")
+def _script_module(name: str):
+    """scripts/device/<name>.py imported (the scripts are no package: they travel as files)."""
+    spec = importlib.util.spec_from_file_location(name, DEVICE / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+def _parts_module():
+    return _script_module("gguf_parts")
 
 
 def test_parts_round_trip_one_call_at_a_time(tmp_path: Path) -> None:
@@ -113,10 +118,7 @@ def test_the_check_runs_dry_on_the_cpu_and_writes_one_json(tmp_path: Path) -> No
 
 
 def _install_module():
-    spec = importlib.util.spec_from_file_location("install_dflash", DEVICE / "install_dflash.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return _script_module("install_dflash")
 
 
 def test_the_dflash_call_runs_dry_and_its_parts_install(tmp_path: Path) -> None:

@@ -12,7 +12,7 @@ the prefill of long prompts would otherwise blur.
 This module is the runner, read top to bottom in :func:`run_bench`: check the flags, load,
 warm up (bench_warmup.py), time in rounds, report (bench_report.py, bench_rounds.py,
 bench_bandwidth.py). The peers are in bench_peers.py and llamacpp_peer.py, the cost curve in
-bench_cost.py, the draft-training paths in bench_train.py.
+bench_cost.py, the draft-training paths in bench_train.py, the chat's streaming in bench_tui.py.
 """
 
 from __future__ import annotations
@@ -43,6 +43,7 @@ from specchat.bench_report import (
     mode_parts,
     print_payoffs,
     print_table,
+    weights_modes,
 )
 from specchat.bench_rounds import print_rounds, round_order, row_results
 from specchat.bench_warmup import capture_graphs, graph_report, size_cache_for
@@ -95,6 +96,10 @@ def run_bench(options: BenchOptions) -> int:
     check_plot_path(options)  # --plot and --json: refused before any work (engine/outputs.py)
     check_rounds(options)
     check_outputs([(BENCH_JSON, options.json_out), (BENCH_PLOT, options.plot)], force=options.force)
+    if options.tui is not None:
+        from specchat.bench_tui import run_tui_bench
+
+        return run_tui_bench(options)  # checks its flags before loading
     if options.random_weights:
         from specchat.gpu_bench import run_random_bench
 
@@ -142,9 +147,8 @@ def run_bench(options: BenchOptions) -> int:
 def check_rounds(options: BenchOptions) -> None:
     """``--rounds`` alternates the rows of a prompts bench; the other benchmarks time no rows (refused
     in one line, before any work)."""
-    other = ("--random-weights" if options.random_weights else "--data-engine" if options.data_engine is not None
-             else "--train-speed" if options.train_speed else "--cost-curve" if options.cost_curve else None)
-    if options.rounds > 1 and other:
+    other = options.other_benchmark()
+    if options.rounds > 1 and other and other != "--tui":  # --tui refuses it in its own words
         raise UsageError(f"--rounds alternates the rows of a --prompts bench; {other} times no rows (drop --rounds)")
 
 
@@ -164,41 +168,6 @@ def plan_bench(options: BenchOptions, base_config: SpecConfig, modes: list[str])
     given = given_knobs(options.spec)  # each row: its method's own defaults for the knobs the flags leave unset
     return Plan(prompts, modes, base_config, {m: base_config.with_method(m, given) for m in methods}, peers,
                 options.rounds)
-
-
-def weights_modes(target: ModelOptions) -> list[str]:
-    """``--weights stored,fp32`` x ``--precision exact,fast`` -> the modes to load, one session each:
-    "stored", "fp32" (exact precision only), or "stored/exact", "stored/fast" (order kept,
-    duplicates dropped). Each method is compared with the baseline of its own mode."""
-    def listed(value: str | None, default: str) -> list[str]:
-        return list(dict.fromkeys(v.strip() for v in (value or default).split(",") if v.strip()))
-
-    weights = listed(target.weights, "stored")
-    bad = [w for w in weights if w not in ("stored", "fp32")]
-    if bad or not weights:
-        raise UsageError(f"--weights takes stored, fp32 or stored,fp32, not {target.weights!r}")
-    precisions = listed(target.precision, "auto")
-    bad = [p for p in precisions if p not in ("auto", "exact", "fast")]
-    if bad or not precisions:
-        raise UsageError(f"--precision takes auto, exact, fast or exact,fast, not {target.precision!r}")
-    if "auto" in precisions and len(precisions) > 1:
-        raise UsageError("--precision auto stands alone; name them to compare (exact,fast)")
-    if precisions == ["auto"]:  # fast where it runs, for a run of stored weights alone
-        from engine.loader import LoadError, pick_device, pick_dtype, resolve_precision
-
-        precisions = ["exact"]
-        if weights == ["stored"]:
-            try:
-                device = pick_device(target.device or "auto")
-                precisions = [resolve_precision("auto", device=device, backend=target.backend or "auto",
-                                                dtype=pick_dtype(target.dtype or "auto", device))]
-            except LoadError as exc:
-                raise UsageError(str(exc)) from None
-    if "fast" in precisions and "fp32" in weights:
-        raise UsageError("--precision fast runs on stored weights only; drop fp32 from --weights")
-    if precisions == ["exact"]:
-        return weights
-    return [f"{w}/{p}" for w in weights for p in precisions]
 
 
 def _say_how_sampling_compares(config: SpecConfig) -> None:

@@ -32,7 +32,7 @@ def check_plot_path(options: BenchOptions) -> None:
     path = options.plot
     if not path:
         return
-    if options.random_weights or options.data_engine is not None or options.train_speed:
+    if options.other_benchmark() not in (None, "--cost-curve"):
         raise UsageError("--plot draws the method table or --cost-curve; drop it for this benchmark")
     if Path(path).suffix.lower() != ".svg":
         raise UsageError(f"--plot {path}: the image is SVG; name a .svg file (e.g. --plot bench.svg)")

@@ -11,9 +11,13 @@ import os
 import platform
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from engine.outputs import Output
+from specchat.options import UsageError
+
+if TYPE_CHECKING:
+    from specchat.command_options import ModelOptions
 
 # every --json of bench (its runs, --cost-curve, --data-engine, --train-speed, --random-weights): marked as its own
 BENCH_JSON = Output("bench", "--json", "json", example="bench.json")
@@ -264,6 +268,41 @@ def mode_parts(mode: str) -> tuple[str, str]:
     """"stored/fast" -> ("stored", "fast"); "fp32" -> ("fp32", "exact")."""
     weights, _, precision = mode.partition("/")
     return weights, precision or "exact"
+
+
+def weights_modes(target: ModelOptions) -> list[str]:
+    """``--weights stored,fp32`` x ``--precision exact,fast`` -> the modes to load, one session each:
+    "stored", "fp32" (exact precision only), or "stored/exact", "stored/fast" (order kept,
+    duplicates dropped). Each method is compared with the baseline of its own mode."""
+    def listed(value: str | None, default: str) -> list[str]:
+        return list(dict.fromkeys(v.strip() for v in (value or default).split(",") if v.strip()))
+
+    weights = listed(target.weights, "stored")
+    bad = [w for w in weights if w not in ("stored", "fp32")]
+    if bad or not weights:
+        raise UsageError(f"--weights takes stored, fp32 or stored,fp32, not {target.weights!r}")
+    precisions = listed(target.precision, "auto")
+    bad = [p for p in precisions if p not in ("auto", "exact", "fast")]
+    if bad or not precisions:
+        raise UsageError(f"--precision takes auto, exact, fast or exact,fast, not {target.precision!r}")
+    if "auto" in precisions and len(precisions) > 1:
+        raise UsageError("--precision auto stands alone; name them to compare (exact,fast)")
+    if precisions == ["auto"]:  # fast where it runs, for a run of stored weights alone
+        from engine.loader import LoadError, pick_device, pick_dtype, resolve_precision
+
+        precisions = ["exact"]
+        if weights == ["stored"]:
+            try:
+                device = pick_device(target.device or "auto")
+                precisions = [resolve_precision("auto", device=device, backend=target.backend or "auto",
+                                                dtype=pick_dtype(target.dtype or "auto", device))]
+            except LoadError as exc:
+                raise UsageError(str(exc)) from None
+    if "fast" in precisions and "fp32" in weights:
+        raise UsageError("--precision fast runs on stored weights only; drop fp32 from --weights")
+    if precisions == ["exact"]:
+        return weights
+    return [f"{w}/{p}" for w in weights for p in precisions]
 
 
 def print_table(report: dict[str, Any]) -> None:

@@ -181,6 +181,9 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--peak-bandwidth", dest="peak_bandwidth", type=bounded(float, 0, 1e6, low_open=True),
                        default=None, metavar="GBPS",
                        help="peak memory bandwidth for the bandwidth fraction (default: looked up by GPU name)")
+    bench.add_argument("--tui", type=bounded(int, 1, MAX_ROUNDS), default=None, metavar="PAIRS",
+                       help="time the chat (the app as `specchat run` starts it, no terminal) against the engine "
+                            "headless on one method, PAIRS answers each, alternated; prints the paired ratio")
     add_force_flag(bench, "--json or --plot file", "only an earlier bench's own is replaced")
 
     tune = sub.add_parser("tune", help="sweep the tree knobs on your prompts; print SGLang and vLLM launch lines")

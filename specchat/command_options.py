@@ -146,8 +146,17 @@ class BenchOptions(CommandOptions):
     rows: int
     random_weights: str | None
     peak_bandwidth: float | None
+    tui: int | None  # --tui N: the chat's streaming against the engine, N pairs (bench_tui.py)
     force: bool  # --json / --plot may replace a file bench did not write
     times_methods: ClassVar[bool] = True
+
+    def other_benchmark(self) -> str | None:
+        """The flag of the benchmark that is not the method table, if one is given: the one place that
+        says which flags choose another benchmark (their refusals name it)."""
+        return next((flag for flag, given in (
+            ("--random-weights", self.random_weights is not None), ("--data-engine", self.data_engine is not None),
+            ("--train-speed", self.train_speed), ("--cost-curve", self.cost_curve), ("--tui", self.tui is not None))
+            if given), None)
 
     def also_runs(self) -> tuple[str, ...]:
         return method_list(self.methods)

@@ -72,8 +72,7 @@ def _check_draft_used(options: CommandOptions, method: str, drafts: dict) -> Non
 
     if not drafts["draft"] or drafts["method_from_draft"] or isinstance(options, RunOptions):
         return
-    if isinstance(options, BenchOptions) and (options.cost_curve or options.data_engine is not None
-                                              or options.train_speed):
+    if isinstance(options, BenchOptions) and options.other_benchmark() not in (None, "--tui"):
         return  # bench's other modes time no method
     methods = [method, *_listed(options)] if options.times_methods else [method]
     if any(m in draft_methods() for m in methods):

@@ -191,7 +191,7 @@ def test_the_chat_loads_every_shipped_head_so_any_method_can_be_switched_to(monk
     heads too, so the settings (F2) and the palette can switch to medusa while chatting, and the
     other way round (before, a session offered only the head it started with)."""
     import engine.loader as loader
-    from specchat.tui.launch import _real_factory, config_from_args
+    from specchat.tui.launch import config_from_args, session_loader
     from tests.parsed import parsed
 
     fake = loader.LoadedModel(target(), TinyTokenizer(), "tiny", "", "specchat", "embedded", "tiny-key")
@@ -201,7 +201,7 @@ def test_the_chat_loads_every_shipped_head_so_any_method_can_be_switched_to(monk
     for method in ("eagle3", "medusa", "none"):
         options = parsed("run", "--method", method)
         config = config_from_args(options).replace(max_new_tokens=12, adaptive_draft=False)
-        session = _real_factory(options, config)(progress=None)
+        session = session_loader(options, config)(progress=None)
         assert set(session.methods) == {"none", "ngram", "eagle3", "medusa"}, method
         assert session.config.method == method
         want = answer(session, [1, 5, 6, 7], "none", 12)

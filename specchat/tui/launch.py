@@ -15,7 +15,7 @@ from engine.config import ConfigError, SpecConfig
 from engine.errors import UserError
 
 if TYPE_CHECKING:
-    from specchat.command_options import ReplayOptions, RunOptions
+    from specchat.command_options import CommandOptions, ReplayOptions, RunOptions
 
 # the method used when the user names none (the loader may know better; see the report to issue 3)
 DEFAULT_METHOD = "ngram"
@@ -76,7 +76,8 @@ class SessionLoader:
         return session
 
 
-def _real_factory(options: RunOptions, config: SpecConfig) -> SessionLoader:
+def session_loader(options: CommandOptions, config: SpecConfig) -> SessionLoader:
+    """The chat's loader for a command's flags (``run``; ``bench --tui`` starts the chat as run does)."""
     # the loader options beyond the documented four. The engine gets every core, as in
     # `generate`/`bench`: it runs in its own process and the UI yields the CPU to it (engine_process.py).
     target = options.target
@@ -144,7 +145,7 @@ def run_tui(options: RunOptions) -> int:
         factory = _fake_factory(config)
     else:  # the engine loads the precision resolved here, the one the app shows
         target = dataclasses.replace(options.target, precision=precision)
-        factory = _real_factory(dataclasses.replace(options, target=target), config)
+        factory = session_loader(dataclasses.replace(options, target=target), config)
 
     from specchat.options import given_knobs
     from specchat.tui.app import SpecChatApp

@@ -54,6 +54,10 @@ class Budgets:
         corrected it yet are left out."""
         return {m: dict(b.cost.curve) for m, b in self._budgets.items() if b.cost.curve}
 
+    def forget_learning(self) -> None:
+        """Forget what each method's budget learned from its steps; the measured curve stays."""
+        self._budgets.clear()
+
     def clear(self) -> None:
         """Forget every budget and the measured curve: the next ones start from a new measurement."""
         self._budgets.clear()

@@ -39,10 +39,12 @@ from engine.gpu.static import BUCKETS
 from engine.precision import PrecisionSwitch
 from engine.step import SpecLoop, refused
 from engine.target import TargetModel
-from engine.threads import ThreadGovernor
+from engine.threads import EXPLORE_STEPS, ThreadGovernor
 from engine.verify import Picker
 
-__all__ = ["DrafterFactory", "Session", "default_drafters"]
+__all__ = ["WARM_UP_TOKENS", "DrafterFactory", "Session", "default_drafters"]
+
+WARM_UP_TOKENS = 8  # a warm-up answer's length (bench warms up with as many: specchat/bench.py)
 
 
 class Session:
@@ -263,6 +265,38 @@ class Session:
             if ids and not self._conversation.cached and len(ids) < self._conversation.limit:
                 for _ in self._loop.prefill(ids, config):
                     pass
+
+    def warm_up(self) -> None:
+        """Pay now, once, what the first answer after a load would pay: the verify-cost calibration
+        (a drafting method's first step waits for it: about 2 s on the embedded model, inside the
+        first answer's time) and the first forwards' one-time costs (the cache's pages, the kernels'
+        first calls: about 60 ms of the first step). The chat calls this while its user types.
+
+        It answers a scratch turn with the method in force (:data:`WARM_UP_TOKENS` long), then with
+        the baseline for as many steps as the thread governor's first exploration takes (one thread
+        against all, engine/threads.py: else the first answer runs a window on one thread), greedy,
+        and throws the answers away: the conversation (the cache keeps the preamble, as after
+        reset()), the drafters, the budgets' learning (a cold step's timings would mislead them) and
+        the random state are then as a fresh session's. A session that already holds a conversation
+        is left alone."""
+        if self._conversation.messages:
+            return
+        with self._working():
+            config = self._drafters.config
+            lengths = {config.method: WARM_UP_TOKENS, "none": max(WARM_UP_TOKENS, EXPLORE_STEPS + 1)}
+            try:
+                for method, tokens in lengths.items():
+                    scratch = config.replace(method=method, max_new_tokens=tokens, temperature=0.0)
+                    prompt, _, refusal = self._conversation.prompt([{"role": "user", "content": "Hello."}], scratch)
+                    if refusal:  # a context too small for a scratch turn has nothing to warm
+                        return
+                    for _ in self._loop.run(prompt, scratch, 0, self.model_name):
+                        pass
+            finally:
+                self._conversation.reset()
+                self._drafters.forget()
+                self._costs.forget_learning()
+                self._picker.reseed(config.seed)
 
     # -- answers ----------------------------------------------------------------------------------
     def chat(self, user_text: str) -> Iterator[Event]:

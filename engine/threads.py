@@ -32,6 +32,9 @@ _SLOW = 3.0  # a window this many times the quiet step time means a core is take
 _RETRY, _MAX_WAIT = 32, 512  # steps on one thread before all threads are tried again
 _ABORT = 2.0  # a step at all threads this many times one thread's ends their trial at once
 _TRIAL_SHARE = 20.0  # after a failed trial, run this many times its cost on one thread first
+# the first exploration: a window at all threads, one on one thread, one at all threads again
+# (Session.warm_up runs that many plain steps, so a chat's first answer does not pay for it)
+EXPLORE_STEPS = 3 * _WINDOW
 
 
 @dataclass

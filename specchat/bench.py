@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 from engine.methods import reading
 from engine.outputs import check_outputs
 from engine.prompts import Prompt, load_prompts
+from engine.session import WARM_UP_TOKENS
 from specchat.bench_bandwidth import (
     baseline_bandwidth,
     decode_bandwidth,
@@ -319,7 +320,7 @@ def _warm_up(plan: Plan, sessions: dict[str, Any], hf: Any, peers: list[Any]) ->
         size_cache_for(sessions[mode], plan.prompts, plan.configs.values())
     for mode in plan.modes:
         for config in plan.configs.values():
-            run_ours(sessions[mode], plan.prompts[0], config.replace(max_new_tokens=8))
+            run_ours(sessions[mode], plan.prompts[0], config.replace(max_new_tokens=WARM_UP_TOKENS))
     # every bucket of every method, not just those the short answers used
     graphs = {mode: capture_graphs(sessions[mode], plan.configs.values()) for mode in plan.modes}
     if hf is not None:

@@ -32,7 +32,7 @@ from typing import assert_never
 from engine.config import SpecConfig
 from engine.events import Event, Finished, Started, Step
 from specchat.tui.host_api import (
-    REREAD_JOB,
+    HOST_JOB,
     ChatJob,
     CompareJob,
     Delivery,
@@ -51,6 +51,7 @@ from specchat.tui.host_api import (
     RestoreJob,
     SaveFailed,
     SessionFactory,
+    WarmJob,
 )
 from specchat.tui.pending import PendingChange
 from specchat.tui.trace import Record, TraceWriter, UserTurn
@@ -275,7 +276,7 @@ class EngineHost:
         changed = session.precision != precision
         session.set_precision(precision)
         if changed:  # the same precision again keeps its cache: nothing to read
-            self.enqueue(RereadJob(id=REREAD_JOB))
+            self.enqueue(RereadJob(id=HOST_JOB))
 
     def shutdown(self) -> None:
         self._stop.set()
@@ -298,6 +299,7 @@ class EngineHost:
                 return
             freeze_loaded_objects()
             if self.session is not None:
+                self.enqueue(WarmJob(id=HOST_JOB))  # before the UI can send anything: the first job run
                 self.mailbox.put(Loaded(self.session.model_name, self.session.config, tuple(self.session.methods)))
             else:
                 self.mailbox.put(Loaded("", None))
@@ -409,6 +411,8 @@ class EngineHost:
                 self._loaded.reset()
             case RereadJob():  # after a precision switch, before the next answer is timed
                 self._loaded.reread()
+            case WarmJob():
+                self._loaded.warm_up()
             case _:
                 assert_never(job)
 

@@ -53,13 +53,16 @@ class HostedSession(SessionAPI, Protocol):
     def rewind_cache(self, length: int) -> None:
         """Keep only the first ``length`` cached tokens (a compare's runs start from one state)."""
 
+    def warm_up(self) -> None:
+        """Pay the first answer's one-time costs now, leaving a fresh session (Session.warm_up)."""
+
 
 SessionFactory = Callable[[ProgressFn], HostedSession]
 
 
 # jobs: what the UI asks the engine to do ---------------------------------------------------------
-JobKind = Literal["chat", "compare", "replay", "restore", "reset", "reread"]
-REREAD_JOB = 0  # the host's own job after a precision switch (the UI numbers its jobs from 1)
+JobKind = Literal["chat", "compare", "replay", "restore", "reset", "reread", "warm"]
+HOST_JOB = 0  # the host's own jobs (a warm-up, a re-read): the UI numbers its jobs from 1
 
 
 @dataclass(frozen=True)
@@ -117,7 +120,14 @@ class RereadJob(_Numbered):
     kind: ClassVar[JobKind] = "reread"
 
 
-Job = ChatJob | CompareJob | ReplayJob | RestoreJob | ResetJob | RereadJob
+@dataclass(frozen=True)
+class WarmJob(_Numbered):
+    """After the load, while the user types: the first answer's one-time costs paid (Session.warm_up)."""
+
+    kind: ClassVar[JobKind] = "warm"
+
+
+Job = ChatJob | CompareJob | ReplayJob | RestoreJob | ResetJob | RereadJob | WarmJob
 
 
 # items: what the UI receives ---------------------------------------------------------------------

@@ -433,6 +433,9 @@ class ScriptedSession:
     def rewind_cache(self, length: int) -> None:
         """Nothing to cut back: a scripted session keeps no cache (compare runs start alike anyway)."""
 
+    def warm_up(self) -> None:
+        """Nothing to warm: a scripted session pays no first-answer costs."""
+
     def restore(self, messages: list[Message], answers: Sequence[Sequence[int] | None] | None = None) -> None:
         self.reset()
         self._messages = [dict(m) for m in messages]

@@ -7,7 +7,7 @@ from __future__ import annotations
 from engine.events import Started
 from specchat.tui.headless import make_app, make_session, wait_idle, wait_loaded, wait_until
 from specchat.tui.host import EngineHost, wait_items
-from specchat.tui.host_api import REREAD_JOB, CompareJob, Delivery, JobDone, Loaded
+from specchat.tui.host_api import HOST_JOB, CompareJob, Delivery, JobDone, Loaded
 from specchat.tui.widgets.title_bar import TitleBar
 from tests.tui.helpers import palette, send
 
@@ -93,9 +93,10 @@ def test_the_host_holds_a_switch_until_the_running_job_ends():
         job = host.submit(CompareJob("hello", ("none", "ngram")))
         seen += wait_items(host, until(lambda items: any(isinstance(i, Delivery) for i in items)))
         assert host.set_precision("fast") is False and session.precision == "exact"
-        seen += wait_items(host, until(lambda items: any(isinstance(i, JobDone) and i.job == REREAD_JOB
+        seen += wait_items(host, until(lambda items: any(isinstance(i, JobDone) and i.kind == "reread"
                                                          for i in items)))
-        assert [i.job for i in seen if isinstance(i, JobDone)] == [job, REREAD_JOB]  # switched, then read again
+        done = [(i.job, i.kind) for i in seen if isinstance(i, JobDone)]
+        assert done == [(HOST_JOB, "warm"), (job, "compare"), (HOST_JOB, "reread")]  # switched, then read again
         started = [i.record for i in seen if isinstance(i, Delivery) and isinstance(i.record, Started)]
         assert len(started) == 2 and {s.precision for s in started} == {"exact"}
         assert session.precision == "fast"

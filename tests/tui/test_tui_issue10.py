@@ -122,6 +122,26 @@ async def test_side_panels_collapse_below_100_columns_and_f6_stacks_them():
         assert not side.display
 
 
+@pytest.mark.parametrize("size", [(80, 24), (120, 40)])
+async def test_f2_shows_the_settings_where_f6_hid_the_panels(size):
+    """The settings live in the side panels: with those hidden (F6, or a narrow screen) F2 still shows
+    them, and Esc returns to the panels as they were (a session-49 walk found F2 doing nothing)."""
+    app = make_app(make_session())
+    async with app.run_test(size=size) as pilot:
+        await wait_loaded(pilot)
+        side, settings = app.chat_screen.query_one("#side"), app.chat_screen.settings
+        if side.display:
+            await pilot.press("f6")
+            await pilot.pause()
+        assert not side.display
+        await pilot.press("f2")
+        await pilot.pause()
+        assert side.display and settings.display and settings.size.height >= 5
+        await pilot.press("escape")
+        await pilot.pause()
+        assert not side.display
+
+
 async def test_title_puts_the_status_first_so_80_columns_keep_it():
     session = make_session(step_delay=0.3)
     app = make_app(session)

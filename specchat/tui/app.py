@@ -473,8 +473,8 @@ class SpecChatApp(ChartsHost, CompareHost, App[int]):
         self.host.gate.set_stepping(self.teaching)
         if self.replay is None and self.loaded:
             self.settings_control.teaching(self.teaching, busy=self.busy_job is not None)
-        if self.teaching and self.chat_screen.ready and self.size.width < NARROW:
-            self.chat_screen.set_class(True, "-side-open")
+        if self.teaching and self.chat_screen.ready:
+            self.chat_screen.show_panels()
         if not self.teaching:
             self.gate_waiting = False
         if self.replay is not None:

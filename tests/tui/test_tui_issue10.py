@@ -140,6 +140,9 @@ async def test_f2_shows_the_settings_where_f6_hid_the_panels(size):
         await pilot.press("escape")
         await pilot.pause()
         assert not side.display
+        await pilot.press("f4")  # teaching explains each step in the side panels: they open
+        await pilot.pause()
+        assert side.display and app.chat_screen.query_one("#teach").display
 
 
 async def test_title_puts_the_status_first_so_80_columns_keep_it():

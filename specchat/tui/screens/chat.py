@@ -137,6 +137,12 @@ class ChatScreen(Screen):
         else:
             self.set_class(not self.has_class("-side-closed"), "-side-closed")
 
+    def show_panels(self) -> None:
+        """Open the side panels however they were hidden (F6, a narrow screen): teaching mode
+        explains each step there."""
+        self.set_class(True, "-side-open")
+        self.set_class(False, "-side-closed")
+
     def set_baseline_tps(self, tps: float) -> None:
         """A compare run's measured baseline speed, for the stats panel's speed-up."""
         self.stats.state.baseline_tps = tps

@@ -71,7 +71,6 @@ from specchat.tui.widgets.prompt import PromptInput
 FRAME_S = 1 / 20
 # How much lower than the engine's the event loop's CPU priority is (see host.lower_priority).
 UI_NICE = int(os.environ.get("SPECCHAT_UI_NICE", "10"))
-NARROW = 100  # columns below which the side panels collapse (F6 shows them, stacked)
 
 
 class SpecChatApp(ChartsHost, CompareHost, App[int]):
@@ -473,8 +472,6 @@ class SpecChatApp(ChartsHost, CompareHost, App[int]):
         self.host.gate.set_stepping(self.teaching)
         if self.replay is None and self.loaded:
             self.settings_control.teaching(self.teaching, busy=self.busy_job is not None)
-        if self.teaching and self.chat_screen.ready:
-            self.chat_screen.show_panels()
         if not self.teaching:
             self.gate_waiting = False
         if self.replay is not None:

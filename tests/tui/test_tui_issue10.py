@@ -145,6 +145,15 @@ async def test_f2_shows_the_settings_where_f6_hid_the_panels(size):
         assert side.display and app.chat_screen.query_one("#teach").display
 
 
+async def test_teaching_from_the_start_shows_its_panel_on_a_narrow_screen():
+    """`specchat run --teach` at 80x24: the explanation is in the stacked side panels, opened for it."""
+    app = make_app(make_session(), teach=True)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await wait_loaded(pilot)
+        await pilot.pause()
+        assert app.chat_screen.query_one("#side").display and app.chat_screen.query_one("#teach").display
+
+
 async def test_title_puts_the_status_first_so_80_columns_keep_it():
     session = make_session(step_delay=0.3)
     app = make_app(session)

@@ -16,6 +16,7 @@ from textual.widgets import Footer, Static
 from engine.events import ConfigApplied, Finished, PrefillProgress, Started, Step
 from specchat.tui.app_status import AppStatus
 from specchat.tui.messages import StatusStale
+from specchat.tui.screens import NARROW
 from specchat.tui.teaching import explain_step
 from specchat.tui.trace import Record, UserTurn
 from specchat.tui.widgets.draft_tree import DraftTreePanel, HistoryEntry
@@ -138,8 +139,7 @@ class ChatScreen(Screen):
             self.set_class(not self.has_class("-side-closed"), "-side-closed")
 
     def show_panels(self) -> None:
-        """Open the side panels however they were hidden (F6, a narrow screen): teaching mode
-        explains each step there."""
+        """Open the side panels however they were hidden (F6, a narrow screen)."""
         self.set_class(True, "-side-open")
         self.set_class(False, "-side-closed")
 
@@ -293,7 +293,7 @@ class ChatScreen(Screen):
         return out
 
     def on_resize(self, event) -> None:
-        narrow = event.size.width < 100
+        narrow = event.size.width < NARROW
         if narrow != self.has_class("-narrow"):
             self.set_class(narrow, "-narrow")
 
@@ -305,6 +305,8 @@ class ChatScreen(Screen):
         """The teaching panel explains the step the tree shows, while the app's status says teaching."""
         app_status = self._app_status
         on = app_status is not None and app_status.teaching
+        if on and not self.has_class("-teaching"):
+            self.show_panels()  # teaching explains each step in the side panels (F4 or --teach)
         self.set_class(on, "-teaching")
         if app_status is None or not on:
             return

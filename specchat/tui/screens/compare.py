@@ -27,6 +27,7 @@ from textual.widgets import Footer, Static
 from engine.events import Finished, Started, Step
 from specchat.tui.app_status import AppStatus
 from specchat.tui.messages import StatusStale
+from specchat.tui.screens import NARROW
 from specchat.tui.teaching import COMPARE_DEPTHS
 from specchat.tui.token_text import first_difference, visible
 from specchat.tui.trace import Record, UserTurn
@@ -198,7 +199,7 @@ class CompareScreen(Screen):
         self.query_one(TitleBar).show(app_status)
 
     def on_resize(self, event) -> None:
-        self.set_class(event.size.width < 100, "-narrow")
+        self.set_class(event.size.width < NARROW, "-narrow")
 
     def pane(self, lane: str) -> ComparePane:
         return self.query_one(f"#{lane}-pane", ComparePane)

@@ -116,7 +116,7 @@ def test_the_host_compares_method_a_with_method_b_and_each_with_the_baseline() -
         for n in range(3):  # the order rotates from one compare to the next
             job = host.submit(CompareJob("ABCD", ("medusa", "eagle3")))
             items = wait_items(host, lambda got, j=job: any(isinstance(i, JobDone) and i.job == j for i in got))
-            assert [i.error for i in items if isinstance(i, JobDone)] == [""]
+            assert [i.error for i in items if isinstance(i, JobDone) and i.job == job] == [""]
             lanes: dict[str, list[int]] = {}
             methods: dict[str, str] = {}
             for item in items:

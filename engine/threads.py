@@ -32,6 +32,11 @@ _SLOW = 3.0  # a window this many times the quiet step time means a core is take
 _RETRY, _MAX_WAIT = 32, 512  # steps on one thread before all threads are tried again
 _ABORT = 2.0  # a step at all threads this many times one thread's ends their trial at once
 _TRIAL_SHARE = 20.0  # after a failed trial, run this many times its cost on one thread first
+# one step at all threads this many times the quiet step time drops to one thread at once, without
+# waiting for a window: beside a 2-thread job the chat's steps took 2.7 s against 5-10 ms quiet
+# (session 50), and a window of 8 such steps kept it at 0.4 tok/s for 20 s; a wrong drop costs
+# one window on one thread, a late one seconds a step
+_STALL = 20.0
 # the first exploration: a window at all threads, one on one thread, one at all threads again
 # (Session.warm_up runs that many plain steps, so a chat's first answer does not pay for it)
 EXPLORE_STEPS = 3 * _WINDOW
@@ -73,6 +78,10 @@ class ThreadGovernor:
             # as long, so trials cost at most ~5% of the time
             self._switch(1)
             self.wait, self.owed_ms = self.next_wait, _TRIAL_SHARE * ms
+            return
+        if self.quiet_ms is not None and norm > _STALL * self.quiet_ms:
+            self._switch(1)
+            self.wait = self.next_wait
             return
         self.history.append(norm)
         if len(self.history) >= _WINDOW:

@@ -66,6 +66,21 @@ def test_a_taken_core_drops_to_one_thread_and_retries_all_less_and_less_often() 
     assert after[-100:] == [2] * 100 and calls[-1] == 2
 
 
+def test_one_stalled_step_drops_to_one_thread_at_once() -> None:
+    """Beside a busy 2-thread program a step at all threads took 2.7 s (5-10 ms quiet): waiting for a
+    window of eight such steps kept the chat at 0.4 tok/s for 20 s. A step 20 times the quiet time
+    is verdict enough; one a few times slower (a hiccup) still waits for its window."""
+    gov = ThreadGovernor(2, lambda n: None)
+    _run(gov, 40, {2: 5.0, 1: 7.0})
+    assert gov.current == 2 and gov.quiet_ms is not None
+    gov.observe(40.0)  # 8x: not yet
+    assert gov.current == 2
+    gov.observe(2700.0)
+    assert gov.current == 1 and gov.wait > 0
+    quiet = _run(gov, 400, {2: 5.0, 1: 7.0})  # all threads are tried again after the wait, and kept
+    assert quiet[-100:] == [2] * 100
+
+
 def test_trees_are_judged_by_their_relative_cost() -> None:
     """A 16-node verify costs 3.5x a one-token step on a quiet CPU: not a taken core."""
     gov = ThreadGovernor(2, lambda n: None)

@@ -10,7 +10,8 @@ session watches its own steps.
 
 :class:`ThreadGovernor` keeps the time of a one-token step at full threads while things are quiet
 (the lower quartile of the recent steps, each normalised by the tree's relative verify cost).
-When the steps of the last window run at several times that, it drops to one thread; after 32
+When the steps of the last window run at several times that, it drops to one thread (at once,
+without a window, for one step twenty times that: a stall, seconds a step); after 32
 steps, then 64, ... 512 while one thread keeps being the faster (and after 20 times the last
 failed trial's time), it tries all threads again for a window, ended at its first step if that
 step is twice as slow as one thread's. The first window at all threads is followed by one on one

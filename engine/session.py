@@ -45,6 +45,7 @@ from engine.verify import Picker
 __all__ = ["WARM_UP_TOKENS", "DrafterFactory", "Session", "default_drafters"]
 
 WARM_UP_TOKENS = 8  # a warm-up answer's length (bench warms up with as many: specchat/bench.py)
+_WARM_UP_BASELINE_TURNS = 4  # the most baseline scratch turns a warm-up asks for the thread governor
 
 
 class Session:
@@ -273,9 +274,10 @@ class Session:
         first calls: about 60 ms of the first step). The chat calls this while its user types.
 
         It answers a scratch turn with the method in force (:data:`WARM_UP_TOKENS` long), then with
-        the baseline for as many steps as the thread governor's first exploration takes (one thread
-        against all, engine/threads.py: else the first answer runs a window on one thread), greedy,
-        and throws the answers away: the conversation (the cache keeps the preamble, as after
+        the baseline for as many steps as the thread governor's first exploration takes (a window
+        at all threads, then a trial of one thread against all, engine/threads.py: else the first
+        answer runs the trial; a model that ends the turn sooner is asked again, a few times at
+        most), greedy, and throws the answers away: the conversation (the cache keeps the preamble, as after
         reset()), the drafters, the budgets' learning (a cold step's timings would mislead them) and
         the random state are then as a fresh session's. A session that already holds a conversation
         is left alone."""
@@ -283,20 +285,31 @@ class Session:
             return
         with self._working():
             config = self._drafters.config
-            lengths = {config.method: WARM_UP_TOKENS, "none": max(WARM_UP_TOKENS, EXPLORE_STEPS + 1)}
+            governor = self._loop.threads
             try:
-                for method, tokens in lengths.items():
-                    scratch = config.replace(method=method, max_new_tokens=tokens, temperature=0.0)
-                    prompt, _, refusal = self._conversation.prompt([{"role": "user", "content": "Hello."}], scratch)
-                    if refusal:  # a context too small for a scratch turn has nothing to warm
-                        return
-                    for _ in self._loop.run(prompt, scratch, 0, self.model_name):
-                        pass
+                if config.method == "none" or self._scratch_turn(config.replace(max_new_tokens=WARM_UP_TOKENS)):
+                    # a chatty model ends "Hello." in a few tokens: the baseline's turn is asked
+                    # again until the governor's first exploration is over
+                    baseline = config.replace(method="none", max_new_tokens=max(WARM_UP_TOKENS, EXPLORE_STEPS + 1))
+                    for _ in range(_WARM_UP_BASELINE_TURNS):
+                        if not self._scratch_turn(baseline) or governor is None or governor.explored_first:
+                            break
             finally:
                 self._conversation.reset()
                 self._drafters.forget()
                 self._costs.forget_learning()
                 self._picker.reseed(config.seed)
+
+    def _scratch_turn(self, config: SpecConfig) -> bool:
+        """Answer "Hello." greedy in ``config`` and throw the answer away (the caller resets);
+        False where the context is too small for a scratch turn (nothing to warm)."""
+        scratch = config.replace(temperature=0.0)
+        prompt, _, refusal = self._conversation.prompt([{"role": "user", "content": "Hello."}], scratch)
+        if refusal:
+            return False
+        for _ in self._loop.run(prompt, scratch, 0, self.model_name):
+            pass
+        return True
 
     # -- answers ----------------------------------------------------------------------------------
     def chat(self, user_text: str) -> Iterator[Event]:

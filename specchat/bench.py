@@ -31,6 +31,7 @@ from specchat.bench_bandwidth import (
     baseline_bandwidth,
     decode_bandwidth,
     print_bandwidth,
+    probe_after,
     read_probe,
     weights_read_per_token,
 )
@@ -332,10 +333,11 @@ def _warm_up(plan: Plan, sessions: dict[str, Any], hf: Any, peers: list[Any]) ->
 
 def _time_rounds(prompts: list[Prompt], runners: list[Runner], rounds: int,
                  probe: Callable[[], ReadBandwidth] | None, each_round: Sequence[Callable[[], Any]] = ()
-                 ) -> tuple[list[list[Row]], list[ReadBandwidth]]:
+                 ) -> tuple[list[list[Row]], list[list[ReadBandwidth]]]:
     """Every prompt through every runner in turn, ``rounds`` times: returns each round's rows (in the
-    runners' order) and, with a ``probe``, the read bandwidth measured at the start of each round;
-    ``each_round``: measurements that take no prompt (llama-bench's tg128), run after the probe.
+    runners' order) and, with a ``probe``, each round's read bandwidth probes (at its start, then
+    between its prompts: bench_bandwidth.probe_after); ``each_round``: measurements that take no
+    prompt (llama-bench's tg128), run after the first probe.
 
     Within a round, each prompt goes through every runner before the next prompt, so noise on the
     machine lands on all rows alike; round by round the runners' order is reversed (round_order).
@@ -345,7 +347,7 @@ def _time_rounds(prompts: list[Prompt], runners: list[Runner], rounds: int,
 
     references: list[dict[str | None, list[int]]] = []  # per prompt: the first round's baselines
     table: list[list[Row]] = []
-    probes: list[ReadBandwidth] = []
+    probes: list[list[ReadBandwidth]] = []
     # no auto-refresh thread: a thread waking 10 times a second steals a core from the model
     with Progress(transient=True, auto_refresh=False) as bar:
         task = bar.add_task("benchmarking", total=rounds * len(prompts) * len(runners))
@@ -354,7 +356,7 @@ def _time_rounds(prompts: list[Prompt], runners: list[Runner], rounds: int,
             if probe is not None:
                 bar.update(task, description=f"{where}read bandwidth")
                 bar.refresh()
-                probes.append(probe())
+                probes.append([probe()])
             for measure in each_round:
                 bar.update(task, description=f"{where}llama-bench")
                 bar.refresh()
@@ -367,6 +369,8 @@ def _time_rounds(prompts: list[Prompt], runners: list[Runner], rounds: int,
                     runs[i] = runners[i].run(prompt, rows[i].split)
                     bar.advance(task)
                     bar.refresh()
+                if probe is not None and probe_after(p, len(prompts)):
+                    probes[-1].append(probe())
                 if r == 0:
                     references.append(_baselines(runners, runs))
                 for i, row in enumerate(rows):
@@ -404,7 +408,7 @@ def _curve_json(curve: dict[int, float]) -> dict[str, float]:
 
 
 def _report(options: BenchOptions, plan: Plan, sessions: dict[str, Any], table: list[list[Row]],
-            graphs: dict[str, dict[str, int]], probes: list[ReadBandwidth]) -> dict[str, Any]:
+            graphs: dict[str, dict[str, int]], probes: list[list[ReadBandwidth]]) -> dict[str, Any]:
     """The JSON report: machine, model, settings, one result per row (each round's under it, with
     rounds), CUDA graphs, bandwidth."""
     results = row_results(table, plan.modes[0])

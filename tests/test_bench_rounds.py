@@ -21,7 +21,7 @@ from engine.read_bandwidth import (
     measure_read_bandwidth,
 )
 from specchat.bench import Runner, _time_rounds
-from specchat.bench_bandwidth import decode_bandwidth, decode_bandwidth_lines
+from specchat.bench_bandwidth import PROBES_A_ROUND, decode_bandwidth, decode_bandwidth_lines, probe_after
 from specchat.bench_report import BENCH_JSON, Row, Run
 from specchat.bench_rounds import disagreements, round_order, round_results, rounds_table, row_results
 from specchat.cli import main
@@ -83,8 +83,12 @@ def test_rounds_run_every_row_of_every_prompt_in_the_alternated_order() -> None:
     table, probes = _time_rounds(prompts, runners, 3, probe)
     forward = ["p1:none", "p1:ngram", "p1:peer", "p2:none", "p2:ngram", "p2:peer"]
     backward = ["p1:peer", "p1:ngram", "p1:none", "p2:peer", "p2:ngram", "p2:none"]
+    # a probe at each round's start and after each prompt (at most PROBES_A_ROUND a round)
+    forward = [forward[0], forward[1], forward[2], "probe", *forward[3:], "probe"]
+    backward = [backward[0], backward[1], backward[2], "probe", *backward[3:], "probe"]
     assert calls == ["probe", *forward, "probe", *backward, "probe", *forward]
-    assert len(probes) == 3 and [[row.name for row in rows] for rows in table] == [["none", "ngram", "peer"]] * 3
+    assert [len(p) for p in probes] == [3, 3, 3]
+    assert [[row.name for row in rows] for rows in table] == [["none", "ngram", "peer"]] * 3
     assert all(row.prompts == 2 and row.identical == 2 for rows in table for row in rows)
     assert len({id(row) for rows in table for row in rows}) == 9  # a fresh tally per round
 
@@ -206,7 +210,7 @@ def test_the_report_round_trips_through_json(tmp_path: Path) -> None:
     bandwidth lines as the run that wrote it."""
     table = synthetic_table({"none": [100.0, 120.0], "ngram": [110.0, 132.0], "peer": [90.0, 91.0]})
     results = row_results(table, "stored")
-    probes = [ReadBandwidth(40.0, 1 << 28, 1 << 25, 2, 5), ReadBandwidth(50.0, 1 << 28, 1 << 25, 2, 5)]
+    probes = [[ReadBandwidth(40.0, 1 << 28, 1 << 25, 2, 5)], [ReadBandwidth(50.0, 1 << 28, 1 << 25, 2, 5)] * 2]
     report = {"model": "m", "rounds": 2, "weights": ["stored"], "results": results,
               "decode_bandwidth": decode_bandwidth({"stored": 4 * 10**8}, results, probes)}
     path = tmp_path / "r.json"
@@ -229,7 +233,7 @@ def test_the_bandwidth_line_gives_gbps_and_the_share_of_the_measured_bandwidth()
     """0.4 GB a token at 100 and 120 tok/s: 40 and 48 GB/s; the probe 50 and 60 GB/s: 80% each
     round, and best over best 48 / 60."""
     results = row_results(synthetic_table({"none": [100.0, 120.0], "ngram": [150.0, 170.0]}), "stored")
-    probes = [ReadBandwidth(50.0, 1 << 30, 1 << 25, 2, 5), ReadBandwidth(60.0, 1 << 30, 1 << 25, 2, 5)]
+    probes = [[ReadBandwidth(50.0, 1 << 30, 1 << 25, 2, 5)], [ReadBandwidth(60.0, 1 << 30, 1 << 25, 2, 5)]]
     section = decode_bandwidth({"stored": 4 * 10**8}, results, probes)
     base = section["baselines"]["stored"]
     assert base["gbps_by_round"] == [40.0, 48.0] and base["share_by_round"] == [0.8, 0.8] and base["share"] == 0.8
@@ -239,13 +243,42 @@ def test_the_bandwidth_line_gives_gbps_and_the_share_of_the_measured_bandwidth()
         "(best of 2 rounds each; by round 80% 80%)"]
 
 
+def test_a_rounds_reference_is_the_mean_of_its_probes_and_the_fastest_probe_is_said() -> None:
+    """A round's rows take minutes, a probe a tenth of a second: one probe that caught a burst of the
+    memory's speed (80 GB/s among 40s) must not stand for the whole round. The round's probes are
+    averaged; the fastest alone is still reported."""
+    results = row_results(synthetic_table({"none": [100.0, 110.0]}), "stored")
+    def bw(gbps: float) -> ReadBandwidth:
+        return ReadBandwidth(gbps, 1 << 30, 1 << 25, 2, 5)
+    probes = [[bw(40.0), bw(50.0), bw(45.0)], [bw(80.0), bw(40.0), bw(44.0)]]
+    section = decode_bandwidth({"stored": 4 * 10**8}, results, probes)
+    base = section["baselines"]["stored"]
+    read = section["measured_read"]
+    assert read["gbps_by_round"] == [45.0, 54.667] and read["best_gbps"] == 54.667 and read["fastest_probe_gbps"] == 80
+    assert base["share_by_round"] == [round(40 / 45, 4), round(44 / (164 / 3), 4)]
+    assert base["share"] == round(44 / (164 / 3), 4) and base["share_of_fastest_probe"] == 0.55
+    assert decode_bandwidth_lines(section) == [
+        "baseline: 44.0 GB/s of weights read = 80.5% of measured read bandwidth 54.7 GB/s "
+        "(the mean of 3 probes through a round; best of 2 rounds each; by round 89% 80%); "
+        "55.0% of the fastest single probe (80.0 GB/s)"]
+
+
+def test_probes_are_spread_through_a_round() -> None:
+    """After every prompt of a short round; evenly, at most PROBES_A_ROUND times, in a long one; always
+    after its last prompt."""
+    assert [p for p in range(3) if probe_after(p, 3)] == [0, 1, 2]
+    long = [p for p in range(80) if probe_after(p, 80)]
+    assert len(long) == PROBES_A_ROUND and long[-1] == 79
+    assert [p for p in range(10) if probe_after(p, 10)] == [1, 3, 5, 7, 9]
+
+
 def test_the_bandwidth_line_without_a_probe_or_with_weights_in_the_cache() -> None:
     """No probe (a GPU): the GB/s alone. Weights that fit in the last-level cache: said, since their
     share of the memory's bandwidth may pass 100%."""
     results = row_results(synthetic_table({"none": [100.0]}), "stored")
     assert decode_bandwidth_lines(decode_bandwidth({"stored": 4 * 10**8}, results, [])) == [
         "baseline: 40.0 GB/s of weights read"]
-    small = decode_bandwidth({"stored": 10**7}, results, [ReadBandwidth(0.5, 1 << 28, 1 << 25, 1, 5)])
+    small = decode_bandwidth({"stored": 10**7}, results, [[ReadBandwidth(0.5, 1 << 28, 1 << 25, 1, 5)]])
     (line,) = decode_bandwidth_lines(small)
     assert line.startswith("baseline: 1.0 GB/s of weights read = 200.0% of measured read bandwidth 0.5 GB/s; its "
                            "10.00 MB of weights fit in the 32 MiB last-level cache")

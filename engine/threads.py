@@ -17,10 +17,10 @@ aborted trial's time), it runs a trial: a window of pairs, one step at each coun
 the machine's drift falls on both alike, and keeps one thread only where it ran at least 10% faster
 pair by pair. A trial ends at once at its second step at all threads twice as slow as one thread's.
 The first window at all threads is followed by a trial, since a core may be taken from the start.
-Measured in the TUI with the training job
-beside it: 72 and 89 tok/s on two answers (7 before; 135 with ``--threads 1``). The threads only
-split independent output columns and attention rows, so the logits do not depend on the thread
-count (tests/test_attention.py, tests/test_threads.py): a switch never changes an answer.
+Measured in the TUI with the training job beside it: 72 and 89 tok/s on two answers (7 before; 135
+with ``--threads 1``). The threads only split independent output columns and attention rows, so
+the logits do not depend on the thread count (tests/test_attention.py, tests/test_threads.py): a
+switch never changes an answer.
 """
 
 from __future__ import annotations
@@ -147,12 +147,16 @@ class ThreadGovernor:
             self._switch(self.full)
 
     def _trial_failing(self, trial: list[tuple[int, float]], norm: float) -> bool:
-        """Whether a trial's step at all threads (``norm``) ends it: a stall, or the second step
-        twice one thread's (one alone may be a hiccup: a 59 ms step among 24 ms ones, session 51)."""
-        if self.quiet_ms is not None and norm > _STALL * self.quiet_ms:
-            return True
+        """Whether a trial's step at all threads (``norm``) ends it: a stall (against the quiet step
+        time, or one thread's where all threads never ran quiet: a session that started on one
+        thread beside a busy program, whose first step at all threads took 700 ms against 3.7),
+        or the second step twice one thread's (one alone may be a hiccup: a 59 ms step among 24 ms
+        ones, session 51)."""
         ones = [n for t, n in trial if t != self.full]
         one_ms = statistics.median(ones) if ones else self.reduced_ms
+        quiet = self.quiet_ms if self.quiet_ms is not None else one_ms
+        if quiet is not None and norm > _STALL * quiet:
+            return True
         if one_ms is None:
             return False
         return sum(1 for t, n in trial if t == self.full and n > _ABORT * one_ms) >= 2

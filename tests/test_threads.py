@@ -53,6 +53,17 @@ def test_one_thread_must_win_clearly_to_be_kept() -> None:
     assert clear[24:56] == [1] * 32 and clear[24:].count(1) > 0.8 * 176  # a later trial agrees
 
 
+def test_a_stalled_step_ends_a_trial_at_once_even_before_all_threads_ran_quiet() -> None:
+    """Started on one thread beside a busy program (the calibration's probe), the first retry's step
+    at all threads took 700 ms against one thread's 3.7: a stall, though no quiet time is known."""
+    gov = ThreadGovernor(2, lambda n: None)
+    gov.start_reduced()
+    _run(gov, 32, {2: 7.4, 1: 3.7})
+    assert gov.trial is not None and gov.current == 2 and gov.quiet_ms is None
+    gov.observe(700.0)
+    assert gov.trial is None and gov.current == 1 and gov.owed_ms > 0
+
+
 def test_one_slow_step_does_not_end_a_trial() -> None:
     """A hiccup (a 59 ms step among 24 ms ones) is not a taken core; a second one is."""
     gov = ThreadGovernor(2, lambda n: None)
